@@ -1,0 +1,5 @@
+import sys
+
+from ditprof.cli import main
+
+sys.exit(main())
