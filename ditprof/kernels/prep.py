@@ -1,0 +1,234 @@
+"""FP8 prep: per-(batch, head) descales, K smoothing, Q/K/V -> float8_e4m3fn in the layouts the kernel reads.
+
+Contract (docs/ARCHITECTURE.md, "kernels" and "FP8 numerics"), inputs q (B,Sq,H,D), k and v (B,Sk,H,D) in
+bf16/fp16 (``layout="BHSD"`` takes (B,H,S,D)):
+
+- ``q8``  (B,H,Sq_pad,D) e4m3, Sq_pad = ceil(Sq/128)*128, pad rows zero;
+- ``k8``  (B,H,Sk_pad,D) e4m3, Sk_pad = ceil(Sk/32)*32, pad rows zero;
+- ``v8t`` (B,H,D,Sk_pad) e4m3, feature-major; position p of each 16-key group holds key
+  ``g + 8*(e//2) + 2*quad + e%2`` (g = p//16*16, quad = (p%16)//4, e = p%4); pad zero;
+- ``scales`` float32 (B,H,3): descales of q, k, v = amax/448 (1.0 where amax == 0);
+- ``sq``, ``sk``: true lengths; ``k_mean`` (B,H,D) float32 when smoothing (else None) — not part of the
+  contract, handy to correct an LSE (smoothing shifts each score row by q . mean_k).
+
+Numerics, identical in both implementations here:
+- smoothing: mean_k = fp32(sum_fp64(K over the true tokens) / Sk) per (b, h, channel); K <- fp32(K - mean_k);
+- descale = fp32(amax / 448) (IEEE division); X8 = e4m3(clamp(fp32(X / descale), -448, 448)), IEEE division,
+  round to nearest even (saturation is the clamp);
+- non-finite inputs are detected from the amax (NaN counts as Inf) with one device->host copy: DitprofError.
+
+``fp8_prepare`` runs the fused Triton kernels (``prep_triton.py``) on CUDA tensors; ``fp8_prepare_torch`` is the
+naive chain of torch ops (reference for tests, fallback where Triton is missing or the tensors are on the CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ditprof.errors import DitprofError
+
+FP8_MAX = 448.0
+Q_ROW_PAD = 128
+K_ROW_PAD = 32
+_NAMES = ("q", "k", "v")
+
+
+@dataclass
+class Fp8Prepared:
+    q8: torch.Tensor
+    k8: torch.Tensor
+    v8t: torch.Tensor
+    scales: torch.Tensor
+    sq: int
+    sk: int
+    k_mean: Optional[torch.Tensor] = None
+
+
+# ---------------------------------------------------------------- small shared helpers (no numerics)
+
+def key_order_for_positions(positions: torch.Tensor) -> torch.Tensor:
+    """Key held at each V position (the register-resident P order); same formula as kernels.key_order."""
+    group = positions // 16 * 16
+    quad = (positions % 16) // 4
+    element = positions % 4
+    return group + 8 * (element // 2) + 2 * quad + element % 2
+
+
+def padded_lengths(sq: int, sk: int) -> tuple[int, int]:
+    return -(-sq // Q_ROW_PAD) * Q_ROW_PAD, -(-sk // K_ROW_PAD) * K_ROW_PAD
+
+
+def _to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    return x if layout == "BSHD" else x.transpose(1, 2)
+
+
+def _check_inputs(q, k, v, layout: str):
+    """Validate and return (B,S,H,D)-indexed views (no copies)."""
+    if layout not in ("BSHD", "BHSD"):
+        raise DitprofError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
+    for name, x in zip(_NAMES, (q, k, v)):
+        if not isinstance(x, torch.Tensor):
+            raise DitprofError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise DitprofError(f"{name} must be 4-D ({layout}), got shape {tuple(x.shape)}")
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise DitprofError(f"{name} must be bfloat16 or float16, got {x.dtype}")
+    if not (q.device == k.device == v.device):
+        raise DitprofError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    qs, ks, vs = (_to_bshd(x, layout) for x in (q, k, v))
+    B, Sq, H, D = qs.shape
+    if ks.shape != vs.shape:
+        raise DitprofError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if ks.shape[0] != B or ks.shape[2] != H or ks.shape[3] != D:
+        raise DitprofError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must agree in batch, heads and head_dim"
+        )
+    if Sq < 1 or ks.shape[1] < 1 or B < 1 or H < 1:
+        raise DitprofError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)} ({layout})")
+    if D < 16 or D > 256 or D & (D - 1):
+        raise DitprofError(f"head_dim must be a power of two in 16..256, got {D}")
+    return qs, ks, vs
+
+
+def _raise_if_nonfinite(scales: torch.Tensor) -> None:
+    """One device->host copy of three flags: which of q, k, v has a non-finite amax."""
+    bad = (~torch.isfinite(scales)).reshape(-1, 3).any(dim=0).tolist()
+    for name, flag in zip(_NAMES, bad):
+        if flag:
+            raise DitprofError(f"{name} contains NaN or Inf")
+
+
+# ---------------------------------------------------------------- Triton availability
+
+_TRITON = None  # module once imported, or the import error string
+
+
+def _triton_module():
+    global _TRITON
+    if _TRITON is None:
+        try:
+            from ditprof.kernels import prep_triton
+
+            _TRITON = prep_triton
+        except Exception as exc:  # ImportError, or triton failing to initialise
+            _TRITON = f"{type(exc).__name__}: {exc}"
+    return _TRITON
+
+
+def triton_available(device="cuda") -> tuple[bool, str]:
+    device = torch.device(device)
+    mod = _triton_module()
+    if isinstance(mod, str):
+        return False, f"triton unavailable ({mod})"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "CUDA is not available"
+        return True, ""
+    if mod.INTERPRET:
+        return True, "TRITON_INTERPRET=1"
+    return False, f"Triton kernels need CUDA tensors (got {device.type}); set TRITON_INTERPRET=1 to interpret"
+
+
+# ---------------------------------------------------------------- public API
+
+def fp8_prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    smooth_k: bool = True,
+    layout: str = "BSHD",
+    *,
+    backend: str = "auto",
+    check_finite: bool = True,
+) -> Fp8Prepared:
+    """Fused FP8 prep. ``backend``: "auto" (Triton where it can run, else the torch chain), "triton", "torch".
+
+    ``check_finite=False`` skips the one device->host sync (non-finite inputs then give garbage, not an error).
+    """
+    if backend not in ("auto", "triton", "torch"):
+        raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    qs, ks, vs = _check_inputs(q, k, v, layout)
+    if backend == "auto":
+        ok, _ = triton_available(qs.device)
+        backend = "triton" if ok else "torch"
+    if backend == "torch":
+        return _prepare_torch(qs, ks, vs, smooth_k, check_finite)
+    ok, why = triton_available(qs.device)
+    if not ok:
+        raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
+    q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k)
+    if check_finite:
+        _raise_if_nonfinite(scales)
+    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean)
+
+
+def fp8_prepare_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    smooth_k: bool = True,
+    layout: str = "BSHD",
+    *,
+    check_finite: bool = True,
+) -> Fp8Prepared:
+    """The same contract as ``fp8_prepare`` as a plain chain of torch ops (any device)."""
+    qs, ks, vs = _check_inputs(q, k, v, layout)
+    return _prepare_torch(qs, ks, vs, smooth_k, check_finite)
+
+
+def _prepare_torch(qs, ks, vs, smooth_k, check_finite) -> Fp8Prepared:
+    B, Sq, H, D = qs.shape
+    Sk = ks.shape[1]
+    Sq_pad, Sk_pad = padded_lengths(Sq, Sk)
+    dev = qs.device
+    # (B, H, S, D) fp32 copies
+    qf = qs.transpose(1, 2).float()
+    kf = ks.transpose(1, 2).float()
+    vf = vs.transpose(1, 2).float()
+    k_mean = None
+    if smooth_k:
+        ksum = ks.transpose(1, 2).double().sum(dim=2)  # (B, H, D), exact for bf16/fp16 inputs in practice
+        # divide by a device tensor, not a Python number: CUDA turns x / scalar into x * (1/scalar)
+        k_mean = (ksum / torch.tensor(float(Sk), dtype=torch.float64, device=dev)).float()
+        kf = kf - k_mean[:, :, None, :]
+    amax = torch.stack([x.abs().amax(dim=(2, 3)) for x in (qf, kf, vf)], dim=-1)  # (B, H, 3)
+    scales = amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=dev)
+    scales = torch.where(amax == 0, torch.ones_like(scales), scales)
+    if check_finite:
+        _raise_if_nonfinite(scales)
+
+    def quant(x, i):
+        y = x / scales[:, :, i, None, None]
+        return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+    u8 = torch.uint8
+    q8 = torch.zeros((B, H, Sq_pad, D), dtype=u8, device=dev)
+    q8[:, :, :Sq] = quant(qf, 0)
+    k8 = torch.zeros((B, H, Sk_pad, D), dtype=u8, device=dev)
+    k8[:, :, :Sk] = quant(kf, 1)
+    v8 = torch.zeros((B, H, Sk_pad, D), dtype=u8, device=dev)
+    v8[:, :, :Sk] = quant(vf, 2)
+    perm = key_order_for_positions(torch.arange(Sk_pad, device=dev))
+    v8t = v8[:, :, perm].transpose(2, 3).contiguous()
+    f8 = torch.float8_e4m3fn
+    return Fp8Prepared(q8.view(f8), k8.view(f8), v8t.view(f8), scales, Sq, Sk, k_mean)
+
+
+def prep_backend_name(device="cuda") -> str:
+    """Which implementation ``fp8_prepare(backend='auto')`` would use on ``device``."""
+    return "triton" if triton_available(device)[0] else "torch"
+
+
+__all__ = [
+    "FP8_MAX",
+    "Fp8Prepared",
+    "fp8_prepare",
+    "fp8_prepare_torch",
+    "key_order_for_positions",
+    "padded_lengths",
+    "prep_backend_name",
+    "triton_available",
+]
