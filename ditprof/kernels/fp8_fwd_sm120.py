@@ -1,0 +1,408 @@
+"""FP8 (e4m3) FlashAttention forward, mma.sync m16n8k32, written in CuTe DSL.
+
+Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the same PTX runs emulated
+(correct, not fast).  Design (see docs/ARCHITECTURE.md "FP8 numerics" for the exact arithmetic):
+
+* CTA = 128 query rows x 32-key strips, 4 warps, each warp owns 32 query rows (two m16 tiles:
+  rows ``w*16 + i`` and ``64 + w*16 + i``).
+* Q tile is loaded once; K and V strips go through a 2-stage cp.async pipeline.
+* S = Q8 K8^T with fp32 accumulate, scaled by ``qk_scale = dq * dk * softmax_scale * log2(e)``
+  (exp2 domain); online softmax per strip; P*256 rounded to e4m3 in registers and fed straight into
+  the P.V mma as the A operand.  Each lane only holds keys ``8j + 2t + {0,1}`` of a strip, so its
+  A-slot ``4t + e (+16)`` takes key ``2t + e%2 + 8*(e//2) (+16)``: V is stored by the prep
+  feature-major with the keys of every 16-key group in exactly that order (``key_order``).
+* O is scaled by ``dv / 256 / l`` at the end; LSE (natural log) = (m + log2 l) * ln 2.
+
+Inputs are raw pointers (so float8 never has to cross DLPack) plus the lengths:
+``q8 (B,H,Sq_pad,D)``, ``k8 (B,H,Sk_pad,D)``, ``v8t (B,H,D,Sk_pad)`` e4m3, ``scales (B,H,3)`` fp32,
+output ``o`` with row stride ``o_stride_s`` and batch/head strides (BSHD or BHSD), ``lse (B,H,Sq)`` fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Type
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warp
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+M_BLOCK = 128  # query rows per CTA
+N_BLOCK = 32  # keys per strip
+NUM_THREADS = 128  # 4 warps
+NUM_STAGES = 2  # K/V cp.async stages
+SUPPORTED_HEAD_DIMS = (64, 128)
+FP8 = cutlass.Float8E4M3FN
+
+
+def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
+    """Swizzled smem layout for an fp8 tile with ``row_bytes`` contiguous bytes per row.
+
+    The XOR source sits at the 128-byte bank period (shift 3 for 16-byte chunks), whatever the row
+    length: Swizzle<3,4,3> for 128-byte rows, <2,4,3> for 64, <1,4,3> for 32 (V strips).
+    """
+    chunk = 16
+    bits = min(int(math.log2(row_bytes // chunk)), 3)
+    swizzle = cute.make_swizzle(bits, int(math.log2(chunk)), int(math.log2(128 // chunk)))
+    atom = cute.make_composed_layout(
+        swizzle, 0, cute.make_layout((8, row_bytes), stride=(row_bytes, 1))
+    )
+    shape = (rows, row_bytes) if stages is None else (rows, row_bytes, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order)
+
+
+class Fp8FlashAttentionSm120:
+    """One configuration of the kernel (head_dim, output dtype, LSE on/off); tiles are fixed."""
+
+    def __init__(self, head_dim: int = 128, out_dtype: Type[cutlass.Numeric] = cutlass.BFloat16,
+                 write_lse: bool = True):
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim {head_dim} not supported (use one of {SUPPORTED_HEAD_DIMS})")
+        self.head_dim = head_dim
+        self.out_dtype = out_dtype
+        self.write_lse = write_lse
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        scales_ptr: cute.Pointer,
+        batch: Int32,
+        heads: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        o_stride_b: Int64,
+        o_stride_h: Int64,
+        o_stride_s: Int32,
+        softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        D = self.head_dim
+        sQ_layout = _smem_layout_fp8(M_BLOCK, D)
+        sK_layout = _smem_layout_fp8(N_BLOCK, D, NUM_STAGES)
+        sV_layout = _smem_layout_fp8(D, N_BLOCK, NUM_STAGES)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(sV_layout)], 1024]
+
+        # global -> shared: 16-byte cp.async, one chunk per thread per pass
+        atom_g2s = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), FP8, num_bits_per_copy=128
+        )
+        qk_cpr = D // 16  # chunks per Q/K row
+        g2s_QK = cute.make_tiled_copy_tv(
+            atom_g2s,
+            cute.make_layout((NUM_THREADS // qk_cpr, qk_cpr), stride=(qk_cpr, 1)),
+            cute.make_layout((1, 16)),
+        )
+        v_cpr = N_BLOCK // 16  # chunks per V row (one feature, 32 keys)
+        g2s_V = cute.make_tiled_copy_tv(
+            atom_g2s,
+            cute.make_layout((NUM_THREADS // v_cpr, v_cpr), stride=(v_cpr, 1)),
+            cute.make_layout((1, 16)),
+        )
+
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaFP8Op(FP8, Float32, (16, 8, 32)),
+            (NUM_THREADS // 32, 1, 1),
+            permutation_mnk=(NUM_THREADS // 32 * 16, 16, 32),
+        )
+
+        grid = (cute.ceil_div(seqlen_q, M_BLOCK), heads, batch)
+        self.kernel(
+            q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scales_ptr,
+            heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h, o_stride_s,
+            softmax_scale * LOG2_E,
+            sQ_layout, sK_layout, sV_layout, g2s_QK, g2s_V, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
+
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        scales_ptr: cute.Pointer,
+        heads: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        o_stride_b: Int64,
+        o_stride_h: Int64,
+        o_stride_s: Int32,
+        softmax_scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        g2s_QK: cute.TiledCopy,
+        g2s_V: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        D = self.head_dim
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, bidb = cute.arch.block_idx()
+        lane = tidx % 32
+        warp_idx = tidx // 32
+        quad_row = lane // 4  # row inside an m16 tile (and +8)
+        quad_col = lane % 4  # column pair inside an n8 tile
+
+        sq_pad = cute.assume((seqlen_q + (M_BLOCK - 1)) // M_BLOCK * M_BLOCK, divby=M_BLOCK)
+        sk_pad = cute.assume((seqlen_k + (N_BLOCK - 1)) // N_BLOCK * N_BLOCK, divby=N_BLOCK)
+        n_tiles = sk_pad // N_BLOCK
+        bh = Int64(bidb) * Int64(heads) + Int64(head)
+
+        # ---- per-(batch, head) views --------------------------------------------------------
+        q_off = cute.assume(bh * Int64(sq_pad) * D, divby=16)
+        kv_off = cute.assume(bh * Int64(sk_pad) * D, divby=16)
+        mQ = cute.make_tensor(q_ptr + q_off, cute.make_layout((sq_pad, D), stride=(D, 1)))
+        mK = cute.make_tensor(k_ptr + kv_off, cute.make_layout((sk_pad, D), stride=(D, 1)))
+        mV = cute.make_tensor(v_ptr + kv_off, cute.make_layout((D, sk_pad), stride=(sk_pad, 1)))
+        o_off = cute.assume(Int64(bidb) * o_stride_b + Int64(head) * o_stride_h, divby=8)
+        mO = cute.make_tensor(
+            o_ptr + o_off,
+            cute.make_layout((seqlen_q, D), stride=(cute.assume(o_stride_s, divby=8), 1)),
+        )
+        mScale = cute.make_tensor(scales_ptr + bh * 3, cute.make_layout(3))
+
+        qk_scale = mScale[0] * mScale[1] * softmax_scale_log2
+        pv_scale = mScale[2] * (1.0 / 256.0)
+
+        gQ = cute.local_tile(mQ, (M_BLOCK, D), (m_block, 0))  # (128, D)
+        gK = cute.local_tile(mK, (N_BLOCK, D), (None, 0))  # (32, D, n_tiles)
+        gV = cute.local_tile(mV, (D, N_BLOCK), (0, None))  # (D, 32, n_tiles)
+
+        # ---- shared memory --------------------------------------------------------------------
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sK_layout)  # (32, D, 2)
+        sV = storage.sV.get_tensor(sV_layout)  # (D, 32, 2)
+
+        thr_g2s_QK = g2s_QK.get_slice(tidx)
+        thr_g2s_V = g2s_V.get_slice(tidx)
+        tQgQ = thr_g2s_QK.partition_S(gQ)
+        tQsQ = thr_g2s_QK.partition_D(sQ)
+        tKgK = thr_g2s_QK.partition_S(gK)
+        tKsK = thr_g2s_QK.partition_D(sK)
+        tVgV = thr_g2s_V.partition_S(gV)
+        tVsV = thr_g2s_V.partition_D(sV)
+
+        # ---- mma partitions -------------------------------------------------------------------
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # ((4,2,2), 2, D/32)
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # ((4,2), 4, D/32)
+        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sV[None, None, 0]))  # ((4,2), D/8, 1)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((M_BLOCK, D)), Float32)
+        acc_O.fill(0.0)
+        s_shape = thr_mma.partition_shape_C((M_BLOCK, N_BLOCK))  # ((2,2), 2, 4)
+        p_shape = thr_mma.partition_shape_A((M_BLOCK, N_BLOCK))  # ((4,2,2), 2, 1)
+
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), FP8)
+        s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma)
+        s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        s2r_V = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        thr_s2r_Q = s2r_Q.get_slice(tidx)
+        thr_s2r_K = s2r_K.get_slice(tidx)
+        thr_s2r_V = s2r_V.get_slice(tidx)
+        tSsQ = thr_s2r_Q.partition_S(sQ)
+        tSrQ_v = thr_s2r_Q.retile(tSrQ)
+        tSsK = thr_s2r_K.partition_S(sK)  # (CPY, N, K, stage)
+        tSrK_v = thr_s2r_K.retile(tSrK)
+        tOsV = thr_s2r_V.partition_S(sV)  # (CPY, N, K, stage)
+        tOrV_v = thr_s2r_V.retile(tOrV)
+
+        row_max = cute.make_rmem_tensor((4,), Float32)  # index mt*2 + r
+        row_sum = cute.make_rmem_tensor((4,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        # ---- prologue: Q and strip 0 ----------------------------------------------------------
+        cute.copy(g2s_QK, tQgQ, tQsQ)
+        cute.copy(g2s_QK, tKgK[None, None, None, 0], tKsK[None, None, None, 0])
+        cute.copy(g2s_V, tVgV[None, None, None, 0], tVsV[None, None, None, 0])
+        cute.arch.cp_async_commit_group()
+
+        # ---- main loop: all strips but the last (no masking) ------------------------------------
+        for n in range(n_tiles - 1):
+            stage = n % NUM_STAGES
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+            nxt = 1 - stage
+            cute.copy(g2s_QK, tKgK[None, None, None, n + 1], tKsK[None, None, None, nxt])
+            cute.copy(g2s_V, tVgV[None, None, None, n + 1], tVsV[None, None, None, nxt])
+            cute.arch.cp_async_commit_group()
+            self.strip(
+                n, stage, False, seqlen_k, qk_scale, tiled_mma, s_shape, p_shape,
+                s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
+                acc_O, row_max, row_sum, quad_col,
+            )
+
+        # ---- last strip (masks keys >= seqlen_k) ----------------------------------------------
+        last = n_tiles - 1
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        self.strip(
+            last, last % NUM_STAGES, True, seqlen_k, qk_scale, tiled_mma, s_shape, p_shape,
+            s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
+            acc_O, row_max, row_sum, quad_col,
+        )
+
+        # ---- epilogue ---------------------------------------------------------------------------
+        gO = cute.local_tile(mO, (M_BLOCK, D), (m_block, 0))
+        tOgO = thr_mma.partition_C(gO)  # ((2,2), 2, D/8)
+        rO = cute.make_rmem_tensor(acc_O.shape, self.out_dtype)
+        mLSE = cute.make_tensor(lse_ptr + bh * Int64(seqlen_q), cute.make_layout(seqlen_q))
+        for mt in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(2):
+                st = mt * 2 + r
+                total = row_sum[st]
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                scale = pv_scale / total
+                for j in cutlass.range_constexpr(D // 8):
+                    for c in cutlass.range_constexpr(2):
+                        rO[(c, r), mt, j] = (acc_O[(c, r), mt, j] * scale).to(self.out_dtype)
+                row = m_block * M_BLOCK + mt * 64 + warp_idx * 16 + quad_row + r * 8
+                if row < seqlen_q:
+                    for j in cutlass.range_constexpr(D // 8):
+                        cute.autovec_copy(rO[(None, r), mt, j], tOgO[(None, r), mt, j])
+                    if cutlass.const_expr(self.write_lse):
+                        if quad_col == 0:
+                            mLSE[row] = (row_max[st] + cute.math.log2(total, fastmath=True)) * LN_2
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def strip(
+        self,
+        n: Int32,
+        stage: Int32,
+        masked: cutlass.Constexpr,
+        seqlen_k: Int32,
+        qk_scale: Float32,
+        tiled_mma: cute.TiledMma,
+        s_shape: cutlass.Constexpr,
+        p_shape: cutlass.Constexpr,
+        s2r_Q: cute.TiledCopy,
+        s2r_K: cute.TiledCopy,
+        s2r_V: cute.TiledCopy,
+        tSsQ: cute.Tensor,
+        tSrQ_v: cute.Tensor,
+        tSrQ: cute.Tensor,
+        tSsK: cute.Tensor,
+        tSrK_v: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOsV: cute.Tensor,
+        tOrV_v: cute.Tensor,
+        tOrV: cute.Tensor,
+        acc_O: cute.Tensor,
+        row_max: cute.Tensor,
+        row_sum: cute.Tensor,
+        quad_col: Int32,
+    ):
+        D = self.head_dim
+        # ---- S = Q K^T (fp32) ----------------------------------------------------------------
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        acc_S.fill(0.0)
+        for k in cutlass.range_constexpr(D // 32):
+            cute.copy(s2r_Q, tSsQ[None, None, k], tSrQ_v[None, None, k])
+            cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
+            cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+        # V for this strip: issue the ldmatrix early, it is consumed after the softmax
+        cute.copy(s2r_V, tOsV[None, None, None, stage], tOrV_v)
+
+        # ---- online softmax (exp2 domain) ----------------------------------------------------
+        for mt in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(2):
+                st = mt * 2 + r
+                for j in cutlass.range_constexpr(4):
+                    for c in cutlass.range_constexpr(2):
+                        acc_S[(c, r), mt, j] = acc_S[(c, r), mt, j] * qk_scale
+                if cutlass.const_expr(masked):
+                    for j in cutlass.range_constexpr(4):
+                        for c in cutlass.range_constexpr(2):
+                            key = n * N_BLOCK + j * 8 + quad_col * 2 + c
+                            if key >= seqlen_k:
+                                acc_S[(c, r), mt, j] = -Float32.inf
+                local = acc_S[(0, r), mt, 0]
+                for j in cutlass.range_constexpr(4):
+                    for c in cutlass.range_constexpr(2):
+                        local = cute.arch.fmax(local, acc_S[(c, r), mt, j])
+                local = cute.arch.fmax(local, cute.arch.shuffle_sync_bfly(local, offset=1))
+                local = cute.arch.fmax(local, cute.arch.shuffle_sync_bfly(local, offset=2))
+                m_old = row_max[st]
+                m_new = cute.arch.fmax(m_old, local)
+                alpha = cute.math.exp2(m_old - m_new, fastmath=True)
+                psum = Float32(0.0)
+                for j in cutlass.range_constexpr(4):
+                    for c in cutlass.range_constexpr(2):
+                        p = cute.math.exp2(acc_S[(c, r), mt, j] - m_new, fastmath=True)
+                        acc_S[(c, r), mt, j] = p
+                        psum = psum + p
+                row_sum[st] = row_sum[st] * alpha + psum
+                row_max[st] = m_new
+                for j in cutlass.range_constexpr(D // 8):
+                    for c in cutlass.range_constexpr(2):
+                        acc_O[(c, r), mt, j] = acc_O[(c, r), mt, j] * alpha
+
+        # ---- P * 256 -> e4m3 in the A-operand order (keys permuted like V) ----------------------
+        # A slot (e, r, h) of m-tile mt = key 2t + e%2 + 8*(e//2) + 16*h = S[(e%2, r), mt, e//2 + 2h]
+        p_f32 = cute.make_rmem_tensor(p_shape, Float32)
+        for mt in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    for e in cutlass.range_constexpr(4):
+                        p_f32[(e, r, h), mt, 0] = acc_S[(e % 2, r), mt, e // 2 + 2 * h] * 256.0
+        tOrP = cute.make_rmem_tensor(p_shape, FP8)
+        tOrP.store(p_f32.load().to(FP8))
+
+        # ---- O += P V --------------------------------------------------------------------------
+        cute.gemm(tiled_mma, acc_O, tOrP[None, None, 0], tOrV[None, None, 0], acc_O)
+
+
+# ---------------------------------------------------------------------------------------------
+# compile helpers (shared by interface.py and inspect_sass.py)
+
+_DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+
+
+def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
+                    write_lse: bool = True, extra_options: str = ""):
+    """Compile the kernel for ``arch`` (e.g. ``sm_120a``, ``sm_89``, ``sm_90a``) with placeholder
+    pointers; works on a machine without a GPU.  Returns the compiled callable."""
+    os.environ["CUTE_DSL_ARCH"] = arch
+    if out_dtype not in _DTYPES:
+        raise ValueError(f"out_dtype {out_dtype!r} not supported")
+    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse)
+    gm = cute.AddressSpace.gmem
+    args = (
+        cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
+        cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
+        cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
+        cute.runtime.make_ptr(_DTYPES[out_dtype], 0, gm, assumed_align=16),
+        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),
+        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),
+        Int32(1), Int32(1), Int32(1), Int32(1),
+        Int64(0), Int64(0), Int32(0),
+        Float32(1.0),
+        cute.runtime.make_fake_stream(),
+    )
+    options = f"--gpu-arch {arch} {extra_options}".strip()
+    return cute.compile(op, *args, options=options)
