@@ -1,0 +1,84 @@
+"""Atomic outputs: files go through temp + rename; a run writes into a staging folder next to its output
+folder and is moved into place only when everything succeeded. A failed run leaves nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from ditprof.errors import DitprofError
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def check_writable(out: str | Path) -> Path:
+    """Fail early (one line) when ``out`` cannot be created or written."""
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise DitprofError(f"output dir {out} exists and is not a folder")
+    parent = out if out.exists() else out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".ditprof-probe-", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise DitprofError(f"output dir {out} is not writable ({exc.strerror or exc})") from None
+    return out
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | Path) -> Iterator[Path]:
+    """Yield a staging folder; on success its contents replace ``out``; on any failure it is removed.
+
+    If ``out`` already exists, entries of the same name are replaced one by one (others are kept);
+    ``report.json`` is moved last so that its presence marks a complete run.
+    """
+    out = check_writable(out)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    try:
+        commit(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def commit(stage: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(stage, out)
+        return
+    entries = sorted(stage.iterdir(), key=lambda p: p.name == "report.json")
+    for entry in entries:
+        target = out / entry.name
+        if target.is_dir() and not target.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{entry.name}.old-", dir=out))
+            os.rename(target, old / entry.name)
+            os.rename(entry, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(entry, target)

@@ -1,0 +1,310 @@
+"""Split a profiled block's time into attention / gemm / norm / elementwise / other.
+
+Works on a Chrome trace as exported by ``torch.profiler`` (``prof.export_chrome_trace``), so the same
+code reads a live run, a saved ``*.trace.json.gz`` and a recorded test fixture.
+
+The category of a piece of time comes from the op that *launched* it, not from its kernel name:
+
+* CUDA: every device event (``kernel``, ``gpu_memcpy``, ``gpu_memset``) is tied to its launching runtime
+  or driver call through ``args.correlation`` (kineto's link), and that call sits inside a stack of CPU ops
+  and ``record_function`` ranges on its host thread. Fallback link: ``args["External id"]`` to the CPU op.
+  Kernel-name rules only apply when neither link resolves.
+* CPU: the self time of every aten op (its duration minus its child ops) on the host thread.
+
+Only time inside a ``ditprof::block`` range counts (one range per block call). Anything inside a
+``ditprof::attention`` range is attention, whatever its name: the harness puts that range around the
+attention call of every backend, baseline included, so an unknown kernel (CuTe DSL, FA4, cuDNN) is still
+attention. Otherwise the first matching rule wins: gemm, then norm, then elementwise, else other.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+CATEGORIES = ("attention", "gemm", "norm", "elementwise", "other")
+BLOCK_RANGE = "ditprof::block"
+ATTENTION_RANGE = "ditprof::attention"
+NORM_RANGE_PREFIX = "ditprof::norm"
+
+# Host-side events that nest on a thread (record_function ranges, ops, launch calls).
+HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "runtime"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime"}
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+
+GEMM_OPS = {
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
+    "aten::linear", "aten::_addmm_activation", "aten::_scaled_mm", "aten::_int_mm", "aten::einsum",
+    "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+    "aten::cudnn_convolution", "aten::mkldnn_convolution", "aten::addmv", "aten::mv", "aten::dot",
+    "aten::_grouped_mm", "aten::_scaled_grouped_mm",
+}
+NORM_OPS = {
+    "aten::layer_norm", "aten::native_layer_norm", "aten::group_norm", "aten::native_group_norm",
+    "aten::rms_norm", "aten::_fused_rms_norm", "aten::batch_norm", "aten::native_batch_norm",
+    "aten::_batch_norm_impl_index", "aten::instance_norm", "aten::_native_batch_norm_legit",
+    "aten::_native_batch_norm_legit_no_training",
+}
+ELEMENTWISE_OPS = {
+    # arithmetic and activations
+    "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_", "neg", "pow", "sqrt", "rsqrt",
+    "exp", "exp2", "log", "log2", "abs", "sign", "clamp", "clamp_", "clamp_min", "clamp_max", "minimum",
+    "maximum", "addcmul", "addcmul_", "addcdiv", "lerp", "where", "gelu", "silu", "relu", "tanh",
+    "sigmoid", "erf", "sin", "cos", "reciprocal", "square", "fill_", "zero_", "masked_fill",
+    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "bitwise_not", "floor", "ceil",
+    "round", "trunc", "fmod", "remainder", "copysign", "nan_to_num", "gelu_", "silu_", "relu_",
+    # data movement: casts and copies are elementwise kernels
+    "copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack", "type_as", "expand_as",
+    "_unsafe_view", "reshape", "view_as_real", "view_as_complex", "polar", "complex", "flip", "roll",
+    "repeat", "repeat_interleave", "index_select", "unflatten", "flatten",
+}
+OTHER_HINT = {"softmax", "_softmax", "sum", "mean", "amax", "max", "min", "var", "std", "sort", "topk"}
+
+# Fallback rules on device-kernel names (only when the launching op cannot be found).
+KERNEL_NAME_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|_fwd_kernel|softmax_rescale", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|cublas|cutlass.*(mma|gemm)|wgmma|hmma|matmul|xmma|s\d+gemm|splitk", re.I)),
+    ("norm", re.compile(r"layer_?norm|rms_?norm|group_?norm|batch_?norm|welford", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|copy|cast|fill", re.I)),
+)
+
+
+def category_for_stack(names: Iterable[str]) -> str:
+    """Category from the names of the enclosing host ranges/ops, outermost first."""
+    names = list(names)
+    if any(n == ATTENTION_RANGE or n.startswith(ATTENTION_RANGE + "/") for n in names):
+        return "attention"
+    if any(n in GEMM_OPS for n in names):
+        return "gemm"
+    if any(n in NORM_OPS or n.startswith(NORM_RANGE_PREFIX) for n in names):
+        return "norm"
+    aten = [n for n in names if n.startswith("aten::")]
+    if aten:
+        inner = aten[-1][len("aten::"):]
+        if inner in ELEMENTWISE_OPS:
+            return "elementwise"
+        return "other"
+    return "other"
+
+
+def category_for_kernel_name(name: str) -> str:
+    for cat, rule in KERNEL_NAME_RULES:
+        if rule.search(name):
+            return cat
+    return "other"
+
+
+@dataclass
+class _Node:
+    name: str
+    cat: str
+    ts: float
+    end: float
+    pid: Any
+    tid: Any
+    args: dict
+    parent: int = -1  # index into the node list
+    child_time: float = 0.0
+
+
+@dataclass
+class Split:
+    """Per-iteration times (ms) by category, averaged over the block ranges found in the trace."""
+
+    mode: str  # "cuda" (device kernel time) or "cpu" (op self time)
+    iterations: int
+    split_ms: dict[str, float]
+    total_ms: float
+    attention_share: float
+    block_range_ms: list[float] = field(default_factory=list)  # per iteration, wall span of the block
+    resolved: dict[str, int] = field(default_factory=dict)  # how device events were linked
+    top_ops: list[dict] = field(default_factory=list)  # heaviest launching ops
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "iterations": self.iterations,
+            "split_ms": dict(self.split_ms),
+            "total_ms": self.total_ms,
+            "attention_share": self.attention_share,
+            "block_range_ms": list(self.block_range_ms),
+            "resolved": dict(self.resolved),
+            "top_ops": list(self.top_ops),
+        }
+
+
+def load_trace(path: str | Path) -> dict:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+class TraceIndex:
+    """Host-thread nesting of a Chrome trace plus the kineto correlation links."""
+
+    def __init__(self, trace: dict):
+        events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+        self.nodes: list[_Node] = []
+        self.device: list[dict] = []
+        for ev in events:
+            if ev.get("ph") != "X":
+                continue
+            cat = ev.get("cat", "")
+            if cat in HOST_CATS:
+                ts = float(ev["ts"])
+                self.nodes.append(_Node(ev.get("name", ""), cat, ts, ts + float(ev.get("dur", 0.0)),
+                                        ev.get("pid"), ev.get("tid"), ev.get("args") or {}))
+            elif cat in DEVICE_CATS:
+                self.device.append(ev)
+        self._nest()
+        self.by_correlation: dict[Any, int] = {}
+        self.by_external_id: dict[Any, int] = {}
+        for i, n in enumerate(self.nodes):
+            if n.cat in LAUNCH_CATS and "correlation" in n.args:
+                self.by_correlation[n.args["correlation"]] = i
+            elif n.cat in ("cpu_op", "user_annotation") and "External id" in n.args:
+                # innermost wins: nodes are visited parent-first, so later (deeper) ones overwrite
+                self.by_external_id[n.args["External id"]] = i
+
+    def _nest(self) -> None:
+        eps = 0.01  # µs of rounding slack in exported timestamps
+        threads: dict[tuple, list[int]] = defaultdict(list)
+        for i, n in enumerate(self.nodes):
+            threads[(n.pid, n.tid)].append(i)
+        order: list[int] = []
+        for idx in threads.values():
+            idx.sort(key=lambda i: (self.nodes[i].ts, -(self.nodes[i].end - self.nodes[i].ts)))
+            stack: list[int] = []
+            for i in idx:
+                n = self.nodes[i]
+                while stack and self.nodes[stack[-1]].end + eps < n.end:
+                    stack.pop()
+                if stack and self.nodes[stack[-1]].ts <= n.ts + eps:
+                    n.parent = stack[-1]
+                stack.append(i)
+                order.append(i)
+        # re-number parent-first so that later passes can rely on it
+        remap = {old: new for new, old in enumerate(order)}
+        nodes = [self.nodes[i] for i in order]
+        for n in nodes:
+            n.parent = remap[n.parent] if n.parent >= 0 else -1
+        self.nodes = nodes
+        for n in self.nodes:
+            if n.parent >= 0 and n.cat in ("cpu_op", "user_annotation"):
+                self.nodes[n.parent].child_time += n.end - n.ts
+
+    def ancestors(self, i: int) -> list[int]:
+        """Indices from the outermost enclosing node down to ``i`` itself."""
+        chain = []
+        while i >= 0:
+            chain.append(i)
+            i = self.nodes[i].parent
+        return chain[::-1]
+
+    def names(self, i: int) -> list[str]:
+        return [self.nodes[j].name for j in self.ancestors(i)]
+
+    def block_of(self, i: int) -> int:
+        """Index of the enclosing ``ditprof::block`` range, or -1."""
+        for j in self.ancestors(i):
+            if self.nodes[j].name == BLOCK_RANGE:
+                return j
+        return -1
+
+    def launcher(self, ev: dict) -> tuple[int, str]:
+        args = ev.get("args") or {}
+        corr = args.get("correlation")
+        if corr is not None and corr in self.by_correlation:
+            return self.by_correlation[corr], "correlation"
+        ext = args.get("External id")
+        if ext is not None and ext in self.by_external_id:
+            return self.by_external_id[ext], "external_id"
+        return -1, "kernel_name"
+
+    def block_ranges(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.name == BLOCK_RANGE]
+
+
+def _finish(mode: str, per_cat_us: dict[str, float], iterations: int, spans_us: list[float],
+            resolved: dict[str, int], per_op_us: dict[tuple[str, str], float]) -> Split:
+    it = max(iterations, 1)
+    split_ms = {c: per_cat_us.get(c, 0.0) / 1000.0 / it for c in CATEGORIES}
+    total = sum(split_ms.values())
+    share = split_ms["attention"] / total if total > 0 else 0.0
+    top = sorted(per_op_us.items(), key=lambda kv: -kv[1])[:12]
+    top_ops = [{"op": op, "category": cat, "ms": us / 1000.0 / it} for (op, cat), us in top]
+    return Split(mode, iterations, split_ms, total, share, [s / 1000.0 for s in spans_us], resolved, top_ops)
+
+
+def split_trace(trace: dict, mode: str | None = None) -> Split:
+    """Split the ``ditprof::block`` ranges of a trace into categories (per-iteration average, ms).
+
+    ``mode``: "cuda" uses device events, "cpu" uses host op self time; None picks "cuda" when the trace
+    has device events.
+    """
+    index = TraceIndex(trace)
+    if mode is None:
+        mode = "cuda" if index.device else "cpu"
+    blocks = index.block_ranges()
+    per_cat: dict[str, float] = defaultdict(float)
+    per_op: dict[tuple[str, str], float] = defaultdict(float)
+    resolved: dict[str, int] = defaultdict(int)
+
+    if mode == "cuda":
+        spans: dict[int, list[float]] = {}
+        for ev in index.device:
+            i, how = index.launcher(ev)
+            dur = float(ev.get("dur", 0.0))
+            if i >= 0:
+                b = index.block_of(i)
+                if b < 0:
+                    continue  # launched outside the measured block
+                names = index.names(i)
+                cat = category_for_stack(names)
+                if cat == "other" and not any(n.startswith("aten::") for n in names):
+                    cat = category_for_kernel_name(ev.get("name", ""))
+                ops = [n for n in names if n.startswith("aten::")]
+                op = ATTENTION_RANGE if cat == "attention" else (ops[0] if ops else ev.get("name", "?"))
+            else:
+                # no link at all: attribute by time overlap with a block range on the GPU is not possible
+                # without the host side, so only kernel-name rules remain (and the trace-wide total)
+                if not blocks:
+                    continue
+                cat = category_for_kernel_name(ev.get("name", ""))
+                op = ev.get("name", "?")
+                b = -2
+            resolved[how] += 1
+            per_cat[cat] += dur
+            per_op[(op, cat)] += dur
+            ts = float(ev["ts"])
+            s = spans.setdefault(b, [ts, ts + dur])
+            s[0] = min(s[0], ts)
+            s[1] = max(s[1], ts + dur)
+        span_us = [spans[b][1] - spans[b][0] for b in blocks if b in spans]
+        return _finish(mode, per_cat, len(blocks), span_us, dict(resolved), per_op)
+
+    # CPU: self time of aten ops inside a block range
+    for i, n in enumerate(index.nodes):
+        if n.cat != "cpu_op":
+            continue
+        if index.block_of(i) < 0:
+            continue
+        self_us = max(n.end - n.ts - n.child_time, 0.0)
+        cat = category_for_stack(index.names(i))
+        per_cat[cat] += self_us
+        per_op[(ATTENTION_RANGE if cat == "attention" else n.name, cat)] += self_us
+        resolved["cpu_op"] += 1
+    span_us = [index.nodes[b].end - index.nodes[b].ts for b in blocks]
+    return _finish("cpu", per_cat, len(blocks), span_us, dict(resolved), per_op)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0

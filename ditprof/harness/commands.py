@@ -1,0 +1,100 @@
+"""CLI: ``ditprof profile``, ``ditprof compare``, ``ditprof backends``."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def _common(p: argparse.ArgumentParser, compare: bool) -> None:
+    src = p.add_argument_group("what to run")
+    src.add_argument("--preset", help="built-in preset (ditprof presets); default h3 on CUDA, h3-mini on CPU")
+    src.add_argument("--checkpoint", metavar="DIR_OR_REPO",
+                     help="diffusers-format folder or Hugging Face repo id instead of a preset")
+    src.add_argument("--block", type=int, default=0, metavar="I", help="block index (default 0)")
+    src.add_argument("--kind", default=None, help=argparse.SUPPRESS)  # double/single stack; preset default
+    att = p.add_argument_group("attention")
+    if compare:
+        att.add_argument("--baseline", metavar="BACKEND",
+                         help="baseline backend (default: sdpa, what the model uses)")
+        att.add_argument("--attention", metavar="BACKEND",
+                         help="backend swapped in (default: fp8 on CUDA if available, else fa4 > sdpa-cudnn > "
+                              "sdpa-flash; fp8-emulated on CPU)")
+    else:
+        att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
+    run = p.add_argument_group("inputs and device")
+    run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")
+    run.add_argument("--tokens", type=int, metavar="N", help="video/image tokens (default: the preset's)")
+    run.add_argument("--height", type=int, metavar="H", help="pixel height (with --width, --frames)")
+    run.add_argument("--width", type=int, metavar="W", help="pixel width")
+    run.add_argument("--frames", type=int, metavar="F", help="video frames")
+    run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
+                     help="cap GPU memory like a smaller card, e.g. 16GiB")
+    run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    run.add_argument("--warmup", type=int, metavar="N", help="warm-up calls (default 3 on CUDA, 1 on CPU)")
+    run.add_argument("--iters", type=int, metavar="N",
+                     help="timed and profiled calls each (default 10 on CUDA, 5 on CPU)")
+    ex = p.add_argument_group("extrapolation")
+    ex.add_argument("--blocks", type=int, metavar="N", help="blocks in the model (default: the model's)")
+    ex.add_argument("--steps", type=int, metavar="S", help="denoising steps")
+    ex.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default traces/<preset>-<timestamp>/)")
+
+
+def _profile(args) -> int:
+    from ditprof.harness.runner import run_command
+
+    return run_command(args, "profile")
+
+
+def _compare(args) -> int:
+    from ditprof.harness.runner import run_command
+
+    return run_command(args, "compare")
+
+
+def _backends(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ditprof.harness import backends
+    from ditprof.harness.swap import dispatcher_value
+
+    devices = [args.device] if args.device else ["cpu", "cuda"]
+    table = Table(title="attention backends", title_justify="left")
+    table.add_column("name")
+    table.add_column("diffusers backend")
+    for d in devices:
+        table.add_column(f"on {d}")
+    table.add_column("description")
+    for name in backends.names():
+        cells = []
+        desc = ""
+        for d in devices:
+            i = backends.info(name, d)
+            desc = desc or i.description
+            cells.append("[green]yes[/]" if i.available else f"[red]no[/]: {i.reason}")
+        table.add_row(name, dispatcher_value(name), *cells, desc)
+    console = Console()
+    console.print(table)
+    where = "CUDA: " + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible")
+    console.print(f"torch {torch.__version__}, {where}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="profile one block with one attention backend",
+                              description="Profile one transformer block: time, GPU time split, extrapolation.")
+    _common(p, compare=False)
+    p.set_defaults(func=_profile)
+
+    p = subparsers.add_parser("compare", help="profile one block before and after swapping its attention",
+                              description="Run one block with the baseline attention and with the swapped "
+                                          "backend; report both, the speedup, accuracy and extrapolation.")
+    _common(p, compare=True)
+    p.set_defaults(func=_compare)
+
+    p = subparsers.add_parser("backends", help="attention backends and whether each is available here")
+    p.add_argument("--device", metavar="cpu|cuda", help="only this device (default: both)")
+    p.set_defaults(func=_backends)

@@ -1,0 +1,51 @@
+"""Versions and hardware for the report."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+import torch
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: torch.device | str | None = None) -> dict:
+    device = torch.device(device) if device is not None else None
+    cuda_ok = torch.cuda.is_available()
+    gpu = None
+    gpu_mem = None
+    capability = None
+    if cuda_ok and (device is None or device.type == "cuda"):
+        idx = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        gpu = props.name
+        gpu_mem = int(props.total_memory)
+        capability = f"{props.major}.{props.minor}"
+    cudnn = None
+    try:
+        if torch.backends.cudnn.is_available():
+            cudnn = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001 - a broken cuDNN install only means "unknown"
+        cudnn = None
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "gpu": gpu,
+        "gpu_memory_bytes": gpu_mem,
+        "gpu_capability": capability,
+        "nvidia_cutlass_dsl": _dist_version("nvidia-cutlass-dsl"),
+        "diffusers": _dist_version("diffusers"),
+        "ditprof": _dist_version("ditprof"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device) if device is not None else ("cuda" if cuda_ok else "cpu"),
+    }

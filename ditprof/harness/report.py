@@ -1,0 +1,245 @@
+"""report.json (machine-readable), report.md (human-readable) and the rich tables on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ditprof.harness.categories import CATEGORIES
+from ditprof.harness.memory import fmt_bytes
+from ditprof.harness.session import BackendRun
+
+SCHEMA = "ditprof.report/1"
+
+
+def accuracy(baseline: torch.Tensor, swapped: torch.Tensor) -> dict:
+    """rel-RMS and cosine of the swapped block output against the baseline output (float64)."""
+    a = baseline.detach().to("cpu", torch.float64).flatten()
+    b = swapped.detach().to("cpu", torch.float64).flatten()
+    if a.shape != b.shape:
+        raise ValueError(f"output shapes differ: {tuple(baseline.shape)} vs {tuple(swapped.shape)}")
+    diff = b - a
+    rms_ref = a.pow(2).mean().sqrt().item()
+    rel = diff.pow(2).mean().sqrt().item() / rms_ref if rms_ref > 0 else math.inf
+    denom = (a.norm() * b.norm()).item()
+    cos = (a @ b).item() / denom if denom > 0 else float("nan")
+    return {
+        "block_output_rel_rms": rel,
+        "block_output_cosine": cos,
+        "block_output_max_abs_diff": diff.abs().max().item(),
+        "finite": bool(torch.isfinite(b).all().item()),
+        "reference": "baseline block output on the same inputs",
+    }
+
+
+def run_section(run: BackendRun) -> dict:
+    sp = run.split
+    return {
+        "label": run.label,
+        "attention_backend": run.backend,
+        "route": run.route,
+        "block_ms": run.block_ms,
+        "timing_source": run.timing_source,
+        "samples_ms": run.samples_ms,
+        "profiled_block_ms": run.profiled_block_ms,
+        "profiler_overhead_pct": run.profiler_overhead_pct,
+        "split_mode": sp.mode,  # "cuda": device kernel time; "cpu": aten op self time
+        "split_ms": sp.split_ms,
+        "split_total_ms": sp.total_ms,
+        "attention_share": sp.attention_share,
+        "split_iterations": sp.iterations,
+        "split_links": sp.resolved,
+        "top_ops": sp.top_ops,
+        "peak_memory_bytes": run.peak_memory_bytes,
+        "peak_memory_source": run.peak_memory_source,
+        "trace": run.trace_file,
+        "tb_trace": run.tb_file,
+        **run.extra,
+    }
+
+
+def build(*, command: str, model: dict, environment: dict, settings: dict, baseline: BackendRun,
+          swapped: BackendRun | None, extrapolation: dict, accuracy_section: dict | None,
+          files: list[str], created: str) -> dict:
+    return {
+        "schema": SCHEMA,
+        "command": command,
+        "created": created,
+        "model": model,
+        "environment": environment,
+        "settings": settings,
+        "baseline": run_section(baseline),
+        "swapped": run_section(swapped) if swapped is not None else None,
+        "extrapolation": extrapolation,
+        "accuracy": accuracy_section,
+        "files": files,
+    }
+
+
+def to_json(report: dict) -> str:
+    def default(o: Any):
+        if isinstance(o, (torch.dtype, torch.device)):
+            return str(o)
+        if hasattr(o, "item"):
+            return o.item()
+        return str(o)
+
+    return json.dumps(report, indent=2, default=default, allow_nan=True) + "\n"
+
+
+# --------------------------------------------------------------------------- formatting helpers
+
+def _ms(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x >= 1000:
+        return f"{x / 1000:.3f} s"
+    if x >= 10:
+        return f"{x:.1f} ms"
+    return f"{x:.3f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f}%"
+
+
+def _x(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def _band(ms: dict) -> str:
+    return f"{_ms(ms['median'])} [{_ms(ms['min'])} – {_ms(ms['max'])}]"
+
+
+def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
+    b, s, ex, acc = report["baseline"], report["swapped"], report["extrapolation"], report["accuracy"]
+    clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
+    kind = "kernel time" if b["split_mode"] == "cuda" else "op self time"
+
+    def change(fb, fs, fmt="ratio"):
+        if s is None:
+            return ""
+        if fmt == "ratio":
+            return f"{fb / fs:.2f}x faster" if fs else "n/a"
+        return fmt
+
+    rows = [
+        ("attention backend", b["attention_backend"], s["attention_backend"] if s else "", ""),
+        (f"block time ({clock}, median [min – max])", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
+         change(b["block_ms"]["median"], s["block_ms"]["median"]) if s else ""),
+        ("block time under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "",
+         ""),
+        ("profiler overhead", f"{b['profiler_overhead_pct']:+.1f}%", f"{s['profiler_overhead_pct']:+.1f}%" if s else "",
+         ""),
+    ]
+    for cat in CATEGORIES:
+        rows.append((f"  {cat} ({kind})", _ms(b["split_ms"][cat]), _ms(s["split_ms"][cat]) if s else "",
+                     change(b["split_ms"][cat], s["split_ms"][cat]) if s and cat == "attention" else ""))
+    rows.append((f"  total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "", ""))
+    rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
+    rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "", ""))
+    if acc:
+        rows.append(("output rel-RMS / cosine vs baseline", "", f"{acc['block_output_rel_rms']:.3e} / "
+                     f"{acc['block_output_cosine']:.6f}", ""))
+    scope = f"{ex['n_blocks']} blocks" + (f" × {ex['steps']} steps" if ex["steps"] > 1 else "") + \
+        (" × 2 (CFG)" if ex["cfg"] else "")
+    rows.append((f"extrapolated: {scope}", _band(ex["baseline_band_ms"]),
+                 _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
+                 _x(ex["speedup"]) + " measured" if ex["speedup"] else ""))
+    if ex.get("amdahl_predicted_speedup"):
+        rows.append(("Amdahl prediction (baseline share, attention-only speedup "
+                     f"{ex['attention_speedup']:.2f}x)", "",
+                     _ms(ex["amdahl_predicted_swapped_block_ms"]) + " per block (measured "
+                     + _ms(ex["measured_swapped_block_ms"]) + ")",
+                     _x(ex["amdahl_predicted_speedup"]) + " predicted"))
+    return rows
+
+
+def model_line(report: dict) -> str:
+    m = report["model"]
+    tok = f"{m['tokens']} tokens" + (f" + {m['text_tokens']} text" if m.get("text_tokens") else "")
+    return (f"{m.get('preset') or m.get('checkpoint')} · {m['family']} block {m['block_index']}/{m['n_blocks']} "
+            f"({m.get('kind') or 'main'}) · {m['heads']}×{m['head_dim']} heads · {tok} · "
+            f"{m['block_params'] / 1e6:.1f} M params ({fmt_bytes(m['block_bytes'])}) · {m.get('dtype')}")
+
+
+def env_line(report: dict) -> str:
+    e = report["environment"]
+    where = e.get("gpu") or f"CPU ({e.get('cpu')}, {e.get('torch_threads')} threads)"
+    return (f"torch {e['torch']} · CUDA {e.get('cuda') or '-'} · cuDNN {e.get('cudnn') or '-'} · {where} · "
+            f"cutlass-dsl {e.get('nvidia_cutlass_dsl') or '-'}")
+
+
+def print_summary(report: dict, out_dir: str, console: Console | None = None) -> None:
+    console = console or Console()
+    title = "ditprof compare" if report["swapped"] else "ditprof profile"
+    table = Table(title=f"{title}: {model_line(report)}", caption=env_line(report), title_justify="left",
+                  caption_justify="left")
+    table.add_column("metric")
+    table.add_column("baseline", justify="right")
+    if report["swapped"]:
+        table.add_column("swapped", justify="right")
+        table.add_column("change", justify="right")
+    for metric, b, s, c in summary_rows(report):
+        table.add_row(metric, b, s, c) if report["swapped"] else table.add_row(metric, b)
+    console.print(table)
+    top = Table(title="heaviest ops (per block call)", title_justify="left")
+    top.add_column("run")
+    top.add_column("op")
+    top.add_column("category")
+    top.add_column("time", justify="right")
+    for sec in (report["baseline"], report["swapped"]):
+        if sec:
+            for row in sec["top_ops"][:5]:
+                top.add_row(sec["label"], row["op"], row["category"], _ms(row["ms"]))
+    console.print(top)
+    console.print(f"outputs: {out_dir}")
+
+
+def markdown(report: dict) -> str:
+    m, e, st = report["model"], report["environment"], report["settings"]
+    lines = [f"# ditprof {report['command']} — {m.get('preset') or m.get('checkpoint')}", "",
+             f"Created {report['created']}.", "",
+             f"**Model:** {model_line(report)}", "",
+             f"**Environment:** {env_line(report)}", "",
+             f"**Settings:** device {st['device']}, warm-up {st['warmup']}, {st['iters']} timed and "
+             f"{st['iters']} profiled iterations, seed {st['seed']}"
+             + (f", GPU memory budget {fmt_bytes(st['gpu_memory_budget_bytes'])}"
+                if st.get("gpu_memory_budget_bytes") else "") + ".", ""]
+    has_s = report["swapped"] is not None
+    header = "| metric | baseline | swapped | change |" if has_s else "| metric | value |"
+    lines += ["## Summary", "", header, "|---|---:|---:|---:|" if has_s else "|---|---:|"]
+    for metric, b, s, c in summary_rows(report):
+        cells = [metric.strip(), b, s, c] if has_s else [metric.strip(), b]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    b = report["baseline"]
+    lines += ["", "## How to read this", "",
+              "- Block time comes from " + ("CUDA events" if b["timing_source"] == "cuda_events" else
+                                            "the host clock") +
+              " around the block call, outside the profiler; the profiled time is the same call under "
+              "torch.profiler, and the difference is the profiler overhead.",
+              "- The split assigns " + ("every GPU kernel to the op that launched it" if b["split_mode"] == "cuda"
+                                        else "each aten op's self time on the host") +
+              "; everything inside the `ditprof::attention` range (the attention call, for baseline and swap "
+              "alike) is attention. The split total can differ from the block time (gaps, launch overhead).",
+              "- Extrapolation multiplies the block time by the number of blocks"
+              " (× steps × 2 with CFG); the Amdahl prediction uses the baseline attention share and the "
+              "attention-only speedup.", "",
+              "## Files", ""]
+    lines += [f"- `{f}`" for f in report["files"]]
+    lines += ["", "Open the `.trace.json.gz` files in https://ui.perfetto.dev or chrome://tracing; point "
+              "TensorBoard (torch-tb-profiler) or HolisticTraceAnalysis at `tb/`.", ""]
+    for sec in (report["baseline"], report["swapped"]):
+        if not sec:
+            continue
+        lines += [f"## Heaviest ops — {sec['label']} ({sec['attention_backend']})", "", "| op | category | ms |",
+                  "|---|---|---:|"]
+        lines += [f"| `{r['op']}` | {r['category']} | {r['ms']:.4f} |" for r in sec["top_ops"]]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""``ditprof profile`` / ``ditprof compare``: load the block, measure each backend, write the run folder."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from ditprof.errors import DitprofError
+from ditprof.harness import atomic, backends, plots, report, swap
+from ditprof.harness.environment import environment
+from ditprof.harness.extrapolate import extrapolate
+from ditprof.harness.memory import memory_budget, parse_size
+from ditprof.harness.session import BackendRun, measure
+
+DEFAULT_CUDA_PRESET = "h3"
+DEFAULT_CPU_PRESET = "h3-mini"
+
+
+@dataclass
+class RunSpec:
+    command: str  # "profile" / "compare"
+    source: str
+    source_kind: str  # "preset" / "checkpoint"
+    block: int
+    kind: str | None
+    device: torch.device
+    dtype: torch.dtype
+    baseline: str
+    swap: str | None
+    tokens: int | None
+    height: int | None
+    width: int | None
+    frames: int | None
+    n_blocks: int | None
+    steps: int | None
+    cfg: bool
+    gpu_memory: str | None
+    out: Path
+    warmup: int
+    iters: int
+    seed: int
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise DitprofError(f"--device {name!r} is not a device; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DitprofError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__}")
+    if dev.type not in ("cpu", "cuda"):
+        raise DitprofError(f"--device {name}: only cpu and cuda are supported")
+    return dev
+
+
+def _slug(text: str) -> str:
+    text = text.rstrip("/").split("/")[-1] or "checkpoint"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+
+
+def spec_from_args(args: Any, command: str) -> RunSpec:
+    device = resolve_device(getattr(args, "device", None))
+    if args.preset and args.checkpoint:
+        raise DitprofError("give --preset or --checkpoint, not both")
+    if args.checkpoint:
+        source, source_kind = args.checkpoint, "checkpoint"
+    else:
+        source = args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET)
+        source_kind = "preset"
+    if args.tokens is not None and any(v is not None for v in (args.height, args.width, args.frames)):
+        raise DitprofError("give --tokens or --height/--width/--frames, not both")
+    if (args.height is None) != (args.width is None):
+        raise DitprofError("--height and --width go together")
+    if args.gpu_memory is not None:
+        parse_size(args.gpu_memory)  # unparsable: fail before any work
+    for opt in ("tokens", "height", "width", "frames", "blocks", "steps"):
+        v = getattr(args, opt)
+        if v is not None and v < 1:
+            raise DitprofError(f"--{opt} must be >= 1 (got {v})")
+    if args.block is not None and args.block < 0:
+        raise DitprofError(f"--block must be >= 0 (got {args.block})")
+    if args.iters is not None and args.iters < 1:
+        raise DitprofError(f"--iters must be >= 1 (got {args.iters})")
+    if args.warmup is not None and args.warmup < 0:
+        raise DitprofError(f"--warmup must be >= 0 (got {args.warmup})")
+    if args.cfg and not args.steps:
+        pass  # CFG doubles the per-step count even for one step
+    swap_name = None
+    if command == "compare":
+        baseline = args.baseline or backends.DEFAULT_BASELINE
+        swap_name = args.attention or backends.default_swap(device)
+    else:
+        baseline = args.attention or backends.DEFAULT_BASELINE
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path("traces") / f"{_slug(source)}-{stamp}"
+    return RunSpec(
+        command=command, source=source, source_kind=source_kind, block=args.block or 0,
+        kind=getattr(args, "kind", None), device=device,
+        dtype=torch.bfloat16, baseline=baseline, swap=swap_name, tokens=args.tokens, height=args.height,
+        width=args.width, frames=args.frames, n_blocks=args.blocks, steps=args.steps, cfg=bool(args.cfg),
+        gpu_memory=args.gpu_memory, out=out,
+        warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
+        iters=args.iters if args.iters is not None else (10 if device.type == "cuda" else 5),
+        seed=args.seed,
+    )
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "meta":
+            return 0
+        try:
+            return obj.untyped_storage().nbytes()
+        except Exception:  # noqa: BLE001
+            return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(o) for o in obj.values())
+    return 0
+
+
+def _model_section(spec: RunSpec, loaded: Any, inputs: Any) -> dict:
+    g = lambda o, k, d=None: getattr(o, k, d)  # noqa: E731
+    family = g(loaded, "family")
+    return {
+        "preset": spec.source if spec.source_kind == "preset" else None,
+        "checkpoint": spec.source if spec.source_kind == "checkpoint" else None,
+        "source": str(g(loaded, "source", spec.source)),
+        "family": g(family, "name", str(family)),
+        "block_class": type(loaded.module).__name__,
+        "kind": g(loaded, "kind"),
+        "block_index": g(loaded, "index", spec.block),
+        "n_blocks": spec.n_blocks or g(loaded, "n_blocks"),
+        "model_n_blocks": g(loaded, "n_blocks"),
+        "heads": g(loaded, "heads"),
+        "head_dim": g(loaded, "head_dim"),
+        "tokens": g(inputs, "tokens"),
+        "text_tokens": g(inputs, "text_tokens"),
+        "grid": str(g(inputs, "grid")) if g(inputs, "grid") is not None else None,
+        "batch": 1,
+        "dtype": str(spec.dtype).replace("torch.", ""),
+        "block_params": g(loaded, "params"),
+        "block_bytes": g(loaded, "bytes"),
+        "load_s": g(loaded, "load_s"),
+        "uses_dispatcher": g(family, "uses_dispatcher"),
+    }
+
+
+class _Phases:
+    """rich progress for warm-up / timing / profiling of one backend."""
+
+    def __init__(self, progress: Progress | None, label: str):
+        self.progress = progress
+        self.label = label
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if self.progress is None:
+            return
+        if phase not in self.tasks:
+            self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total)
+        self.progress.update(self.tasks[phase], completed=done, total=total)
+
+
+def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
+                     stage: Path, progress: Progress | None, resident: int) -> BackendRun:
+    uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
+    with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state:
+        run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
+                      workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
+                      on_phase=_Phases(progress, f"{label} ({b.name})"))
+        run.route = state.route
+        if state.member is not None:
+            run.extra["diffusers_backend"] = state.member.value
+    return run
+
+
+def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | None = None) -> tuple[dict, Path]:
+    """Run and write the folder; returns (report, folder). ``fail_after`` (tests) raises at that point."""
+    console = console or Console(stderr=False)
+    base_b = backends.resolve(spec.baseline, spec.device)
+    swap_b = backends.resolve(spec.swap, spec.device) if spec.swap else None
+    out = atomic.check_writable(spec.out)
+    try:
+        from ditprof.model_blocks import load_block, make_inputs
+    except ImportError as exc:
+        raise DitprofError(f"ditprof.model_blocks is not available ({exc})") from None
+
+    with memory_budget(spec.gpu_memory, spec.device) as budget:
+        console.print(f"[bold]ditprof {spec.command}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
+                      f"{spec.device}, baseline {base_b.name}" + (f", swap {swap_b.name}" if swap_b else ""))
+        loaded = load_block(spec.source, spec.block, kind=spec.kind, device=spec.device, dtype=spec.dtype,
+                            progress=True)
+        inputs = make_inputs(loaded, tokens=spec.tokens, height=spec.height, width=spec.width,
+                             frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype)
+        resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(getattr(inputs, "args", ())) + \
+            _tensor_bytes(getattr(inputs, "kwargs", {}))
+        with atomic.staged_dir(out) as stage:
+            progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+            with progress:
+                base_run = _measure_backend(spec, loaded, inputs, "baseline", base_b, stage, progress, resident)
+                if fail_after == "baseline":
+                    raise DitprofError("forced failure after the baseline run (test)")
+                swap_run = None
+                if swap_b:
+                    swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident)
+            rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
+            _write(stage, rep, fail_after=fail_after)
+    return rep, out
+
+
+def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: BackendRun | None,
+              budget: int | None) -> dict:
+    model = _model_section(spec, loaded, inputs)
+    acc = report.accuracy(base.output, sw.output) if sw is not None else None
+    ex = extrapolate(
+        n_blocks=int(model["n_blocks"] or 1),
+        baseline_block_ms=base.block_ms,
+        swapped_block_ms=sw.block_ms if sw else None,
+        baseline_attention_share=base.split.attention_share,
+        baseline_attention_ms=base.split.split_ms["attention"],
+        swapped_attention_ms=sw.split.split_ms["attention"] if sw else None,
+        steps=spec.steps, cfg=spec.cfg,
+    )
+    files = ["report.json", "report.md", "split.png", base.trace_file] + ([sw.trace_file] if sw else [])
+    files += [base.tb_file] + ([sw.tb_file] if sw else [])
+    settings = {
+        "device": str(spec.device), "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed,
+        "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget, "argv": sys.argv[1:],
+    }
+    return report.build(
+        command=spec.command, model=model, environment=environment(spec.device), settings=settings,
+        baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
+        created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+    )
+
+
+def _write(stage: Path, rep: dict, fail_after: str | None = None) -> None:
+    runs = [rep["baseline"]] + ([rep["swapped"]] if rep["swapped"] else [])
+    m = rep["model"]
+    unit = "GPU kernel time" if rep["baseline"]["split_mode"] == "cuda" else "CPU op self time"
+    title = f"{m.get('preset') or m.get('checkpoint')} block {m['block_index']}, {m['tokens']} tokens ({unit})"
+    atomic.write_bytes(stage / "split.png", plots.split_png(runs, title))
+    atomic.write_text(stage / "report.md", report.markdown(rep))
+    if fail_after == "write":
+        raise DitprofError("forced failure while writing (test)")
+    atomic.write_text(stage / "report.json", report.to_json(rep))
+
+
+def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] | None = None) -> int:
+    spec = spec_from_args(args, command)
+    console = Console()
+    rep, out = execute(spec, console)
+    report.print_summary(rep, str(out), console)
+    if on_done:
+        on_done(rep, out)
+    return 0

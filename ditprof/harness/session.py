@@ -1,0 +1,163 @@
+"""Measure one block with one attention backend: warm-up, clean timing, then a profiled window.
+
+Clean timing runs the block outside the profiler: CUDA events around each call on a GPU, the host clock
+(``time.perf_counter``) on CPU. The profiled window (``torch.profiler``, CPU + CUDA activities) then runs the
+same calls, each inside a ``ditprof::block`` range; its per-iteration block time next to the clean timing
+shows the profiler's overhead. The trace is exported with ``tensorboard_trace_handler`` (which calls
+``prof.export_chrome_trace``) into ``tb/`` and gzip-copied to ``<label>.trace.json.gz``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ditprof.harness.categories import BLOCK_RANGE, Split, load_trace, split_trace
+
+
+@dataclass
+class BackendRun:
+    label: str  # "baseline" / "swapped"
+    backend: str
+    device: str
+    timing_source: str  # "cuda_events" or "host_clock"
+    samples_ms: list[float]
+    split: Split
+    profiled_block_ms: float
+    peak_memory_bytes: int | None
+    peak_memory_source: str
+    trace_file: str  # name inside the run folder
+    tb_file: str  # path relative to the run folder
+    route: str = ""
+    output: torch.Tensor | None = field(default=None, repr=False)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def block_ms(self) -> dict[str, float]:
+        s = self.samples_ms
+        return {"median": statistics.median(s), "min": min(s), "max": max(s)}
+
+    @property
+    def profiler_overhead_pct(self) -> float:
+        med = self.block_ms["median"]
+        return (self.profiled_block_ms / med - 1.0) * 100.0 if med > 0 else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tuple[list[float], str]:
+    """Per-call milliseconds, outside the profiler."""
+    samples = []
+    if device.type == "cuda":
+        for _ in range(iters):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        return samples, "cuda_events"
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return samples, "host_clock"
+
+
+def _cpu_peak_from_trace(trace: dict) -> int:
+    peak = 0
+    for ev in trace.get("traceEvents", []):
+        if ev.get("name") == "[memory]":
+            args = ev.get("args") or {}
+            if args.get("Device Type", 0) == 0:
+                peak = max(peak, int(args.get("Total Allocated", 0)))
+    return peak
+
+
+def measure(
+    run_block: Callable[[], torch.Tensor],
+    *,
+    label: str,
+    backend: str,
+    device: torch.device,
+    workdir: Path,
+    warmup: int = 3,
+    iters: int = 10,
+    resident_bytes: int = 0,
+    on_phase: Callable[[str, int, int], None] | None = None,
+) -> BackendRun:
+    """Warm up, time, profile. ``run_block()`` runs the block once and returns its output tensor."""
+    phase = on_phase or (lambda *a: None)
+    workdir = Path(workdir)
+    tb_dir = workdir / "tb"
+    tb_dir.mkdir(parents=True, exist_ok=True)
+
+    def call():
+        with torch.profiler.record_function(BLOCK_RANGE):
+            return run_block()
+
+    with torch.inference_mode():
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        output = None
+        for i in range(max(warmup, 1)):
+            output = call()
+            _sync(device)
+            phase("warm-up", i + 1, max(warmup, 1))
+        output = output.detach().clone()
+
+        phase("timing", 0, iters)
+        samples, source = time_block(call, device, iters)
+        phase("timing", iters, iters)
+        if device.type == "cuda":
+            peak = int(torch.cuda.max_memory_allocated(device))
+            peak_source = "torch.cuda.max_memory_allocated"
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        before = set(p.name for p in tb_dir.glob("*.pt.trace.json"))
+        handler = torch.profiler.tensorboard_trace_handler(str(tb_dir), worker_name=label)
+        prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=iters, repeat=1),
+            on_trace_ready=handler,
+            profile_memory=device.type == "cpu",  # CUDA peak comes from the caching allocator instead
+            record_shapes=False,
+        )
+        with prof:
+            for i in range(iters + 1):
+                call()
+                _sync(device)
+                prof.step()
+                phase("profiling", i + 1, iters + 1)
+
+    new = sorted(p for p in tb_dir.glob("*.pt.trace.json") if p.name not in before)
+    if not new:
+        raise RuntimeError("torch.profiler wrote no trace")
+    tb_file = new[-1]
+    trace = load_trace(tb_file)
+    split = split_trace(trace, mode="cuda" if device.type == "cuda" else "cpu")
+    trace_name = f"{label}.trace.json.gz"
+    with open(tb_file, "rb") as src, gzip.open(workdir / trace_name, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    if device.type != "cuda":
+        peak = resident_bytes + _cpu_peak_from_trace(trace)
+        peak_source = "block params + inputs + profiler-tracked CPU allocations"
+    profiled = statistics.median(split.block_range_ms) if split.block_range_ms else float("nan")
+    return BackendRun(
+        label=label, backend=backend, device=str(device), timing_source=source, samples_ms=samples,
+        split=split, profiled_block_ms=profiled, peak_memory_bytes=peak, peak_memory_source=peak_source,
+        trace_file=trace_name, tb_file=str(tb_file.relative_to(workdir)), output=output,
+    )

@@ -1,0 +1,269 @@
+"""Put a ``ditprof.kernels`` attention backend into a diffusers block, and take it out again.
+
+Two routes (see ``/work/shared/reference/diffusers-notes.md``):
+
+* Dispatcher-routed families (Wan, Flux, LTX, ...): the backend becomes a real ``AttentionBackendName``
+  member (value ``ditprof_<name>``) registered with ``_AttentionBackendRegistry``, so diffusers' own
+  ``attention_backend("ditprof_fp8")`` context manager and ``set_attention_backend("ditprof_fp8")`` accept
+  it. The harness then sets it on the block's attention processors only (never the global active backend,
+  which ``ModelMixin.set_attention_backend`` would leak) and restores the previous values afterwards.
+* Legacy processors that call ``F.scaled_dot_product_attention`` themselves (CogVideoX, Mochi, SD3, ...):
+  the processor is replaced by a wrapper that runs the original processor with SDPA redirected to the
+  backend ((B, H, S, D) <-> (B, S, H, D) transposes around it).
+
+Either way the backend call runs inside ``record_function("ditprof::attention")`` so the profiler
+attributes every kernel it launches to attention; the baseline backend is wrapped the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ditprof.errors import DitprofError
+from ditprof.harness.categories import ATTENTION_RANGE
+
+DISPATCH_PREFIX = "ditprof_"
+
+
+def dispatcher_value(name: str) -> str:
+    """Enum value for a registry name: ``fp8-emulated`` -> ``ditprof_fp8_emulated``."""
+    return DISPATCH_PREFIX + name.replace("-", "_").replace(".", "_").lower()
+
+
+def _accepts(fn: Callable, arg: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return arg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def wrap_backend(name: str, fn: Callable) -> Callable:
+    """``fn(q, k, v, *, scale=None)`` on (B, S, H, D), marked with the attention range."""
+    takes_mask = _accepts(fn, "attn_mask")
+
+    def call(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        if dropout_p:
+            raise DitprofError(f"attention backend {name!r} does not support dropout (got p={dropout_p})")
+        if is_causal:
+            raise DitprofError(f"attention backend {name!r} does not support causal masking")
+        kw: dict[str, Any] = {"scale": scale}
+        if attn_mask is not None:
+            if not takes_mask:
+                raise DitprofError(
+                    f"attention backend {name!r} takes no attention mask, but this block passes one "
+                    f"(shape {tuple(attn_mask.shape)}); pick a family without masks or a mask-aware backend"
+                )
+            kw["attn_mask"] = attn_mask
+        with torch.profiler.record_function(ATTENTION_RANGE):
+            return fn(q, k, v, **kw)
+
+    call.__name__ = f"ditprof_attention_{name}"
+    return call
+
+
+# --------------------------------------------------------------------------- dispatcher registration
+
+_lock = threading.Lock()
+
+
+def _enum_member(value: str):
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    existing = AttentionBackendName._value2member_map_.get(value)
+    if existing is not None:
+        return existing
+    member_name = value.upper()
+    member = str.__new__(AttentionBackendName, value)
+    member._name_ = member_name
+    member._value_ = value
+    member.__objclass__ = AttentionBackendName
+    if hasattr(AttentionBackendName, "_new_member_"):
+        member._sort_order_ = len(AttentionBackendName._member_names_)
+    type.__setattr__(AttentionBackendName, member_name, member)
+    AttentionBackendName._member_map_[member_name] = member
+    AttentionBackendName._value2member_map_[value] = member
+    AttentionBackendName._member_names_.append(member_name)
+    return member
+
+
+def register_with_dispatcher(name: str, fn: Callable):
+    """Register ``fn`` (ditprof backend contract) as diffusers backend ``ditprof_<name>``; idempotent.
+
+    Returns the ``AttentionBackendName`` member. Re-registering replaces the function (the same name may be
+    re-bound, e.g. by tests).
+    """
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    with _lock:
+        member = _enum_member(dispatcher_value(name))
+        wrapped = wrap_backend(name, fn)
+
+        def backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+            return wrapped(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                           is_causal=is_causal, scale=scale)
+
+        backend.__name__ = f"ditprof_{name}"
+        _AttentionBackendRegistry.register(member)(backend)
+        return member
+
+
+def is_registered(name: str) -> bool:
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    member = AttentionBackendName._value2member_map_.get(dispatcher_value(name))
+    return member is not None and member in _AttentionBackendRegistry._backends
+
+
+# --------------------------------------------------------------------------- processor replacement
+
+@contextlib.contextmanager
+def sdpa_redirect(name: str, fn: Callable) -> Iterator[None]:
+    """Within the block, ``F.scaled_dot_product_attention`` (B, H, S, D) calls go to ``fn``."""
+    original = F.scaled_dot_product_attention
+    wrapped = wrap_backend(name, fn)
+    depth = threading.local()
+
+    def redirected(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+        if getattr(depth, "inside", False):  # the backend itself may use SDPA
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa and query.shape[1] != key.shape[1]:
+            raise DitprofError(f"attention backend {name!r} does not support grouped-query attention")
+        depth.inside = True
+        try:
+            out = wrapped(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                          attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+        finally:
+            depth.inside = False
+        return out.transpose(1, 2)
+
+    F.scaled_dot_product_attention = redirected
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+class _RedirectingProcessor:
+    """Runs the original processor with SDPA redirected to a ditprof backend."""
+
+    def __init__(self, inner, name: str, fn: Callable):
+        self.inner = inner
+        self.backend_name = name
+        self.backend_fn = fn
+
+    def __getattr__(self, item):  # keep attributes diffusers may read on the processor
+        if item in ("inner", "backend_name", "backend_fn"):
+            raise AttributeError(item)
+        return getattr(self.inner, item)
+
+    def _call(self, attn, *args, **kwargs):
+        with sdpa_redirect(self.backend_name, self.backend_fn):
+            return self.inner(attn, *args, **kwargs)
+
+
+def redirecting_processor(inner, name: str, fn: Callable):
+    """A processor object whose ``__call__`` has the inner processor's signature (diffusers'
+    ``Attention.forward`` filters keyword arguments by it)."""
+    inner_call = type(inner).__call__
+
+    @functools.wraps(inner_call)
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    cls = type(f"Ditprof{type(inner).__name__}", (_RedirectingProcessor,), {"__call__": __call__})
+    return cls(inner, name, fn)
+
+
+# --------------------------------------------------------------------------- swapping a block
+
+def attention_modules(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
+
+    classes: tuple[type, ...] = (Attention, AttentionModuleMixin)
+    try:
+        from diffusers.models.attention_processor import MochiAttention
+
+        classes += (MochiAttention,)
+    except ImportError:
+        pass
+    return [(n, m) for n, m in module.named_modules() if isinstance(m, classes) and hasattr(m, "processor")]
+
+
+@dataclass
+class SwapState:
+    name: str
+    route: str  # "dispatcher", "processor" or "mixed"
+    member: Any = None
+    modules: list[str] = field(default_factory=list)
+    _restore: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def restore(self) -> None:
+        while self._restore:
+            self._restore.pop()()
+
+
+def install(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher: bool | None = None) -> SwapState:
+    """Route every attention call of ``module`` through backend ``name``; returns a state to restore."""
+    mods = attention_modules(module)
+    if not mods:
+        raise DitprofError(f"no diffusers attention module found in {type(module).__name__}; cannot swap attention")
+    state = SwapState(name=name, route="")
+    routes = set()
+    for mod_name, mod in mods:
+        proc = mod.processor
+        dispatcher_ok = proc is not None and hasattr(proc, "_attention_backend") and uses_dispatcher is not False
+        if dispatcher_ok:
+            if state.member is None:
+                state.member = register_with_dispatcher(name, fn)
+            old = proc._attention_backend
+            if hasattr(mod, "set_attention_backend"):
+                mod.set_attention_backend(state.member.value)  # the public per-module entry point
+            else:
+                proc._attention_backend = state.member
+
+            def undo(p=proc, o=old):
+                p._attention_backend = o
+
+            routes.add("dispatcher")
+        else:
+            new = redirecting_processor(proc, name, fn)
+            mod.processor = new  # plain attribute: set_processor would warn about dropping weights
+
+            def undo(m=mod, p=proc):
+                m.processor = p
+
+            routes.add("processor")
+        state._restore.append(undo)
+        state.modules.append(mod_name)
+    state.route = routes.pop() if len(routes) == 1 else "mixed"
+    return state
+
+
+@contextlib.contextmanager
+def swapped(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher: bool | None = None):
+    state = install(module, name, fn, uses_dispatcher=uses_dispatcher)
+    try:
+        yield state
+    finally:
+        state.restore()
+
+
+def active_backend_value() -> str:
+    """diffusers' global active backend (to check the harness leaves it alone)."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    b = _AttentionBackendRegistry._active_backend
+    return b.value if isinstance(b, enum.Enum) else str(b)
