@@ -143,10 +143,13 @@ def fp8_prepare(
     *,
     backend: str = "auto",
     check_finite: bool = True,
+    out: Optional[Fp8Prepared] = None,
 ) -> Fp8Prepared:
     """Fused FP8 prep. ``backend``: "auto" (Triton where it can run, else the torch chain), "triton", "torch".
 
     ``check_finite=False`` skips the one device->host sync (non-finite inputs then give garbage, not an error).
+    ``out``: an ``Fp8Prepared`` whose q8, k8, v8t, scales (contiguous, right shapes) are written in place and
+    returned (buffer reuse, CUDA graphs; tests poison them first).
     """
     if backend not in ("auto", "triton", "torch"):
         raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -154,15 +157,42 @@ def fp8_prepare(
     if backend == "auto":
         ok, _ = triton_available(qs.device)
         backend = "triton" if ok else "torch"
+    bufs = _check_out(out, qs, ks) if out is not None else None
     if backend == "torch":
-        return _prepare_torch(qs, ks, vs, smooth_k, check_finite)
+        res = _prepare_torch(qs, ks, vs, smooth_k, check_finite)
+        if bufs is None:
+            return res
+        for dst, src in zip(bufs, (res.q8, res.k8, res.v8t, res.scales)):
+            dst.copy_(src)
+        return Fp8Prepared(*bufs, res.sq, res.sk, res.k_mean)
     ok, why = triton_available(qs.device)
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
-    q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k)
+    q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs)
     if check_finite:
         _raise_if_nonfinite(scales)
     return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean)
+
+
+def _check_out(out, qs, ks):
+    B, Sq, H, D = qs.shape
+    Sq_pad, Sk_pad = padded_lengths(Sq, ks.shape[1])
+    want = {
+        "q8": ((B, H, Sq_pad, D), torch.float8_e4m3fn),
+        "k8": ((B, H, Sk_pad, D), torch.float8_e4m3fn),
+        "v8t": ((B, H, D, Sk_pad), torch.float8_e4m3fn),
+        "scales": ((B, H, 3), torch.float32),
+    }
+    bufs = []
+    for name, (shape, dtype) in want.items():
+        t = getattr(out, name)
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != qs.device or not t.is_contiguous():
+            raise DitprofError(
+                f"out.{name} must be a contiguous {dtype} tensor of shape {shape} on {qs.device}, "
+                f"got {t.dtype} {tuple(t.shape)} on {t.device}"
+            )
+        bufs.append(t)
+    return tuple(bufs)
 
 
 def fp8_prepare_torch(

@@ -232,9 +232,11 @@ def prepare_triton(
     stats_chunk: int | None = None,
     stats_block: int | None = None,
     stats_warps: int | None = None,
+    out=None,
 ):
     """Run the three kernels on (B, S, H, D)-indexed views (any strides). Returns (q8, k8, v8t, scales, k_mean).
 
+    ``out``: optional (q8, k8, v8t, scales) contiguous buffers to write into (checked by ``prep.fp8_prepare``).
     No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
     """
     quant_block = quant_block or QUANT_BLOCK
@@ -254,10 +256,13 @@ def prepare_triton(
     dev = q.device
     BH = B * H
     f8 = torch.float8_e4m3fn
-    q8 = torch.empty((B, H, Sq_pad, D), dtype=f8, device=dev)
-    k8 = torch.empty((B, H, Sk_pad, D), dtype=f8, device=dev)
-    v8t = torch.empty((B, H, D, Sk_pad), dtype=f8, device=dev)
-    scales = torch.empty((B, H, 3), dtype=torch.float32, device=dev)
+    if out is not None:
+        q8, k8, v8t, scales = out
+    else:
+        q8 = torch.empty((B, H, Sq_pad, D), dtype=f8, device=dev)
+        k8 = torch.empty((B, H, Sk_pad, D), dtype=f8, device=dev)
+        v8t = torch.empty((B, H, D, Sk_pad), dtype=f8, device=dev)
+        scales = torch.empty((B, H, 3), dtype=torch.float32, device=dev)
     k_mean = torch.zeros((B, H, D), dtype=torch.float32, device=dev)
 
     nchunk = _cdiv(max(Sq, Sk), stats_chunk)

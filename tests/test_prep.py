@@ -1,0 +1,342 @@
+"""FP8 prep: the torch chain against a direct float64 computation of the contract, the Triton kernels against the
+torch chain (bit for bit) under the Triton interpreter on CPU and natively on CUDA (marked gpu)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ditprof.errors import DitprofError
+from ditprof.kernels.prep import (
+    Fp8Prepared,
+    fp8_prepare,
+    fp8_prepare_torch,
+    key_order_for_positions,
+    padded_lengths,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+F8 = torch.float8_e4m3fn
+
+
+def make_qkv(B, Sq, Sk, H, D, dtype=torch.bfloat16, seed=0, device="cpu", k_bias=4.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Sq, H, D, generator=g) * 2.5
+    k = torch.randn(B, Sk, H, D, generator=g) + torch.randn(1, 1, H, D, generator=g) * k_bias
+    v = torch.randn(B, Sk, H, D, generator=g) * 0.7
+    return tuple(x.to(dtype=dtype, device=device) for x in (q, k, v))
+
+
+# ------------------------------------------------------------------ direct float64 computation of the contract
+
+def e4m3_rne_f64(y: torch.Tensor) -> torch.Tensor:
+    """Round float64 values (|y| <= 448) to the e4m3fn grid, half to even, without torch's fp8 cast."""
+    a = y.abs()
+    _, ex = torch.frexp(a)  # a = m * 2**ex, m in [0.5, 1)
+    e = (ex - 1).clamp(min=-6).to(torch.float64)  # floor(log2 a), subnormals share 2**-6's spacing
+    ulp = torch.pow(2.0, e - 3)
+    r = torch.round(a / ulp)  # round half to even
+    out = (r * ulp).clamp(max=448.0)
+    return torch.where(y < 0, -out, out)
+
+
+def contract_f64(q, k, v, smooth_k):
+    """Expected values (float64) of q8, k8, v8 (natural key order, unpadded), scales, mean; (B,H,S,D)."""
+    q64, k64, v64 = (x.transpose(1, 2).double() for x in (q, k, v))
+    Sk = k64.shape[2]
+    mean32 = None
+    if smooth_k:
+        mean32 = (k64.sum(dim=2) / Sk).float()  # fp32 mean of an (exact) float64 sum
+        k64 = (k64 - mean32.double()[:, :, None, :]).float().double()  # fp32 subtraction
+    out, scales = [], []
+    for x in (q64, k64, v64):
+        amax = x.abs().amax(dim=(2, 3))
+        ds = (amax / 448.0).float().double()  # float64 division then rounding = the fp32 IEEE division
+        ds = torch.where(amax == 0, torch.ones_like(ds), ds)
+        y = (x / ds[:, :, None, None]).float().double().clamp(-448.0, 448.0)
+        out.append(e4m3_rne_f64(y))
+        scales.append(ds)
+    return out[0], out[1], out[2], torch.stack(scales, dim=-1).float(), mean32
+
+
+def natural_v(v8t: torch.Tensor, sk_pad: int) -> torch.Tensor:
+    """(B,H,D,Sk_pad) permuted feature-major -> (B,H,Sk_pad,D) natural key order, via the inverse permutation."""
+    perm = key_order_for_positions(torch.arange(sk_pad))
+    inv = torch.argsort(perm)
+    return v8t.view(torch.uint8).transpose(2, 3)[:, :, inv].view(F8)
+
+
+def check_against_contract(res: Fp8Prepared, q, k, v, smooth_k):
+    B, Sq, H, D = q.shape
+    Sk = k.shape[1]
+    Sq_pad, Sk_pad = padded_lengths(Sq, Sk)
+    eq, ek, ev, escales, emean = contract_f64(q.cpu(), k.cpu(), v.cpu(), smooth_k)
+    assert res.sq == Sq and res.sk == Sk
+    assert res.q8.shape == (B, H, Sq_pad, D) and res.q8.dtype == F8
+    assert res.k8.shape == (B, H, Sk_pad, D) and res.k8.dtype == F8
+    assert res.v8t.shape == (B, H, D, Sk_pad) and res.v8t.dtype == F8
+    assert res.scales.shape == (B, H, 3) and res.scales.dtype == torch.float32
+    assert Sq_pad % 128 == 0 and Sk_pad % 32 == 0
+    assert torch.equal(res.scales.cpu(), escales)
+    if smooth_k:
+        assert torch.equal(res.k_mean.cpu(), emean)
+    q8, k8 = res.q8.cpu(), res.k8.cpu()
+    v8 = natural_v(res.v8t.cpu(), Sk_pad)
+    assert torch.equal(q8[:, :, :Sq].double(), eq)
+    assert torch.equal(k8[:, :, :Sk].double(), ek)
+    assert torch.equal(v8[:, :, :Sk].double(), ev)
+    for t, n in ((q8, Sq), (k8, Sk), (v8, Sk)):
+        assert not t.view(torch.uint8)[:, :, n:].any(), "padding must be zero bytes"
+
+
+SHAPES = [  # B, Sq, Sk, H, D
+    (1, 1, 1, 1, 128),
+    (1, 77, 77, 2, 128),
+    (2, 300, 77, 3, 64),
+    (2, 77, 300, 2, 128),
+    (1, 129, 33, 1, 32),
+]
+
+
+# ------------------------------------------------------------------ CPU: the torch chain vs float64
+
+
+def test_key_order_formula_matches_the_writeup():
+    # lane 0 holds keys 0, 1, 8, 9 at positions 0..3, lane 1 keys 2, 3, 10, 11 at positions 4..7
+    got = key_order_for_positions(torch.arange(32)).tolist()
+    assert got[:8] == [0, 1, 8, 9, 2, 3, 10, 11]
+    assert got[8:16] == [4, 5, 12, 13, 6, 7, 14, 15]
+    assert got[16:24] == [16, 17, 24, 25, 18, 19, 26, 27]
+    assert sorted(got) == list(range(32))  # a permutation within each group
+
+
+def test_key_order_agrees_with_key_order_module():
+    mod = pytest.importorskip("ditprof.kernels.key_order")
+    p = torch.arange(256)
+    assert torch.equal(torch.as_tensor(mod.key_order_for_positions(p)), key_order_for_positions(p))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "raw"])
+def test_torch_prep_matches_float64_contract(shape, smooth_k):
+    B, Sq, Sk, H, D = shape
+    q, k, v = make_qkv(B, Sq, Sk, H, D, seed=hash(shape) % 1000)
+    check_against_contract(fp8_prepare_torch(q, k, v, smooth_k=smooth_k), q, k, v, smooth_k)
+
+
+def test_torch_prep_fp16_and_saturation_edges():
+    q, k, v = make_qkv(1, 77, 50, 2, 64, dtype=torch.float16, seed=3)
+    q[0, 5, 1, 7] = -300.0  # the amax element maps to exactly -448
+    check_against_contract(fp8_prepare_torch(q, k, v), q, k, v, True)
+    res = fp8_prepare_torch(q, k, v)
+    assert res.q8[0, 1, 5, 7].float().item() == -448.0
+
+
+def test_layout_bhsd_and_noncontiguous_give_the_same_bytes():
+    q, k, v = make_qkv(2, 77, 40, 3, 64, seed=5)
+    ref = fp8_prepare_torch(q, k, v)
+    bhsd = fp8_prepare_torch(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), layout="BHSD")
+    packed = torch.cat([q[:, :40], k, v], dim=-1)  # (B, 40, H, 3D): slices are non-contiguous
+    res_nc = fp8_prepare_torch(q[:, :40], packed[..., 64:128], packed[..., 128:])
+    ref_nc = fp8_prepare_torch(q[:, :40].contiguous(), k, v)
+    for a, b in ((bhsd, ref), (res_nc, ref_nc)):
+        for name in ("q8", "k8", "v8t"):
+            assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8))
+        assert torch.equal(a.scales, b.scales)
+
+
+def test_zero_inputs_give_unit_scales_and_zero_bytes():
+    z = torch.zeros(1, 20, 2, 64, dtype=torch.bfloat16)
+    res = fp8_prepare_torch(z, z, z)
+    assert torch.equal(res.scales, torch.ones(1, 2, 3))
+    for t in (res.q8, res.k8, res.v8t):
+        assert not t.view(torch.uint8).any()
+
+
+def test_smoothing_removes_channel_bias():
+    q, k, v = make_qkv(1, 64, 256, 2, 64, seed=7, k_bias=30.0)
+    with_s = fp8_prepare_torch(q, k, v, smooth_k=True)
+    without = fp8_prepare_torch(q, k, v, smooth_k=False)
+    assert (with_s.scales[..., 1] < without.scales[..., 1] / 5).all()
+    # q and v are untouched by smoothing
+    assert torch.equal(with_s.scales[..., [0, 2]], without.scales[..., [0, 2]])
+    assert without.k_mean is None
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "raw"])
+def test_nonfinite_input_is_an_error(which, bad, smooth_k):
+    q, k, v = make_qkv(1, 33, 20, 2, 64, seed=1)
+    t = {"q": q, "k": k, "v": v}[which]
+    t[0, 3, 1, 5] = bad
+    with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+        fp8_prepare_torch(q, k, v, smooth_k=smooth_k)
+    with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+        fp8_prepare(q, k, v, smooth_k=smooth_k)  # auto backend: torch on CPU
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("dtype", "bfloat16 or float16"),
+        ("dims", "must be 4-D"),
+        ("kv", "same shape"),
+        ("heads", "must agree"),
+        ("hd", "power of two"),
+        ("layout", "layout must be"),
+        ("empty", "empty input"),
+    ],
+)
+def test_bad_input_is_a_clear_error(case, match):
+    q, k, v = make_qkv(1, 16, 16, 2, 64)
+    kwargs = {}
+    if case == "dtype":
+        q = q.float()
+    elif case == "dims":
+        q = q[0]
+    elif case == "kv":
+        v = v[:, :8]
+    elif case == "heads":
+        q = torch.cat([q, q], dim=2)
+    elif case == "hd":
+        q, k, v = (x[..., :48] for x in (q, k, v))
+    elif case == "layout":
+        kwargs["layout"] = "SBHD"
+    elif case == "empty":
+        q = q[:, :0]
+    with pytest.raises(DitprofError, match=match):
+        fp8_prepare_torch(q, k, v, **kwargs)
+    with pytest.raises(DitprofError, match=match):
+        fp8_prepare(q, k, v, **kwargs)
+
+
+def test_triton_backend_on_cpu_without_interpreter_is_a_clear_error():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("interpreter active")
+    q, k, v = make_qkv(1, 16, 16, 2, 64)
+    with pytest.raises(DitprofError, match="backend='triton'"):
+        fp8_prepare(q, k, v, backend="triton")
+
+
+def test_out_buffers_are_written_in_place_torch_backend():
+    q, k, v = make_qkv(1, 50, 40, 2, 64, seed=9)
+    ref = fp8_prepare_torch(q, k, v)
+    out = _poisoned_like(ref)
+    res = fp8_prepare(q, k, v, backend="torch", out=out)
+    assert res.q8 is out.q8 and res.v8t is out.v8t
+    _assert_same_bytes(res, ref)
+    bad = Fp8Prepared(out.q8[:, :, :64], out.k8, out.v8t, out.scales, 50, 40)
+    with pytest.raises(DitprofError, match="out.q8"):
+        fp8_prepare(q, k, v, backend="torch", out=bad)
+
+
+def _poisoned_like(ref: Fp8Prepared) -> Fp8Prepared:
+    """Buffers full of 0x7F (e4m3 NaN, never produced: the clamp stops at 0x7E) and NaN scales."""
+    bufs = [torch.full(t.shape, 0x7F, dtype=torch.uint8, device=t.device).view(F8) for t in (ref.q8, ref.k8, ref.v8t)]
+    scales = torch.full(ref.scales.shape, float("nan"), device=ref.scales.device)
+    return Fp8Prepared(*bufs, scales, ref.sq, ref.sk)
+
+
+def _assert_same_bytes(a: Fp8Prepared, b: Fp8Prepared):
+    for name in ("q8", "k8", "v8t"):
+        x, y = getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8)
+        assert x.shape == y.shape, name
+        diff = (x != y).sum().item()
+        assert diff == 0, f"{name}: {diff} bytes differ"
+    assert torch.equal(a.scales, b.scales)
+    if b.k_mean is not None:
+        assert torch.equal(a.k_mean, b.k_mean)
+
+
+# ------------------------------------------------------------------ CPU: Triton kernels under the interpreter
+
+INTERP_SHAPES = [(1, 1, 1, 1, 128), (2, 77, 77, 2, 128), (1, 300, 33, 2, 64), (2, 33, 300, 1, 128), (1, 129, 64, 1, 16)]
+
+
+def test_triton_interpreter_matches_torch_bit_exactly():
+    """Runs the inner test below in a subprocess with TRITON_INTERPRET=1 (set before triton is imported)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", DITPROF_PREP_INTERP_INNER="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+           f"{Path(__file__).resolve()}::test_interpreter_inner", "-k", "test_interpreter_inner"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    tail = (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and " skipped" not in r.stdout, tail
+
+
+@pytest.mark.skipif(os.environ.get("DITPROF_PREP_INTERP_INNER") != "1", reason="run by the interpreter test")
+@pytest.mark.parametrize("shape", INTERP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_interpreter_inner(shape):
+    from ditprof.kernels import prep_triton
+
+    assert prep_triton.INTERPRET
+    B, Sq, Sk, H, D = shape
+    for smooth_k in (True, False):
+        q, k, v = make_qkv(B, Sq, Sk, H, D, seed=Sq + Sk)
+        ref = fp8_prepare_torch(q, k, v, smooth_k=smooth_k)
+        out = _poisoned_like(ref)
+        res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out)
+        _assert_same_bytes(res, ref)
+        check_against_contract(res, q, k, v, smooth_k)
+    # BHSD input, non-contiguous K/V, fp16, non-finite detection
+    q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=torch.float16, seed=2)
+    res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton")
+    _assert_same_bytes(res, fp8_prepare_torch(q, k, v))
+    for which in "qkv":
+        qq, kk, vv = (x.clone() for x in (q, k, v))
+        {"q": qq, "k": kk, "v": vv}[which][0, -1, 0, 0] = float("nan")
+        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+            fp8_prepare(qq, kk, vv, backend="triton")
+
+
+# ------------------------------------------------------------------ GPU: Triton kernels vs the torch chain
+
+GPU_SHAPES = [
+    (1, 30272, 30272, 56, 128),  # H3
+    (2, 77, 77, 3, 128),
+    (1, 1, 1, 1, 128),
+    (1, 4096, 512, 8, 128),  # cross-attention
+    (1, 300, 33, 2, 64),
+    (3, 1000, 1000, 5, 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "raw"])
+def test_gpu_triton_matches_torch_bit_exactly(shape, smooth_k):
+    B, Sq, Sk, H, D = shape
+    q, k, v = make_qkv(B, Sq, Sk, H, D, seed=Sq % 97, device="cuda")
+    ref = fp8_prepare_torch(q, k, v, smooth_k=smooth_k)
+    out = _poisoned_like(ref)
+    res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out)
+    torch.cuda.synchronize()
+    _assert_same_bytes(res, ref)
+    if B * H * Sq <= 1 << 20:
+        check_against_contract(res, q, k, v, smooth_k)
+    again = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton")
+    _assert_same_bytes(again, res)  # deterministic: no atomics
+
+
+@pytest.mark.gpu
+def test_gpu_layouts_dtypes_and_errors():
+    q, k, v = make_qkv(2, 333, 129, 3, 128, dtype=torch.float16, seed=4, device="cuda")
+    ref = fp8_prepare_torch(q, k, v)
+    _assert_same_bytes(fp8_prepare(q, k, v), ref)  # auto picks triton on CUDA
+    bhsd = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    _assert_same_bytes(fp8_prepare(*bhsd, layout="BHSD"), ref)
+    packed = torch.cat([k, v], dim=-1)
+    _assert_same_bytes(fp8_prepare(q, packed[..., :128], packed[..., 128:]), ref)
+    for which in "qkv":
+        qq, kk, vv = (x.clone() for x in (q, k, v))
+        {"q": qq, "k": kk, "v": vv}[which][1, 100, 2, 3] = float("inf")
+        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+            fp8_prepare(qq, kk, vv)
