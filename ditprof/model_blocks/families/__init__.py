@@ -1,0 +1,36 @@
+"""Block family adapters, looked up by name or by the ``_class_name`` of a diffusers config."""
+
+from __future__ import annotations
+
+from ditprof.errors import DitprofError
+
+from .base import BlockFamily, BlockKind, LatentGrid
+from .cogvideox import CogVideoXFamily
+from .flux import FluxFamily
+from .hunyuan_video import HunyuanVideoFamily
+from .ltx import LTXVideoFamily
+from .wan import WanFamily
+
+FAMILIES: dict[str, BlockFamily] = {
+    f.name: f for f in (WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(), CogVideoXFamily())
+}
+
+
+def get_family(name: str) -> BlockFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise DitprofError(f"unknown family {name!r} (known: {', '.join(FAMILIES)})") from None
+
+
+def family_for_config(config: dict) -> BlockFamily:
+    """The adapter for a diffusers transformer config, chosen by its ``_class_name``."""
+    class_name = config.get("_class_name")
+    for family in FAMILIES.values():
+        if class_name in family.class_names:
+            return family
+    known = ", ".join(n for f in FAMILIES.values() for n in f.class_names)
+    raise DitprofError(f"unknown model class {class_name!r} in config.json (known: {known})")
+
+
+__all__ = ["FAMILIES", "BlockFamily", "BlockKind", "LatentGrid", "family_for_config", "get_family"]

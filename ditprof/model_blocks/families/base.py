@@ -1,0 +1,181 @@
+"""What every block family adapter knows about its diffusers model.
+
+An adapter maps a diffusers transformer (named by ``_class_name`` in its ``config.json``) to
+the blocks inside it: which ``nn.ModuleList`` attribute holds them, the block class, how to
+build one block from the config, and how to make the inputs the parent model would hand it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ditprof.errors import DitprofError
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    """One stack of blocks inside a model: ``main`` (the only stack), ``double`` or ``single``."""
+
+    name: str
+    attribute: str  # nn.ModuleList attribute on the diffusers model, e.g. "blocks"
+    count_key: str  # config key holding how many blocks the stack has
+
+
+@dataclass(frozen=True)
+class LatentGrid:
+    """Token grid after VAE compression and patchify: frames x height x width tokens."""
+
+    frames: int
+    height: int
+    width: int
+
+    @property
+    def tokens(self) -> int:
+        return self.frames * self.height * self.width
+
+
+class BlockFamily:
+    """Base adapter. Subclasses fill the class attributes and the input builder."""
+
+    name: str = ""
+    class_names: tuple[str, ...] = ()  # diffusers `_class_name` values this adapter handles
+    kinds: tuple[BlockKind, ...] = ()
+    uses_dispatcher: bool = True  # attention goes through diffusers' attention dispatcher
+    default_text_tokens: int = 512
+    vae_stride: tuple[int, int, int] = (4, 8, 8)  # (time, height, width)
+    is_video: bool = True
+    default_size: tuple[int, int, int] = (480, 832, 81)  # (height, width, frames)
+    max_axis_tokens: int | None = None  # longest grid axis the model's RoPE table covers
+
+    # ----- model / block classes -------------------------------------------------------------
+    @property
+    def model_class(self) -> type:
+        raise NotImplementedError
+
+    def block_class(self, kind: str) -> type:
+        raise NotImplementedError
+
+    @property
+    def keep_in_fp32(self) -> tuple[str, ...]:
+        """Module names diffusers keeps in fp32 even when the model is cast to bf16."""
+        return tuple(getattr(self.model_class, "_keep_in_fp32_modules", None) or ())
+
+    def kind(self, name: str | None) -> BlockKind:
+        if name is None:
+            return self.kinds[0]
+        for k in self.kinds:
+            if k.name == name:
+                return k
+        raise DitprofError(
+            f"family {self.name} has no block kind {name!r} (known: {', '.join(k.name for k in self.kinds)})"
+        )
+
+    def prefix(self, kind: str | None, index: int) -> str:
+        """State-dict prefix of block ``index`` of the given stack, e.g. ``blocks.3.``."""
+        return f"{self.kind(kind).attribute}.{index}."
+
+    def n_blocks(self, config: dict, kind: str | None) -> int:
+        k = self.kind(kind)
+        return int(self.init_args(config)[k.count_key])
+
+    # ----- config ----------------------------------------------------------------------------
+    def init_args(self, config: dict) -> dict[str, Any]:
+        """The model's __init__ arguments: its defaults overridden by config.json."""
+        params = inspect.signature(self.model_class.__init__).parameters
+        args = {n: p.default for n, p in params.items() if n != "self" and p.default is not p.empty}
+        args.update({k: v for k, v in config.items() if k in params})
+        return args
+
+    def heads(self, config: dict) -> tuple[int, int]:
+        a = self.init_args(config)
+        return int(a["num_attention_heads"]), int(a["attention_head_dim"])
+
+    def dim(self, config: dict) -> int:
+        heads, head_dim = self.heads(config)
+        return heads * head_dim
+
+    def build_block(self, config: dict, kind: str | None) -> torch.nn.Module:
+        """Build one block with the parent model's constructor arguments (call under a device ctx)."""
+        raise NotImplementedError
+
+    # ----- inputs ----------------------------------------------------------------------------
+    def patch_size(self, config: dict) -> tuple[int, int, int]:
+        """(time, height, width) patch size of the patch embedding."""
+        raise NotImplementedError
+
+    def grid_from_size(self, config: dict, height: int, width: int, frames: int | None) -> LatentGrid:
+        """Token grid for a pixel-space video/image size (VAE stride, then patchify)."""
+        st, sh, sw = self.vae_stride
+        pt, ph, pw = self.patch_size(config)
+        if self.is_video:
+            frames = 1 if frames is None else frames
+            latent_frames = (frames - 1) // st + 1  # causal video VAEs keep the first frame
+        else:
+            latent_frames = 1
+        grid = LatentGrid(
+            frames=math.ceil(latent_frames / pt), height=height // (sh * ph), width=width // (sw * pw)
+        )
+        if min(grid.frames, grid.height, grid.width) < 1:
+            raise DitprofError(f"size {height}x{width}x{frames} is too small for {self.name} (no tokens)")
+        return grid
+
+    def grid_from_tokens(self, tokens: int) -> LatentGrid:
+        """A plausible (frames, height, width) grid holding exactly ``tokens`` tokens.
+
+        RoPE needs 3-D positions, so the count is factored into the most cube-like grid (images:
+        the most square one), which keeps every axis inside the model's rotary table.
+        """
+        if tokens < 1:
+            raise DitprofError(f"tokens must be positive, got {tokens}")
+        best = None
+        for f in range(1, tokens + 1) if self.is_video else (1,):
+            if tokens % f:
+                continue
+            rest = tokens // f
+            for h in range(1, math.isqrt(rest) + 1):
+                if rest % h:
+                    continue
+                w = rest // h
+                key = (max(f, h, w), -min(f, h, w))
+                if best is None or key < best[0]:
+                    best = (key, LatentGrid(f, h, w))
+        grid = best[1]
+        if self.max_axis_tokens and max(grid.frames, grid.height, grid.width) > self.max_axis_tokens:
+            raise DitprofError(
+                f"{tokens} tokens do not factor into a {self.name} grid with every axis <= "
+                f"{self.max_axis_tokens}; pick a token count with more factors or give height/width/frames"
+            )
+        return grid
+
+    def build_inputs(
+        self,
+        config: dict,
+        kind: str | None,
+        grid: LatentGrid,
+        text_tokens: int,
+        batch: int,
+        gen: torch.Generator,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> tuple[tuple, dict]:
+        """(args, kwargs) for ``block.forward``, shaped as the parent model passes them."""
+        raise NotImplementedError
+
+    def output_index(self, kind: str | None) -> int | None:
+        """Where the image/video hidden states sit in the block's output (None: a bare tensor)."""
+        return None
+
+
+def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:
+    """Seeded normal tensor drawn on CPU (so values match across devices), then moved."""
+    return (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(device=device, dtype=dtype)
+
+
+def shape_only(shape, device) -> torch.Tensor:
+    """A tensor with the given shape that costs one element: rotary modules read only the shape."""
+    return torch.empty((1,) * len(shape), device=device).expand(*shape)

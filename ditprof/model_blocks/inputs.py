@@ -1,0 +1,73 @@
+"""Forward inputs for a loaded block, shaped exactly as its parent model hands them over."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ditprof.errors import DitprofError
+
+from .families import LatentGrid
+from .loading import LoadedBlock
+
+
+@dataclass
+class BlockInputs:
+    args: tuple
+    kwargs: dict
+    tokens: int  # image/video tokens
+    text_tokens: int
+    grid: LatentGrid
+    output_index: int | None = None  # where the hidden states sit in the block's output tuple
+
+    def run(self, module: torch.nn.Module) -> torch.Tensor:
+        """Call the block; return the image/video hidden states whatever tuple order it uses."""
+        out = module(*self.args, **self.kwargs)
+        return out if self.output_index is None else out[self.output_index]
+
+
+def make_inputs(
+    loaded: LoadedBlock,
+    *,
+    tokens: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    frames: int | None = None,
+    batch: int = 1,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    text_tokens: int | None = None,
+) -> BlockInputs:
+    """Deterministic (seeded, drawn on CPU) non-zero inputs for ``loaded.module``.
+
+    Give either ``tokens`` or ``height``/``width`` (+ ``frames`` for video); with neither, the
+    preset's default (or the family's pipeline default size) is used.
+    """
+    family, config = loaded.family, loaded.config
+    preset = loaded.preset
+    if tokens is not None and (height or width):
+        raise DitprofError("give tokens or height/width, not both")
+    if tokens is None and not (height or width):
+        if preset is not None and preset.tokens is not None:
+            tokens = preset.tokens
+        elif preset is not None:
+            height, width, frames = preset.height, preset.width, preset.frames
+        else:
+            height, width, frames = family.default_size
+    if tokens is not None:
+        grid = family.grid_from_tokens(int(tokens))
+    else:
+        if not (height and width):
+            raise DitprofError("give both height and width")
+        grid = family.grid_from_size(config, int(height), int(width), frames)
+    if text_tokens is None:
+        text_tokens = preset.text_tokens if preset is not None else family.default_text_tokens
+    if batch < 1 or text_tokens < 1:
+        raise DitprofError(f"batch and text_tokens must be positive (got {batch}, {text_tokens})")
+    device = torch.device(device) if device is not None else loaded.device
+    dtype = dtype or loaded.dtype or torch.float32
+    gen = torch.Generator().manual_seed(seed)
+    args, kwargs = family.build_inputs(config, loaded.kind, grid, text_tokens, batch, gen, device, dtype)
+    return BlockInputs(args, kwargs, grid.tokens, text_tokens, grid, family.output_index(loaded.kind))

@@ -1,0 +1,207 @@
+"""Load ONE block of a diffusers transformer from safetensors shards.
+
+The block is built on the meta device (no memory), then each of its tensors is read from the
+shard holding it (``safe_open`` memory-maps; ``get_tensor`` copies just that tensor), converted
+straight to the target device/dtype and assigned into the block. Host memory peaks at about
+one block (plus one tensor while converting), never the whole model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ditprof.errors import DitprofError
+
+from .checkpoint import PICKLE_SUFFIXES, CheckpointLayout, open_safetensors, read_layout, shards_for_prefix
+from .families import BlockFamily, family_for_config
+from .presets import PRESETS, Preset, block_on_meta
+
+FLOAT_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16}
+
+
+@dataclass
+class LoadedBlock:
+    module: torch.nn.Module  # diffusers' own block class, eval mode, no grad
+    family: BlockFamily
+    kind: str
+    index: int
+    n_blocks: int
+    config: dict
+    source: str
+    params: int
+    bytes: int
+    heads: int
+    head_dim: int
+    load_s: float
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype | None = None  # the requested compute dtype (fp32-kept params stay fp32)
+    folder: Path | None = None
+    shards: list[str] = field(default_factory=list)  # shard files opened for this block
+    preset: Preset | None = None
+
+
+def keeps_fp32(family: BlockFamily, name: str) -> bool:
+    """diffusers' rule: a parameter stays fp32 if a dotted component names a kept module."""
+    parts = name.split(".")
+    return any(m in parts for m in family.keep_in_fp32)
+
+
+def module_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(p.numel() for p in module.parameters()), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _first(names, n=5) -> str:
+    names = sorted(names)
+    more = f" (+{len(names) - n} more)" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def check_block_keys(family: BlockFamily, block: torch.nn.Module, found: list[str], where: str) -> None:
+    """Missing / unexpected key check on names alone, before any tensor data is read."""
+    expected = set(block.state_dict().keys())
+    ignore = getattr(family.model_class, "_keys_to_ignore_on_load_unexpected", None) or []
+    found_set = {k for k in found if not any(p in k for p in ignore)}
+    missing, unexpected = expected - found_set, found_set - expected
+    if missing:
+        raise DitprofError(f"{where} is missing {len(missing)} key(s) of the block: {_first(missing)}")
+    if unexpected:
+        raise DitprofError(f"{where} has {len(unexpected)} unexpected key(s) for the block: {_first(unexpected)}")
+
+
+def load_block_from_layout(
+    layout: CheckpointLayout,
+    block: int = 0,
+    *,
+    kind: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = torch.bfloat16,
+    progress: bool = True,
+    fetch_shards=None,
+    source: str | None = None,
+) -> LoadedBlock:
+    t0 = time.perf_counter()
+    device = torch.device(device)
+    family = family_for_config(layout.config)
+    kind_name = family.kind(kind).name
+    n_blocks = family.n_blocks(layout.config, kind_name)
+    if not 0 <= block < n_blocks:
+        raise DitprofError(f"block index {block} out of range: {family.name} {kind_name} stack has {n_blocks} blocks")
+    prefix = family.prefix(kind_name, block)
+    by_shard = shards_for_prefix(layout.weight_map, prefix)
+    if not by_shard:
+        stack = family.kind(kind_name).attribute + "."
+        have = sorted({int(k[len(stack):].split(".")[0]) for k in layout.weight_map if k.startswith(stack)})
+        held = f"; it holds blocks {_first(map(str, have), 8)}" if have else ""
+        raise DitprofError(f"no tensors with prefix {prefix!r} in {layout.folder}{held}")
+    if fetch_shards is not None:
+        fetch_shards(list(by_shard))
+
+    module = block_on_meta(family, layout.config, kind_name)
+    check_block_keys(family, module, [k[len(prefix):] for keys in by_shard.values() for k in keys], str(layout.folder))
+    expected = module.state_dict()
+
+    state: dict[str, torch.Tensor] = {}
+    with _progress(progress, f"loading {prefix[:-1]}", sum(len(v) for v in by_shard.values())) as advance:
+        for shard, names in by_shard.items():
+            with open_safetensors(layout.folder / shard) as f:
+                present = set(f.keys())
+                absent = [n for n in names if n not in present]
+                if absent:
+                    raise DitprofError(f"shard {shard} lacks {len(absent)} tensor(s) the index puts there: {_first(absent)}")
+                # Headers first: shapes and dtypes are checked before any tensor data is read.
+                for name in names:
+                    _check_slice(f.get_slice(name), name, expected[name[len(prefix):]], shard)
+                for name in names:
+                    local = name[len(prefix):]
+                    target = torch.float32 if keeps_fp32(family, local) else dtype
+                    tensor = f.get_tensor(name)
+                    state[local] = tensor.to(device=device, dtype=target or tensor.dtype)
+                    del tensor
+                    advance()
+
+    module.load_state_dict(state, strict=True, assign=True)
+    del state
+    leftovers = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if leftovers:  # a buffer the checkpoint does not carry: nothing in these families, but fail loudly
+        raise DitprofError(f"block has tensors not in the checkpoint: {_first(leftovers)}")
+    module.eval().requires_grad_(False)
+    params, nbytes = module_bytes(module)
+    heads, head_dim = family.heads(layout.config)
+    return LoadedBlock(
+        module=module, family=family, kind=kind_name, index=block, n_blocks=n_blocks, config=layout.config,
+        source=source or str(layout.folder), params=params, bytes=nbytes, heads=heads, head_dim=head_dim,
+        load_s=time.perf_counter() - t0, device=device, dtype=dtype, folder=layout.folder, shards=list(by_shard),
+    )
+
+
+def _check_slice(sl, name: str, expected: torch.Tensor, shard: str) -> None:
+    shape = tuple(sl.get_shape())
+    if shape != tuple(expected.shape):
+        raise DitprofError(f"shape mismatch for {name} in {shard}: checkpoint {shape}, block expects {tuple(expected.shape)}")
+    dt = sl.get_dtype()
+    if dt not in ("F64", "F32", "F16", "BF16"):
+        raise DitprofError(f"dtype mismatch for {name} in {shard}: checkpoint {dt}, block expects a float tensor")
+
+
+class _progress:
+    """A rich progress bar over tensors, or a no-op."""
+
+    def __init__(self, enabled: bool, label: str, total: int):
+        self.enabled, self.label, self.total = enabled, label, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import Progress
+
+        self._p = Progress(transient=True)
+        self._p.__enter__()
+        task = self._p.add_task(self.label, total=self.total)
+        return lambda: self._p.advance(task)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self._p.__exit__(*exc)
+
+
+def load_block(
+    source: str | Path,
+    block: int = 0,
+    *,
+    kind: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = torch.bfloat16,
+    progress: bool = True,
+) -> LoadedBlock:
+    """One block of a preset (synthetic checkpoint, cached), a diffusers folder, or a HF repo id."""
+    src = str(source)
+    if src in PRESETS:
+        from .synthetic import ensure_checkpoint
+
+        preset = PRESETS[src]
+        kind = kind or preset.kind
+        folder = ensure_checkpoint(preset, blocks=[block], kind=kind, progress=progress)
+        loaded = load_block_from_layout(
+            read_layout(folder), block, kind=kind, device=device, dtype=dtype, progress=progress, source=src
+        )
+        loaded.preset = preset
+        return loaded
+    path = Path(src).expanduser()
+    if path.exists() or src.startswith((".", "/", "~")) or path.suffix in PICKLE_SUFFIXES:
+        return load_block_from_layout(
+            read_layout(path), block, kind=kind, device=device, dtype=dtype, progress=progress, source=src
+        )
+    from .hub import HubCheckpoint, looks_like_repo_id
+
+    if looks_like_repo_id(src):
+        hub = HubCheckpoint(src)
+        return load_block_from_layout(
+            read_layout(hub.folder), block, kind=kind, device=device, dtype=dtype, progress=progress,
+            fetch_shards=hub.fetch_shards, source=src,
+        )
+    raise DitprofError(f"{src!r} is not a preset ({', '.join(PRESETS)}), a folder, or a Hugging Face repo id")

@@ -1,0 +1,281 @@
+"""Built-in model presets: published diffusers configs, the H3-like target, and tiny test models.
+
+Per-block parameter counts are not written down here: they come from building the block on the
+meta device from the config (see ``block_params``), so they can never drift from the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from ditprof.errors import DitprofError
+
+from .families import BlockFamily, get_family
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    family: str
+    config: dict  # the diffusers config.json of the whole transformer
+    kind: str = "main"  # default block stack: main / double / single
+    tokens: int | None = None  # default video/image token count ...
+    height: int | None = None  # ... or the pixel size the tokens come from
+    width: int | None = None
+    frames: int | None = None
+    text_tokens: int = 512
+    description: str = ""
+    tiny: bool = False  # small enough to write (and test) the whole model
+    checkpoint_dtype: str = "bfloat16"  # dtype of synthetic checkpoints
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def adapter(self) -> BlockFamily:
+        return get_family(self.family)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.adapter.n_blocks(self.config, self.kind)
+
+    @property
+    def default_tokens(self) -> int:
+        if self.tokens is not None:
+            return self.tokens
+        return self.adapter.grid_from_size(self.config, self.height, self.width, self.frames).tokens
+
+
+def _wan(heads, head_dim, ffn, layers, **over) -> dict:
+    cfg = {
+        "_class_name": "WanTransformer3DModel",
+        "_diffusers_version": "0.42.1",
+        "patch_size": [1, 2, 2],
+        "num_attention_heads": heads,
+        "attention_head_dim": head_dim,
+        "in_channels": 16,
+        "out_channels": 16,
+        "text_dim": 4096,
+        "freq_dim": 256,
+        "ffn_dim": ffn,
+        "num_layers": layers,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-6,
+        "image_dim": None,
+        "added_kv_proj_dim": None,
+        "rope_max_seq_len": 1024,
+        "pos_embed_seq_len": None,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _flux(heads, head_dim, layers, single, **over) -> dict:
+    cfg = {
+        "_class_name": "FluxTransformer2DModel",
+        "_diffusers_version": "0.42.1",
+        "patch_size": 1,
+        "in_channels": 64,
+        "out_channels": None,
+        "num_layers": layers,
+        "num_single_layers": single,
+        "attention_head_dim": head_dim,
+        "num_attention_heads": heads,
+        "joint_attention_dim": 4096,
+        "pooled_projection_dim": 768,
+        "guidance_embeds": True,
+        "axes_dims_rope": [16, 56, 56],
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _hunyuan(heads, head_dim, layers, single, **over) -> dict:
+    cfg = {
+        "_class_name": "HunyuanVideoTransformer3DModel",
+        "_diffusers_version": "0.42.1",
+        "in_channels": 16,
+        "out_channels": 16,
+        "num_attention_heads": heads,
+        "attention_head_dim": head_dim,
+        "num_layers": layers,
+        "num_single_layers": single,
+        "num_refiner_layers": 2,
+        "mlp_ratio": 4.0,
+        "patch_size": 2,
+        "patch_size_t": 1,
+        "qk_norm": "rms_norm",
+        "guidance_embeds": True,
+        "text_embed_dim": 4096,
+        "pooled_projection_dim": 768,
+        "rope_theta": 256.0,
+        "rope_axes_dim": [16, 56, 56],
+        "image_condition_type": None,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _ltx(heads, head_dim, layers, **over) -> dict:
+    cfg = {
+        "_class_name": "LTXVideoTransformer3DModel",
+        "_diffusers_version": "0.42.1",
+        "in_channels": 128,
+        "out_channels": 128,
+        "patch_size": 1,
+        "patch_size_t": 1,
+        "num_attention_heads": heads,
+        "attention_head_dim": head_dim,
+        "cross_attention_dim": heads * head_dim,
+        "num_layers": layers,
+        "activation_fn": "gelu-approximate",
+        "qk_norm": "rms_norm_across_heads",
+        "norm_elementwise_affine": False,
+        "norm_eps": 1e-6,
+        "caption_channels": 4096,
+        "attention_bias": True,
+        "attention_out_bias": True,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _cogvideox(heads, head_dim, layers, **over) -> dict:
+    cfg = {
+        "_class_name": "CogVideoXTransformer3DModel",
+        "_diffusers_version": "0.42.1",
+        "num_attention_heads": heads,
+        "attention_head_dim": head_dim,
+        "in_channels": 16,
+        "out_channels": 16,
+        "flip_sin_to_cos": True,
+        "freq_shift": 0,
+        "time_embed_dim": 512,
+        "ofs_embed_dim": None,
+        "text_embed_dim": 4096,
+        "num_layers": layers,
+        "dropout": 0.0,
+        "attention_bias": True,
+        "sample_width": 90,
+        "sample_height": 60,
+        "sample_frames": 49,
+        "patch_size": 2,
+        "patch_size_t": None,
+        "temporal_compression_ratio": 4,
+        "max_text_seq_length": 226,
+        "activation_fn": "gelu-approximate",
+        "timestep_activation_fn": "silu",
+        "norm_elementwise_affine": True,
+        "norm_eps": 1e-5,
+        "spatial_interpolation_scale": 1.875,
+        "temporal_interpolation_scale": 1.0,
+        "use_rotary_positional_embeddings": True,
+        "use_learned_positional_embeddings": False,
+        "patch_bias": True,
+    }
+    cfg.update(over)
+    return cfg
+
+
+_TINY = dict(tiny=True, checkpoint_dtype="float32")
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "h3", "wan", _wan(56, 128, 28672, 50), tokens=30272, text_tokens=512,
+            description="H3-like target: Wan-style block, dim 7168, cross-attention to 512 text tokens",
+        ),
+        Preset(
+            "h3-mini", "wan", _wan(4, 128, 2048, 50), tokens=2048, text_tokens=512,
+            description="H3 architecture scaled down so a CPU runs one block in about a second",
+        ),
+        Preset(
+            "wan2.1-t2v-14b", "wan", _wan(40, 128, 13824, 40), height=720, width=1280, frames=81,
+            description="Wan-AI/Wan2.1-T2V-14B-Diffusers, 720p x 81 frames",
+        ),
+        Preset(
+            "wan2.1-t2v-1.3b", "wan", _wan(12, 128, 8960, 30), height=480, width=832, frames=81,
+            description="Wan-AI/Wan2.1-T2V-1.3B-Diffusers, 480p x 81 frames",
+        ),
+        Preset(
+            "flux.1-dev", "flux", _flux(24, 128, 19, 38), kind="double", height=1024, width=1024,
+            description="black-forest-labs/FLUX.1-dev, 1024x1024 (use kind=single for the single stack)",
+        ),
+        Preset(
+            "hunyuan-video", "hunyuan-video", _hunyuan(24, 128, 20, 40), kind="double",
+            height=720, width=1280, frames=129, text_tokens=256,
+            description="hunyuanvideo-community/HunyuanVideo, 720p x 129 frames",
+        ),
+        Preset(
+            "ltx-video", "ltx-video", _ltx(32, 64, 28), height=512, width=704, frames=161, text_tokens=128,
+            description="Lightricks/LTX-Video 2B (0.9.x), 704x512 x 161 frames",
+        ),
+        Preset(
+            "cogvideox-5b", "cogvideox", _cogvideox(48, 64, 42), height=480, width=720, frames=49,
+            text_tokens=226, description="THUDM/CogVideoX-5b, 720x480 x 49 frames",
+        ),
+        # Tiny whole models for CPU tests (each block runs in milliseconds).
+        Preset(
+            "wan-tiny", "wan", _wan(2, 12, 48, 2, text_dim=16, freq_dim=16, in_channels=4, out_channels=4),
+            tokens=48, text_tokens=8, description="tiny Wan for tests", **_TINY,
+        ),
+        Preset(
+            "flux-tiny", "flux",
+            _flux(2, 16, 2, 2, in_channels=8, joint_attention_dim=16, pooled_projection_dim=8,
+                  axes_dims_rope=[4, 6, 6]),
+            kind="double", tokens=36, text_tokens=8, description="tiny Flux for tests", **_TINY,
+        ),
+        Preset(
+            "hunyuan-video-tiny", "hunyuan-video",
+            _hunyuan(2, 16, 2, 2, in_channels=4, out_channels=4, num_refiner_layers=1, text_embed_dim=16,
+                     pooled_projection_dim=8, rope_axes_dim=[4, 6, 6]),
+            kind="double", tokens=48, text_tokens=8, description="tiny HunyuanVideo for tests", **_TINY,
+        ),
+        Preset(
+            "ltx-video-tiny", "ltx-video", _ltx(2, 12, 2, in_channels=8, out_channels=8, caption_channels=16),
+            tokens=48, text_tokens=8, description="tiny LTX-Video for tests", **_TINY,
+        ),
+        Preset(
+            "cogvideox-tiny", "cogvideox",
+            _cogvideox(2, 16, 2, in_channels=4, out_channels=4, time_embed_dim=16, text_embed_dim=16,
+                       sample_width=8, sample_height=8, sample_frames=5, max_text_seq_length=8),
+            tokens=48, text_tokens=8, description="tiny CogVideoX for tests", **_TINY,
+        ),
+    )
+}
+
+
+def list_presets() -> list[Preset]:
+    return list(PRESETS.values())
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise DitprofError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+
+
+def block_on_meta(family: BlockFamily, config: dict, kind: str | None) -> torch.nn.Module:
+    """The block built without allocating weights: shapes and names only."""
+    with torch.device("meta"):
+        return family.build_block(config, kind)
+
+
+@lru_cache(maxsize=None)
+def _params_cached(family_name: str, config_key: str, kind: str | None) -> int:
+    import json
+
+    family = get_family(family_name)
+    block = block_on_meta(family, json.loads(config_key), kind)
+    return sum(p.numel() for p in block.parameters())
+
+
+def block_params(preset: Preset, kind: str | None = None) -> int:
+    """Parameters of one block of the preset, counted on a meta-device build of the block."""
+    import json
+
+    return _params_cached(preset.family, json.dumps(preset.config, sort_keys=True), kind or preset.kind)

@@ -1,0 +1,210 @@
+"""Deterministic synthetic checkpoints for presets, in diffusers' sharded layout.
+
+The same loader then runs for presets as for real checkpoints. Each tensor is generated from
+(seed, tensor name) alone, so a checkpoint never depends on which other blocks were written
+or in what order, and only one shard (at most one block) is held in memory while writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ditprof.errors import DitprofError
+
+from .checkpoint import CONFIG_NAME, INDEX_NAME, read_json, shard_name
+from .families import BlockFamily
+from .presets import Preset, block_on_meta
+
+FORMAT_VERSION = 1  # bump when the generated values change, so caches are not reused
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+CHUNK = 1 << 22  # elements drawn per randn call: bounds the fp32 scratch for huge tensors
+
+
+def cache_root() -> Path:
+    """$DITPROF_CACHE, else $XDG_CACHE_HOME/ditprof, else ~/.cache/ditprof."""
+    if os.environ.get("DITPROF_CACHE"):
+        return Path(os.environ["DITPROF_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "ditprof"
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def init_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Realistic scales, so a bf16 block output is finite and non-trivial.
+
+    Matrices: N(0, 1/fan_in) (unit-variance activations stay unit variance); norm scales ~1;
+    biases small; adaLN ``scale_shift_table`` N(0, 1/dim) like diffusers' own init.
+    """
+    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+    numel = 1
+    for s in shape:
+        numel *= s
+    out = torch.empty(numel, dtype=dtype)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "scale_shift_table":
+        scale, offset = shape[-1] ** -0.5, 0.0
+    elif len(shape) >= 2:
+        scale, offset = (numel // shape[0]) ** -0.5, 0.0
+    elif leaf == "weight":  # 1-D weights are norm scales
+        scale, offset = 0.02, 1.0
+    else:
+        scale, offset = 0.02, 0.0
+    for start in range(0, numel, CHUNK):
+        n = min(CHUNK, numel - start)
+        out[start : start + n] = torch.randn(n, generator=gen) * scale + offset
+    return out.view(shape)
+
+
+def parse_blocks(spec: str | None) -> list[int] | None:
+    """'0,1' -> [0, 1]; 'all' -> None (the whole model)."""
+    if spec is None or spec == "":
+        return [0]
+    if spec == "all":
+        return None
+    try:
+        blocks = sorted({int(x) for x in spec.split(",")})
+    except ValueError:
+        raise DitprofError(f"--blocks must be 'all' or comma-separated block indices, got {spec!r}") from None
+    return blocks
+
+
+def _plan(preset: Preset, blocks: list[int] | None, kind: str) -> list[list[tuple[str, tuple]]]:
+    """Shards as lists of (tensor name, shape): one shard per block, plus one for the rest."""
+    family: BlockFamily = preset.adapter
+    if blocks is None:  # whole model: every tensor of the diffusers model
+        from accelerate import init_empty_weights
+
+        with init_empty_weights():
+            model = family.model_class.from_config(preset.config)
+        groups: dict[str, list] = {}
+        for name, t in model.state_dict().items():
+            stack = next((k for k in family.kinds if name.startswith(k.attribute + ".")), None)
+            key = ".".join(name.split(".")[:2]) if stack else "_rest"
+            groups.setdefault(key, []).append((name, tuple(t.shape)))
+        return list(groups.values())
+    n = family.n_blocks(preset.config, kind)
+    bad = [b for b in blocks if not 0 <= b < n]
+    if bad:
+        raise DitprofError(f"block index {bad[0]} out of range: {preset.name} {kind} stack has {n} blocks")
+    block = block_on_meta(family, preset.config, kind)
+    shapes = [(k, tuple(t.shape)) for k, t in block.state_dict().items()]
+    return [[(family.prefix(kind, b) + k, s) for k, s in shapes] for b in blocks]
+
+
+def checkpoint_hash(preset: Preset, blocks: list[int] | None, kind: str, seed: int, dtype: str) -> str:
+    spec = dict(v=FORMAT_VERSION, config=preset.config, blocks=blocks, kind=kind, seed=seed, dtype=dtype)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_dir(preset: Preset, digest: str) -> Path:
+    return cache_root() / "checkpoints" / f"{preset.name}-{digest}"
+
+
+def _existing_hash(folder: Path) -> str | None:
+    index = folder / INDEX_NAME
+    if not index.is_file():
+        return None
+    return (read_json(index, "index").get("metadata") or {}).get("ditprof_hash")
+
+
+def make_checkpoint(
+    preset: Preset,
+    out: str | Path | None = None,
+    *,
+    blocks: list[int] | None = (0,),
+    kind: str | None = None,
+    seed: int = 0,
+    dtype: str | None = None,
+    progress: bool = True,
+) -> tuple[Path, bool]:
+    """Write (or reuse) a checkpoint; returns (folder, reused). ``blocks=None``: the whole model."""
+    kind = preset.adapter.kind(kind or preset.kind).name
+    dtype = dtype or preset.checkpoint_dtype
+    if dtype not in DTYPES:
+        raise DitprofError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    blocks = None if blocks is None else sorted(set(blocks))
+    # The whole model is the same whichever stack the caller asked about.
+    digest = checkpoint_hash(preset, blocks, kind if blocks is not None else "*", seed, dtype)
+    out = Path(out).expanduser() if out is not None else default_dir(preset, digest)
+    if out.exists():
+        if _existing_hash(out) == digest:
+            return out, True
+        raise DitprofError(f"{out} exists and is not this checkpoint; remove it or choose another --out")
+    plan = _plan(preset, blocks, kind)  # validates the blocks before anything is written
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write(preset, plan, tmp, seed, DTYPES[dtype], digest, blocks, kind, progress)
+        try:
+            tmp.rename(out)  # atomic: readers see no folder or a complete one
+        except OSError:
+            if _existing_hash(out) == digest:  # another process won the race with the same content
+                shutil.rmtree(tmp, ignore_errors=True)
+                return out, True
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out, False
+
+
+def _write(preset, plan, folder: Path, seed, dtype, digest, blocks, kind, progress) -> None:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    family = preset.adapter
+    keep = set(family.keep_in_fp32)
+    n = len(plan)
+    total_bytes = 0
+    weight_map: dict[str, str] = {}
+    sizes = sum(_numel(s) for shard in plan for _, s in shard)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=True, disable=not progress) as bar:
+        task = bar.add_task(f"writing {preset.name} checkpoint", total=sizes * torch.finfo(dtype).bits // 8)
+        for i, shard in enumerate(plan, start=1):
+            name = shard_name(i, n)
+            tensors = {}
+            for tensor_name, shape in shard:
+                t_dtype = torch.float32 if keep & set(tensor_name.split(".")) else dtype
+                tensors[tensor_name] = init_tensor(tensor_name, shape, seed, t_dtype)
+                nbytes = tensors[tensor_name].numel() * tensors[tensor_name].element_size()
+                total_bytes += nbytes
+                weight_map[tensor_name] = name
+                bar.advance(task, _numel(shape) * torch.finfo(dtype).bits // 8)
+            save_file(tensors, str(folder / name), metadata={"format": "pt"})
+            del tensors
+    (folder / CONFIG_NAME).write_text(json.dumps(preset.config, indent=2, sort_keys=True) + "\n")
+    held = "all" if blocks is None else ",".join(map(str, blocks))
+    index = {
+        "metadata": {
+            "total_size": total_bytes,
+            "ditprof_hash": digest,
+            "ditprof_preset": preset.name,
+            "ditprof_blocks": f"{kind}:{held}",
+        },
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def ensure_checkpoint(preset: Preset, *, blocks: list[int], kind: str | None, progress: bool = True) -> Path:
+    """The cached checkpoint load_block uses for a preset (tiny presets: the whole model)."""
+    folder, _ = make_checkpoint(preset, blocks=None if preset.tiny else blocks, kind=kind, progress=progress)
+    return folder
