@@ -19,7 +19,6 @@ attention. Otherwise the first matching rule wins: gemm, then norm, then element
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 import re
@@ -154,6 +153,7 @@ class TraceIndex:
         events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
         self.nodes: list[_Node] = []
         self.device: list[dict] = []
+        self.gpu_ranges: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for ev in events:
             if ev.get("ph") != "X":
                 continue
@@ -164,6 +164,9 @@ class TraceIndex:
                                         ev.get("pid"), ev.get("tid"), ev.get("args") or {}))
             elif cat in DEVICE_CATS:
                 self.device.append(ev)
+            elif cat == "gpu_user_annotation":
+                ts = float(ev["ts"])
+                self.gpu_ranges[ev.get("name", "")].append((ts, ts + float(ev.get("dur", 0.0))))
         self._nest()
         self.by_correlation: dict[Any, int] = {}
         self.by_external_id: dict[Any, int] = {}
@@ -274,11 +277,14 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
                 ops = [n for n in names if n.startswith("aten::")]
                 op = ATTENTION_RANGE if cat == "attention" else (ops[0] if ops else ev.get("name", "?"))
             else:
-                # no link at all: attribute by time overlap with a block range on the GPU is not possible
-                # without the host side, so only kernel-name rules remain (and the trace-wide total)
-                if not blocks:
+                # no host link: fall back to the GPU-side ranges (gpu_user_annotation) and kernel names
+                ts = float(ev["ts"])
+                if not any(a <= ts <= e for a, e in index.gpu_ranges.get(BLOCK_RANGE, ())):
                     continue
-                cat = category_for_kernel_name(ev.get("name", ""))
+                if any(a <= ts <= e for a, e in index.gpu_ranges.get(ATTENTION_RANGE, ())):
+                    cat = "attention"
+                else:
+                    cat = category_for_kernel_name(ev.get("name", ""))
                 op = ev.get("name", "?")
                 b = -2
             resolved[how] += 1
