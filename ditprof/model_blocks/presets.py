@@ -279,3 +279,14 @@ def block_params(preset: Preset, kind: str | None = None) -> int:
     import json
 
     return _params_cached(preset.family, json.dumps(preset.config, sort_keys=True), kind or preset.kind)
+
+
+def block_bytes(preset: Preset, kind: str | None = None, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of one block in ``dtype``, counting the tensors diffusers keeps in fp32 at 4 bytes."""
+    family = preset.adapter
+    keep = set(family.keep_in_fp32)
+    block = block_on_meta(family, preset.config, kind or preset.kind)
+    size = torch.finfo(dtype).bits // 8
+    return sum(
+        t.numel() * (4 if keep & set(name.split(".")) else size) for name, t in block.state_dict().items()
+    )
