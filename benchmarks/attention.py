@@ -1,0 +1,317 @@
+"""Attention benchmark: our FP8 kernel (incl. prep), the prep alone, and peers, in one process, one table + JSON.
+
+    python benchmarks/attention.py                     # H3 shape (1, 56, 30272, 128), non-causal
+    python benchmarks/attention.py --shapes h3,wan14b  # + Wan 2.x 14B (1, 40, 75600, 128)
+    python benchmarks/attention.py --quick             # small shape, a smoke run
+    python benchmarks/attention.py --shapes 2,24,4096,128,512   # B,H,Sq,D[,Sk]
+
+Each entry: warm-up, then the median of N runs timed with CUDA events. TFLOP/s use 4*B*H*Sq*Sk*D.
+A backend that is missing or fails is recorded with its reason; the run goes on. Results go to
+``benchmarks/results/attention-<date>.json`` (``--json PATH`` to choose, ``--no-json`` for none).
+Entries that could leave a sticky CUDA error (our kernels) run last so that a crash cannot void the peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Skip, cuda_ready, environment, print_table, results_path, run_entry, write_json  # noqa: E402
+
+SHAPES = {
+    "h3": dict(B=1, H=56, Sq=30272, Sk=30272, D=128),  # HunyuanVideo-class, 720p video tokens
+    "wan14b": dict(B=1, H=40, Sq=75600, Sk=75600, D=128),  # Wan 2.x 14B, 720p 81 frames
+    "quick": dict(B=1, H=8, Sq=4096, Sk=4096, D=128),
+}
+
+ALL_ENTRIES = [
+    "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "sage", "cudnn-fp8",
+    "prep-torch", "prep-triton", "fp8",
+]
+
+
+def parse_shape(text: str) -> tuple[str, dict]:
+    text = text.strip()
+    if text in SHAPES:
+        return text, dict(SHAPES[text])
+    parts = [int(x) for x in text.split(",")]
+    if len(parts) not in (4, 5):
+        raise argparse.ArgumentTypeError(f"shape {text!r}: a name ({', '.join(SHAPES)}) or B,H,Sq,D[,Sk]")
+    B, H, Sq, D = parts[:4]
+    Sk = parts[4] if len(parts) == 5 else Sq
+    return text, dict(B=B, H=H, Sq=Sq, Sk=Sk, D=D)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="h3", help="comma list of h3, wan14b, quick; or one B,H,Sq,D[,Sk] "
+                   "(several custom shapes: separate with ';')")
+    p.add_argument("--quick", action="store_true", help="small shape (1,8,4096,128), 2 warm-up, 5 timed runs")
+    p.add_argument("--iters", type=int, default=None, help="timed runs per entry (default 10; quick 5)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up runs per entry (default 3; quick 2)")
+    p.add_argument("--only", default=None, help=f"comma list of entries to run, from: {', '.join(ALL_ENTRIES)}")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="input dtype of q, k, v")
+    p.add_argument("--json", dest="json_path", default=None, help="output JSON path")
+    p.add_argument("--no-json", action="store_true", help="write no JSON")
+    return p
+
+
+def split_shapes(text: str) -> list[str]:
+    if ";" in text:
+        return [s for s in text.split(";") if s.strip()]
+    items = text.split(",")
+    if all(i.strip() in SHAPES for i in items):
+        return items
+    return [text]  # a single custom B,H,Sq,D[,Sk]
+
+
+# ---------------------------------------------------------------------------------------------- entries
+
+
+def make_entries(q, k, v, scale):
+    """name -> (factory returning a zero-arg callable, kind, note). q, k, v are (B, S, H, D) contiguous."""
+    import torch
+    import torch.nn.functional as F
+
+    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # (B, H, S, D) for torch SDPA
+
+    def sdpa(backend_name):
+        def make():
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            backend = getattr(SDPBackend, backend_name)
+
+            def fn():
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qh, kh, vh, scale=scale)
+
+            fn()  # raises when this backend cannot take the inputs
+            return fn
+
+        return make
+
+    def fa4():
+        try:
+            from flash_attn.cute import flash_attn_func
+        except Exception as exc:
+            raise Skip(f"flash_attn.cute not importable ({type(exc).__name__}: {exc})")
+
+        def fn():
+            return flash_attn_func(q, k, v, softmax_scale=scale, causal=False)
+
+        fn()
+        return fn
+
+    def sage():
+        try:
+            from sageattention import sageattn
+        except Exception as exc:
+            raise Skip(f"sageattention not importable ({type(exc).__name__}: {exc})")
+
+        def fn():
+            return sageattn(q, k, v, tensor_layout="NHD", is_causal=False, sm_scale=scale)
+
+        fn()
+        return fn
+
+    def cudnn_fp8():
+        return make_cudnn_fp8(q, k, v, scale)
+
+    def prep_torch():
+        from ditprof.kernels.prep import fp8_prepare_torch
+
+        return lambda: fp8_prepare_torch(q, k, v)
+
+    def prep_triton():
+        from ditprof.kernels.prep import fp8_prepare, triton_available
+
+        ok, why = triton_available(q.device)
+        if not ok:
+            raise Skip(why)
+        return lambda: fp8_prepare(q, k, v, backend="triton")
+
+    def ours():
+        try:
+            from ditprof.kernels.interface import fp8_attention
+        except Exception as exc:
+            raise Skip(f"ditprof.kernels.interface.fp8_attention not importable ({type(exc).__name__}: {exc})")
+
+        def fn():
+            return fp8_attention(q, k, v, layout="BSHD", scale=scale)
+
+        fn()  # compiles (cached afterwards)
+        return fn
+
+    return {
+        "sdpa-cudnn": (sdpa("CUDNN_ATTENTION"), "attention", "torch SDPA, cuDNN backend, bf16"),
+        "sdpa-flash": (sdpa("FLASH_ATTENTION"), "attention", "torch SDPA, flash backend (FA2), bf16"),
+        "sdpa-efficient": (sdpa("EFFICIENT_ATTENTION"), "attention", "torch SDPA, mem-efficient backend, bf16"),
+        "fa4": (fa4, "attention", "flash_attn.cute.flash_attn_func, bf16"),
+        "sage": (sage, "attention", "sageattention.sageattn (its own quantization included)"),
+        "cudnn-fp8": (cudnn_fp8, "attention", "cuDNN FP8 SDPA via cudnn frontend; inputs pre-quantized, "
+                                                "kernel only"),
+        "prep-torch": (prep_torch, "prep", "fp8_prepare_torch: naive chain of torch ops"),
+        "prep-triton": (prep_triton, "prep", "fp8_prepare: fused Triton prep (3 launches + 1 D2H check)"),
+        "fp8": (ours, "attention", "ditprof fp8_attention, prep included"),
+    }
+
+
+def make_cudnn_fp8(q, k, v, scale):
+    """An FP8 (e4m3) SDPA graph through the cudnn frontend; output bf16, else fp8 (Hopper needs fp8 O)."""
+    import torch
+
+    try:
+        import cudnn
+    except Exception as exc:
+        raise Skip(f"cudnn frontend not importable ({type(exc).__name__}: {exc})")
+    B, S, H, D = q.shape
+    Sk = k.shape[1]
+    f8 = torch.float8_e4m3fn
+    # inputs quantized once outside the timing (unit descales: the values are ~N(0,1), inside e4m3 range)
+    q8, k8, v8 = (x.clamp(-448, 448).to(f8) for x in (q, k, v))
+    dims_q, strides_q = (B, H, S, D), (S * H * D, D, H * D, 1)
+    dims_k, strides_k = (B, H, Sk, D), (Sk * H * D, D, H * D, 1)
+    one = torch.ones((1, 1, 1, 1), dtype=torch.float32, device=q.device)
+    amax_s = torch.zeros_like(one)
+    amax_o = torch.zeros_like(one)
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    errors = []
+    for out_dtype, out_torch in ((cudnn.data_type.BFLOAT16, torch.bfloat16), (cudnn.data_type.FP8_E4M3, f8)):
+        try:
+            e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+            g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32,
+                              handle=handle)
+            tq = g.tensor(name="q", dim=dims_q, stride=strides_q, data_type=e4m3)
+            tk = g.tensor(name="k", dim=dims_k, stride=strides_k, data_type=e4m3)
+            tv = g.tensor(name="v", dim=dims_k, stride=strides_k, data_type=e4m3)
+            scal = dict(dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
+            sc = [g.tensor(name=n, **scal) for n in ("descale_q", "descale_k", "descale_v", "descale_s",
+                                                      "scale_s", "scale_o")]
+            kw = dict(q=tq, k=tk, v=tv, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2], descale_s=sc[3],
+                      scale_s=sc[4], scale_o=sc[5], attn_scale=scale, use_causal_mask=False, name="sdpa_fp8")
+            try:
+                to, _, tas, tao = g.sdpa_fp8(**kw, is_inference=True)
+            except TypeError:  # newer frontends: generate_stats replaces is_inference
+                to, _, tas, tao = g.sdpa_fp8(**kw, generate_stats=False)
+            to.set_output(True).set_dim(dims_q).set_stride(strides_q).set_data_type(out_dtype)
+            for t in (tas, tao):
+                t.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            o = torch.empty((B, S, H, D), dtype=out_torch, device=q.device)
+            ws = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device=q.device)
+            pack = {tq: q8, tk: k8, tv: v8, to: o, tas: amax_s, tao: amax_o}
+            for t in sc:
+                pack[t] = one
+
+            def fn(g=g, pack=pack, ws=ws):
+                g.execute(pack, ws, handle=handle)
+                return pack
+
+            fn()
+            torch.cuda.synchronize()
+            return fn
+        except Exception as exc:
+            errors.append(f"out {out_torch}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    raise RuntimeError("cuDNN FP8 SDPA graph failed: " + " | ".join(errors))
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def bench_shape(label, shp, args, only):
+    import torch
+
+    B, H, Sq, Sk, D = shp["B"], shp["H"], shp["Sq"], shp["Sk"], shp["D"]
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    flops = 4.0 * B * H * Sq * Sk * D
+    scale = 1.0 / math.sqrt(D)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn((B, Sq, H, D), device="cuda", dtype=dtype, generator=g)
+    k = torch.randn((B, Sk, H, D), device="cuda", dtype=dtype, generator=g)
+    v = torch.randn((B, Sk, H, D), device="cuda", dtype=dtype, generator=g)
+    el = q.element_size()
+    prep_bytes = (B * H * D) * ((Sq + 2 * Sk) * el * 2 + (Sq + 2 * Sk))  # read Q,K,V twice + write fp8 once
+    entries = make_entries(q, k, v, scale)
+    order = [n for n in ALL_ENTRIES if n in only]
+    records = []
+    for name in order:
+        make, kind, note = entries[name]
+        print(f"  {label}: {name} ...", flush=True)
+        rec = run_entry(
+            name, make,
+            flops=flops if kind == "attention" else None,
+            nbytes=prep_bytes if kind == "prep" else None,
+            warmup=args.warmup, iters=args.iters, note=note,
+        )
+        rec["kind"] = kind
+        records.append(rec)
+        if rec["status"] != "ok":
+            print(f"    {rec['status']}: {rec.get('error', '')[:300]}", flush=True)
+    del q, k, v, entries
+    torch.cuda.empty_cache()
+    return {"shape": label, **shp, "dtype": args.dtype, "causal": False, "flops": flops,
+            "prep_min_bytes": prep_bytes, "entries": records}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.shapes = "quick"
+    args.iters = args.iters or (5 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 3)
+    only = ALL_ENTRIES if not args.only else [s.strip() for s in args.only.split(",")]
+    unknown = [n for n in only if n not in ALL_ENTRIES]
+    if unknown:
+        print(f"error: unknown entries {unknown}; known: {', '.join(ALL_ENTRIES)}", file=sys.stderr)
+        return 2
+    try:
+        shapes = [parse_shape(s) for s in split_shapes(args.shapes)]
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ok, why = cuda_ready()
+    if not ok:
+        print(f"benchmarks/attention.py: {why}; nothing to measure on this machine.", file=sys.stderr)
+        return 1
+
+    env = environment()
+    print(f"{env['gpu']} ({env['gpu_capability']}), torch {env['torch']}, CUDA {env['cuda_runtime']}, "
+          f"cuDNN {env['cudnn']}, cutlass-dsl {env['cutlass_dsl']}, triton {env['triton']}", flush=True)
+    results = [bench_shape(label, shp, args, only) for label, shp in shapes]
+
+    for res in results:
+        title = (f"attention {res['shape']}: B={res['B']} H={res['H']} Sq={res['Sq']} Sk={res['Sk']} "
+                 f"D={res['D']} {res['dtype']} non-causal — {env['gpu']} — median of {args.iters}")
+        rows = []
+        for r in res["entries"]:
+            rows.append([
+                r["name"], r["status"], r.get("ms"), r.get("tflops"), r.get("gbps"),
+                r.get("note") if r["status"] == "ok" else (r.get("error") or "")[:160],
+            ])
+        print_table(title, ["entry", "status", "ms", "TFLOP/s", "GB/s", "note / error"], rows)
+
+    payload = {
+        "benchmark": "attention",
+        "env": env,
+        "config": {"iters": args.iters, "warmup": args.warmup, "shapes": [s for s, _ in shapes],
+                   "entries": only, "flops_formula": "4*B*H*Sq*Sk*D",
+                   "prep_bytes_formula": "B*H*D*((Sq+2Sk)*2*elem + (Sq+2Sk))"},
+        "results": results,
+    }
+    if not args.no_json:
+        path = Path(args.json_path) if args.json_path else results_path("attention")
+        write_json(payload, path)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
