@@ -62,12 +62,14 @@ class Fp8FlashAttentionSm120:
     """One configuration of the kernel (head_dim, output dtype, LSE on/off); tiles are fixed."""
 
     def __init__(self, head_dim: int = 128, out_dtype: Type[cutlass.Numeric] = cutlass.BFloat16,
-                 write_lse: bool = True):
+                 write_lse: bool = True, early_v: bool = True):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim {head_dim} not supported (use one of {SUPPORTED_HEAD_DIMS})")
         self.head_dim = head_dim
         self.out_dtype = out_dtype
         self.write_lse = write_lse
+        # issue the V ldmatrix before the softmax (hides its latency; +32 live registers)
+        self.early_v = early_v
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -190,7 +192,7 @@ class Fp8FlashAttentionSm120:
         gV = cute.local_tile(mV, (D, N_BLOCK), (0, None))  # (D, 32, n_tiles)
 
         # ---- shared memory --------------------------------------------------------------------
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sK_layout)  # (32, D, 2)
@@ -326,7 +328,8 @@ class Fp8FlashAttentionSm120:
             cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
             cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
         # V for this strip: issue the ldmatrix early, it is consumed after the softmax
-        cute.copy(s2r_V, tOsV[None, None, None, stage], tOrV_v)
+        if cutlass.const_expr(self.early_v):
+            cute.copy(s2r_V, tOsV[None, None, None, stage], tOrV_v)
 
         # ---- online softmax (exp2 domain) ----------------------------------------------------
         for mt in cutlass.range_constexpr(2):
@@ -374,23 +377,53 @@ class Fp8FlashAttentionSm120:
         tOrP.store(p_f32.load().to(FP8))
 
         # ---- O += P V --------------------------------------------------------------------------
-        cute.gemm(tiled_mma, acc_O, tOrP[None, None, 0], tOrV[None, None, 0], acc_O)
+        if cutlass.const_expr(self.early_v):
+            cute.gemm(tiled_mma, acc_O, tOrP[None, None, 0], tOrV[None, None, 0], acc_O)
+        else:
+            # V in chunks of two n8 tiles (one ldmatrix.x4), each used right away: fewer live registers
+            acc_O_d = cute.logical_divide(acc_O, (None, None, 2))
+            tOrV_d = cute.logical_divide(tOrV, (None, 2, None))
+            for jj in cutlass.range_constexpr(D // 16):
+                cute.copy(s2r_V, tOsV[None, jj, None, stage], tOrV_v[None, jj, None])
+                acc = acc_O_d[None, None, (None, jj)]
+                cute.gemm(tiled_mma, acc, tOrP[None, None, 0], tOrV_d[None, (None, jj), 0], acc)
 
 
 # ---------------------------------------------------------------------------------------------
 # compile helpers (shared by interface.py and inspect_sass.py)
 
+# archs the kernel compiles for; QMMA is native on the sm_89 / sm_12x ones, emulated (HMMA) on sm_90 / sm_100
+NATIVE_ARCHS = ("sm_89", "sm_120", "sm_120a", "sm_121", "sm_121a")
+EMULATED_ARCHS = ("sm_90", "sm_90a", "sm_100a", "sm_103a")
+
+
+def default_early_v(arch: str) -> bool:
+    """Early V ldmatrix: 244 regs / 0 spills on sm_120a and sm_89.  The sm_90 emulation (FP8 unpacked
+    to F16 for HMMA) needs more registers: there the V chunks are loaded right before their mma."""
+    return not (arch.startswith("sm_90") or arch.startswith("sm_10"))
+
+
+def smem_bytes(head_dim: int = 128) -> int:
+    """Dynamic shared memory of one CTA: Q tile + 2 stages of K and V strips (fp8)."""
+    return M_BLOCK * head_dim + NUM_STAGES * 2 * N_BLOCK * head_dim
+
+
+def tile_config() -> tuple:
+    return (M_BLOCK, N_BLOCK, NUM_THREADS, NUM_STAGES)
+
 _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 
 def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                    write_lse: bool = True, extra_options: str = ""):
+                    write_lse: bool = True, early_v: bool | None = None, extra_options: str = ""):
     """Compile the kernel for ``arch`` (e.g. ``sm_120a``, ``sm_89``, ``sm_90a``) with placeholder
     pointers; works on a machine without a GPU.  Returns the compiled callable."""
     os.environ["CUTE_DSL_ARCH"] = arch
     if out_dtype not in _DTYPES:
         raise ValueError(f"out_dtype {out_dtype!r} not supported")
-    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse)
+    if early_v is None:
+        early_v = default_early_v(arch)
+    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse, early_v)
     gm = cute.AddressSpace.gmem
     args = (
         cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),

@@ -1,0 +1,258 @@
+"""Compile our kernels for a target arch on any machine (no GPU needed) and report what ptxas made of them.
+
+``inspect_kernel("fp8-sm120", "sm_120a")`` -> ``{"kernel", "arch", "registers", "spill_bytes", "smem_bytes",
+"compile_s", "instructions": {opcode: count}, ...}``.  Registers and the stack frame come from the cubin's
+``.nv.info`` attributes, spill bytes from the ptxas remarks (``remarks{ptx}``; the stack frame when the remarks
+are missing), SASS opcode counts from ``nvdisasm``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from ditprof.errors import DitprofError
+
+KNOWN_KERNELS = {
+    "fp8-sm120": {
+        "description": "FP8 e4m3 FlashAttention forward, mma.sync m16n8k32 (CuTe DSL); native QMMA on "
+                       "sm_89/sm_120/sm_121, emulated (HMMA) on sm_90",
+        "archs": ("sm_120a", "sm_121a", "sm_120", "sm_89", "sm_90a"),
+        "default_arch": "sm_120a",
+    },
+}
+
+# opcodes always present in the report (0 when absent)
+KEY_OPCODES = ("QMMA", "HMMA", "LDSM", "LDGSTS", "LDG", "STG", "STL", "LDL", "MUFU", "SHFL", "BAR")
+
+# .nv.info attribute codes (EIATTR_*)
+_EIATTR_REGCOUNT = 0x2F
+_EIATTR_FRAME_SIZE = 0x11
+_EIATTR_MIN_STACK_SIZE = 0x12
+_EIATTR_MAX_STACK_SIZE = 0x23
+
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+# ---------------------------------------------------------------------------------------------- tools
+
+def find_nvdisasm() -> str:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel (or PATH / CUDA_HOME)."""
+    cands = []
+    try:
+        import nvidia  # namespace package of the NVIDIA wheels
+
+        for base in list(getattr(nvidia, "__path__", [])):
+            cands += sorted(glob.glob(os.path.join(base, "*", "bin", "nvdisasm")), reverse=True)
+    except ImportError:
+        pass
+    on_path = shutil.which("nvdisasm")
+    if on_path:
+        cands.append(on_path)
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home:
+            cands.append(os.path.join(home, "bin", "nvdisasm"))
+    for c in cands:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise DitprofError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+
+
+def _elf_sections(data: bytes) -> list[tuple[str, int, int, int]]:
+    """(name, type, offset, size) of each section of an ELF64 little-endian file."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise DitprofError("not an ELF64 cubin")
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    raw = []
+    for i in range(shnum):
+        name, typ, _flags, _addr, off, size = struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+        raw.append((name, typ, off, size))
+    stroff = raw[shstrndx][2]
+
+    def cstr(o):
+        end = data.index(b"\0", stroff + o)
+        return data[stroff + o:end].decode()
+
+    return [(cstr(n), t, o, s) for n, t, o, s in raw]
+
+
+def _nv_info_attrs(data: bytes, off: int, size: int):
+    """Yield (attr, payload bytes | int) from an .nv.info section."""
+    p, end = off, off + size
+    while p + 4 <= end:
+        fmt, attr = data[p], data[p + 1]
+        if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
+            n = struct.unpack_from("<H", data, p + 2)[0]
+            yield attr, data[p + 4:p + 4 + n]
+            p += 4 + n
+        elif fmt == 0x03:  # EIFMT_HVAL
+            yield attr, struct.unpack_from("<H", data, p + 2)[0]
+            p += 4
+        elif fmt == 0x02:  # EIFMT_BVAL
+            yield attr, data[p + 2]
+            p += 4
+        else:  # EIFMT_NVAL
+            yield attr, None
+            p += 4
+
+
+def cubin_resources(path: str) -> dict:
+    """registers, stack frame, static shared memory of the (single) kernel in a cubin."""
+    data = open(path, "rb").read()
+    secs = _elf_sections(data)
+    regs, frame, stack = None, 0, 0
+    for name, _t, off, size in secs:
+        if name == ".nv.info":
+            for attr, payload in _nv_info_attrs(data, off, size):
+                if not isinstance(payload, (bytes, bytearray)) or len(payload) < 8:
+                    continue
+                _sym, val = struct.unpack_from("<II", payload, 0)
+                if attr == _EIATTR_REGCOUNT:
+                    regs = val if regs is None else max(regs, val)
+                elif attr == _EIATTR_FRAME_SIZE:
+                    frame = max(frame, val)
+                elif attr in (_EIATTR_MIN_STACK_SIZE, _EIATTR_MAX_STACK_SIZE):
+                    stack = max(stack, val)
+    static_smem = sum(s for n, _t, _o, s in secs
+                      if n.startswith(".nv.shared.") and not n.startswith(".nv.shared.reserved"))
+    return {"registers": regs, "stack_frame_bytes": frame, "stack_bytes": stack, "static_smem_bytes": static_smem}
+
+
+def sass_opcodes(sass: str) -> tuple[dict, dict]:
+    """(base opcode -> count, full opcode with modifiers -> count) from nvdisasm text."""
+    base, full = {}, {}
+    for line in sass.splitlines():
+        m = _SASS_LINE.search(line)
+        if not m:
+            continue
+        op, mods = m.group(1), m.group(2)
+        base[op] = base.get(op, 0) + 1
+        full[op + mods] = full.get(op + mods, 0) + 1
+    return base, full
+
+
+class _CaptureFds:
+    """Capture what C code and Python write to fds 1 and 2 (the ptxas remarks come that way)."""
+
+    def __enter__(self):
+        self.tmp = tempfile.TemporaryFile(mode="w+b")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = (os.dup(1), os.dup(2))
+        os.dup2(self.tmp.fileno(), 1)
+        os.dup2(self.tmp.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os.dup2(self.saved[0], 1)
+            os.dup2(self.saved[1], 2)
+            os.close(self.saved[0])
+            os.close(self.saved[1])
+        self.tmp.seek(0)
+        self.text = self.tmp.read().decode(errors="replace")
+        self.tmp.close()
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str):
+    from ditprof.kernels import fp8_fwd_sm120 as K
+
+    return K.compile_fp8_fwd(
+        arch, head_dim=head_dim, out_dtype=out_dtype, write_lse=True,
+        extra_options=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}",
+    ), K.smem_bytes(head_dim)
+
+
+def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
+                   keep_sass: str | None = None) -> dict:
+    """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
+    spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there."""
+    if kernel not in KNOWN_KERNELS:
+        raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
+    archs = KNOWN_KERNELS[kernel]["archs"]
+    if arch not in archs:
+        raise DitprofError(f"kernel {kernel} compiles for {', '.join(archs)}, not {arch!r}")
+    nvdisasm = find_nvdisasm()
+    old_arch = os.environ.get("CUTE_DSL_ARCH")
+    with tempfile.TemporaryDirectory(prefix="ditprof-sass-") as tmp:
+        t0 = time.perf_counter()
+        try:
+            with _CaptureFds() as cap:
+                _fn, dyn_smem = _compile_fp8_sm120(arch, tmp, head_dim, out_dtype)
+        except DitprofError:
+            raise
+        except Exception as exc:  # compile errors are long; keep the first line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DitprofError(f"compiling {kernel} for {arch} failed: {first}") from exc
+        finally:
+            if old_arch is None:
+                os.environ.pop("CUTE_DSL_ARCH", None)
+            else:
+                os.environ["CUTE_DSL_ARCH"] = old_arch
+        compile_s = time.perf_counter() - t0
+        cubins = glob.glob(os.path.join(tmp, "*.cubin"))
+        if not cubins:
+            raise DitprofError(f"compiling {kernel} for {arch} wrote no cubin")
+        cubin = max(cubins, key=os.path.getmtime)
+        res = cubin_resources(cubin)
+        proc = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DitprofError(f"nvdisasm failed: {proc.stderr.strip().splitlines()[:1]}")
+        sass = proc.stdout
+        if keep_sass:
+            with open(keep_sass, "w") as f:
+                f.write(sass)
+    base, full = sass_opcodes(sass)
+    instructions = {op: base.get(op, 0) for op in KEY_OPCODES}
+    instructions.update(dict(sorted(base.items(), key=lambda kv: -kv[1])))
+    m = _PTXAS_SPILL.search(cap.text)
+    if m:
+        spill = int(m.group(2)) + int(m.group(3))
+        spill_source = "ptxas"
+    else:  # no remark captured: the stack frame is the local memory per thread (spills included)
+        spill = res["stack_frame_bytes"]
+        spill_source = "stack frame"
+    regs = res["registers"]
+    if regs is None:
+        mr = _PTXAS_REGS.search(cap.text)
+        regs = int(mr.group(1)) if mr else None
+    mma = {k: v for k, v in full.items() if k.startswith(("QMMA", "HMMA"))}
+    return {
+        "kernel": kernel,
+        "arch": arch,
+        "registers": regs,
+        "spill_bytes": spill,
+        "smem_bytes": dyn_smem + res["static_smem_bytes"],
+        "compile_s": round(compile_s, 3),
+        "instructions": instructions,
+        "stack_frame_bytes": res["stack_frame_bytes"],
+        "spill_source": spill_source,
+        "smem_dynamic_bytes": dyn_smem,
+        "smem_static_bytes": res["static_smem_bytes"],
+        "mma_variants": mma,
+        "head_dim": head_dim,
+        "native_fp8_mma": mma_is_native(base),
+    }
+
+
+def mma_is_native(base_opcodes: dict) -> bool:
+    return base_opcodes.get("QMMA", 0) > 0
+
+
+__all__ = ["KNOWN_KERNELS", "inspect_kernel", "cubin_resources", "sass_opcodes", "find_nvdisasm"]

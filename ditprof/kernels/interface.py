@@ -1,0 +1,230 @@
+"""Torch-facing entry point of our FP8 attention kernel: ``fp8_attention(q, k, v, ...)``.
+
+Validates the inputs (one-line ``DitprofError``s), runs the FP8 prep (``ditprof.kernels.prep.fp8_prepare``),
+picks the kernel for the device's compute capability, compiles it once per configuration (cache keyed on
+arch, head_dim, dtype, tile config and flags) and launches it on the current CUDA stream.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Optional
+
+import torch
+
+from ditprof.errors import DitprofError
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+LAYOUTS = ("BSHD", "BHSD")
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+# (arch, head_dim, out dtype, tile config, flags) -> compiled kernel
+_COMPILE_CACHE: dict = {}
+_COMPILE_LOCK = threading.Lock()
+COMPILE_STATS = {"compiles": 0, "hits": 0}
+
+
+# ---------------------------------------------------------------------------------------------- arch
+
+def arch_for_capability(cap: tuple[int, int]) -> str:
+    """Compute capability -> the arch string the kernel is compiled for (DitprofError if unsupported)."""
+    major, minor = cap
+    if (major, minor) == (8, 9):
+        return "sm_89"
+    if major == 9:
+        return "sm_90a"  # mma.sync e4m3 emulated with HMMA: correct, not fast
+    if major == 10:
+        return "sm_100a" if minor == 0 else f"sm_10{minor}a"  # emulated as on Hopper
+    if major == 12:
+        return f"sm_12{minor}a"
+    raise DitprofError(
+        f"fp8 attention needs an sm_89, sm_90, sm_100 or sm_120 class GPU, got compute capability {major}.{minor}"
+    )
+
+
+def kernel_name_for_arch(arch: str) -> str:
+    return "fp8-sm120"  # the only kernel so far; the Hopper-native one will register here
+
+
+# ---------------------------------------------------------------------------------------------- prep
+
+def _prepare_torch(q, k, v, smooth_k=True, layout="BSHD"):
+    """Fallback prep (only used when ``ditprof.kernels.prep`` cannot be imported); same contract."""
+    from types import SimpleNamespace
+
+    qs, ks, vs = (x if layout == "BSHD" else x.transpose(1, 2) for x in (q, k, v))
+    B, Sq, H, D = qs.shape
+    Sk = ks.shape[1]
+    sq_pad, sk_pad = -(-Sq // 128) * 128, -(-Sk // 32) * 32
+    qf, kf, vf = (x.transpose(1, 2).float() for x in (qs, ks, vs))  # (B,H,S,D)
+    k_mean = None
+    if smooth_k:
+        k_mean = kf.double().mean(dim=2).float()
+        kf = kf - k_mean[:, :, None, :]
+    amax = torch.stack([x.abs().amax(dim=(2, 3)) for x in (qf, kf, vf)], dim=-1)
+    if not torch.isfinite(amax).all():
+        raise DitprofError("q, k or v contains NaN or Inf")
+    scales = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+
+    def quant(x, i, rows):
+        out = torch.zeros((B, H, rows, D), dtype=torch.float8_e4m3fn, device=x.device)
+        out[:, :, : x.shape[2]] = (x / scales[:, :, i, None, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        return out
+
+    pos = torch.arange(sk_pad, device=q.device)
+    perm = pos // 16 * 16 + 8 * ((pos % 4) // 2) + 2 * ((pos % 16) // 4) + pos % 2
+    v8 = quant(vf, 2, sk_pad)
+    v8t = v8.view(torch.uint8)[:, :, perm].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
+    return SimpleNamespace(q8=quant(qf, 0, sq_pad), k8=quant(kf, 1, sk_pad), v8t=v8t, scales=scales,
+                           sq=Sq, sk=Sk, k_mean=k_mean)
+
+
+def _prepare(q, k, v, smooth_k, layout):
+    try:
+        from ditprof.kernels.prep import fp8_prepare
+    except ImportError:
+        return _prepare_torch(q, k, v, smooth_k, layout)
+    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+def _validate(q, k, v, layout, scale):
+    if layout not in LAYOUTS:
+        raise DitprofError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise DitprofError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device.type != "cuda":
+            raise DitprofError(f"fp8 attention needs CUDA tensors, {name} is on {x.device}")
+        if x.dtype not in _DTYPE_NAMES:
+            raise DitprofError(f"fp8 attention takes bfloat16 or float16, {name} is {x.dtype}")
+        if x.dim() != 4:
+            raise DitprofError(f"{name} must be 4-D ({layout}), got shape {tuple(x.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise DitprofError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise DitprofError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    s_ax, h_ax = (1, 2) if layout == "BSHD" else (2, 1)
+    D = q.shape[3]
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise DitprofError(f"fp8 attention supports head_dim {SUPPORTED_HEAD_DIMS}, got {D}")
+    if k.shape != v.shape:
+        raise DitprofError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)} ({layout})")
+    if k.shape[0] != q.shape[0] or k.shape[h_ax] != q.shape[h_ax] or k.shape[3] != D:
+        raise DitprofError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must agree in batch, heads and head_dim"
+        )
+    if min(q.shape[s_ax], k.shape[s_ax], q.shape[0], q.shape[h_ax]) < 1:
+        raise DitprofError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.shape[h_ax] > 65535 or q.shape[0] > 65535:
+        raise DitprofError(f"at most 65535 heads and batches, got q {tuple(q.shape)} ({layout})")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
+
+
+def _inner_contiguous(x: torch.Tensor) -> torch.Tensor:
+    # the prep reads rows of head_dim elements; anything with a strided last dim is copied once
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# ---------------------------------------------------------------------------------------------- compile
+
+def get_compiled(arch: str, head_dim: int, dtype_name: str, write_lse: bool):
+    from ditprof.kernels import fp8_fwd_sm120 as K
+
+    early_v = K.default_early_v(arch)
+    key = (arch, head_dim, dtype_name, K.tile_config(), ("lse", write_lse), ("early_v", early_v))
+    fn = _COMPILE_CACHE.get(key)
+    if fn is not None:
+        COMPILE_STATS["hits"] += 1
+        return fn
+    with _COMPILE_LOCK:
+        fn = _COMPILE_CACHE.get(key)
+        if fn is None:
+            fn = K.compile_fp8_fwd(arch, head_dim, dtype_name, write_lse=write_lse, early_v=early_v)
+            _COMPILE_CACHE[key] = fn
+            COMPILE_STATS["compiles"] += 1
+    return fn
+
+
+def clear_cache() -> None:
+    _COMPILE_CACHE.clear()
+
+
+# ---------------------------------------------------------------------------------------------- launch
+
+def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
+                    lse: Optional[torch.Tensor] = None) -> None:
+    """Run the kernel on an already prepared input; ``out`` (B,Sq,H,D) or (B,H,Sq,D) per ``layout``."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    B, H, sq_pad, D = prep.q8.shape
+    Sq, Sk = int(prep.sq), int(prep.sk)
+    arch = arch_for_capability(torch.cuda.get_device_capability(out.device))
+    fn = get_compiled(arch, D, _DTYPE_NAMES[out.dtype], lse is not None)
+    if layout == "BSHD":
+        sb, ss, sh = out.stride(0), out.stride(1), out.stride(2)
+    else:
+        sb, sh, ss = out.stride(0), out.stride(1), out.stride(2)
+    if out.stride(3) != 1 or ss % 8 or sh % 8 or sb % 8:
+        raise DitprofError("fp8 attention output must have unit stride in head_dim and 16-byte aligned rows")
+    if (Sq - 1) * ss + D >= 2**31:
+        raise DitprofError(f"fp8 attention: one head's output spans over 2^31 elements (Sq={Sq}, row stride {ss})")
+    for name, t in (("q8", prep.q8), ("k8", prep.k8), ("v8t", prep.v8t), ("scales", prep.scales)):
+        if not t.is_contiguous():
+            raise DitprofError(f"prepared {name} must be contiguous")
+    gm = cute.AddressSpace.gmem
+    f8 = cutlass.Float8E4M3FN
+    out_ty = cutlass.BFloat16 if out.dtype == torch.bfloat16 else cutlass.Float16
+    lse_t = lse if lse is not None else prep.scales  # never written when LSE is off
+    stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream)
+    fn(
+        cute.runtime.make_ptr(f8, prep.q8.data_ptr(), gm, assumed_align=16),
+        cute.runtime.make_ptr(f8, prep.k8.data_ptr(), gm, assumed_align=16),
+        cute.runtime.make_ptr(f8, prep.v8t.data_ptr(), gm, assumed_align=16),
+        cute.runtime.make_ptr(out_ty, out.data_ptr(), gm, assumed_align=16),
+        cute.runtime.make_ptr(cutlass.Float32, lse_t.data_ptr(), gm, assumed_align=4),
+        cute.runtime.make_ptr(cutlass.Float32, prep.scales.data_ptr(), gm, assumed_align=4),
+        cutlass.Int32(B), cutlass.Int32(H), cutlass.Int32(Sq), cutlass.Int32(Sk),
+        cutlass.Int64(sb), cutlass.Int64(sh), cutlass.Int32(ss),
+        cutlass.Float32(softmax_scale),
+        stream,
+    )
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
+                  scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True):
+    """FP8 attention (our CuTe DSL kernel).  q (B,Sq,H,D), k/v (B,Sk,H,D) for ``layout="BSHD"``
+    ((B,H,S,D) for ``"BHSD"``), bf16 or fp16, CUDA.  Returns o in q's dtype and layout, and with
+    ``return_lse`` also the log-sum-exp (B,H,Sq) float32 of the scaled scores (natural log, of the
+    original scores: the K-smoothing shift ``scale * q . mean(k)`` is added back)."""
+    _validate(q, k, v, layout, scale)
+    q, k, v = (_inner_contiguous(x) for x in (q, k, v))
+    arch_for_capability(torch.cuda.get_device_capability(q.device))  # fail before the prep
+    D = q.shape[3]
+    softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(D)
+    with torch.cuda.device(q.device):
+        prep = _prepare(q, k, v, smooth_k, layout)
+        B, H = prep.q8.shape[0], prep.q8.shape[1]
+        Sq = int(prep.sq)
+        if layout == "BSHD":
+            out = torch.empty((B, Sq, H, D), dtype=q.dtype, device=q.device)
+        else:
+            out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
+        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
+        launch_prepared(prep, out, layout, softmax_scale, lse)
+        if not return_lse:
+            return out
+        k_mean = getattr(prep, "k_mean", None)
+        if k_mean is not None:
+            qh = q.transpose(1, 2) if layout == "BSHD" else q  # (B,H,Sq,D)
+            lse = lse + softmax_scale * torch.einsum("bhsd,bhd->bhs", qh.float(), k_mean.float())
+        return out, lse
+
+
+__all__ = ["fp8_attention", "arch_for_capability", "get_compiled", "launch_prepared", "clear_cache",
+           "COMPILE_STATS", "SUPPORTED_HEAD_DIMS"]

@@ -1,0 +1,60 @@
+"""Compile-only checks of the FP8 mma.sync attention kernel (CPU is enough: CuTe DSL compiles for any arch)."""
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from ditprof.errors import DitprofError  # noqa: E402
+from ditprof.kernels.inspect_sass import KNOWN_KERNELS, inspect_kernel, sass_opcodes  # noqa: E402
+
+_CACHE = {}
+
+
+def _inspect(arch):
+    if arch not in _CACHE:
+        _CACHE[arch] = inspect_kernel("fp8-sm120", arch)
+    return _CACHE[arch]
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
+def test_native_qmma_no_spills(arch):
+    r = _inspect(arch)
+    assert r["kernel"] == "fp8-sm120" and r["arch"] == arch
+    ins = r["instructions"]
+    # 2 strip bodies (steady state + masked tail) x (QK: 2 m x 4 n x 4 k + PV: 2 m x 16 n)
+    assert ins["QMMA"] == 128, ins
+    assert ins["HMMA"] == 0
+    assert r["spill_bytes"] == 0
+    assert ins["STL"] == 0 and ins["LDL"] == 0
+    assert r["stack_frame_bytes"] == 0
+    assert 0 < r["registers"] <= 255
+    assert ins["LDSM"] > 0 and ins["LDGSTS"] > 0
+    assert r["smem_bytes"] >= 32768
+    for key in ("registers", "spill_bytes", "smem_bytes", "compile_s", "instructions"):
+        assert key in r
+
+
+def test_sm90_is_emulated():
+    r = _inspect("sm_90a")
+    assert r["instructions"]["QMMA"] == 0
+    assert r["instructions"]["HMMA"] > 0
+
+
+def test_unknown_kernel_and_arch():
+    with pytest.raises(DitprofError):
+        inspect_kernel("nope", "sm_120a")
+    with pytest.raises(DitprofError):
+        inspect_kernel("fp8-sm120", "sm_80")
+    assert "fp8-sm120" in KNOWN_KERNELS
+
+
+def test_sass_parser():
+    text = """
+        /*0000*/                   LDC R1, c[0x0][0x37c] ;
+        /*13e0*/                   LDSM.16.M88.4 R176, [R204+UR6] ;
+        /*1400*/              @!P0 BRA `(.L_x_0) ;
+        /*1410*/                   QMMA.16832.F32.E4M3.E4M3 R4, R8, R12, R4 ;
+    """
+    base, full = sass_opcodes(text)
+    assert base == {"LDC": 1, "LDSM": 1, "BRA": 1, "QMMA": 1}
+    assert full["QMMA.16832.F32.E4M3.E4M3"] == 1
