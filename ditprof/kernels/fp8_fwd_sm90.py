@@ -1,0 +1,548 @@
+"""Hopper-native FP8 FlashAttention forward (sm_90a): TMA + mbarrier pipelines + warpgroup MMA (QGMMA).
+
+Design (issue 5, part 1)
+------------------------
+CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
+
+* warpgroup 0 — producer. ``setmaxnreg`` down to ``REGS_PRODUCER``; its first warp issues every TMA load:
+  Q once (two 64-row boxes, one per consumer warpgroup, on one mbarrier), then K and V tiles of ``tile_n``
+  (128) keys into ``kv_stages``-deep smem rings (separate K and V ``PipelineTmaAsync`` pipelines so the
+  consumers can ask for K[j+1] before V[j]).
+* warpgroups 1 and 2 — consumers, ``setmaxnreg`` up to ``REGS_CONSUMER``. Each owns 64 query rows and runs
+  the whole online-softmax loop for them with ``warpgroup.MmaF8Op`` (e4m3 x e4m3 -> fp32, m64nNk32):
+  S = Q K^T with both operands read from swizzled smem (K-major: Q and K rows are D-contiguous), then
+  O += P V with P from registers (A operand, K-major by construction) and V^T from smem (the prep stores V
+  feature-major, so the key axis — the K axis of this GEMM — is contiguous: K-major as FP8 wgmma requires).
+* Intra-warpgroup overlap (FA3 style, ``overlap=True``): iteration j issues S_j = Q K_j^T and
+  O += P_{j-1} V_{j-1} back to back, waits only for S_j, does the softmax of S_j while the PV wgmma runs,
+  then waits for it and rescales O.
+
+P in registers, no shuffles
+---------------------------
+The wgmma fp32 accumulator gives lane (quad q = lane%4, group g = lane//4) of each warp the columns
+8j + 2q + {0,1} of rows g and g+8 (value index c + 2r + 4j). The e4m3 register A fragment of m64nNk32 wants
+lane q to hold k-slots 4q..4q+3 and 16+4q..16+4q+3 of each 32-wide k-block (value index e + 4r + 8h). These
+are exactly the mma.sync m16n8k32 layouts, so the seed kernel's key permutation works unchanged: inside
+every 16-key group, storage position p of V holds key
+
+    sm90_key_order_for_positions(p) = g + 8*(e//2) + 2*quad + e%2,   g = p//16*16, quad = (p%16)//4, e = p%4
+
+(identical to ``key_order.key_order_for_positions``; it only permutes inside 16-key groups, so any key tile
+that is a multiple of 16 — ours is 128 — works). With it, A value (a, b, r, h) of k-block kb (slot 4q+a+2b+16h)
+is accumulator value a + 2r + 4b + 8h + 16kb: a register-only re-indexing (bits b and r swap), no shuffles.
+
+Numerics (ARCHITECTURE.md, "FP8 numerics") with the tiling's differences
+----------------------------------------------------------------------------
+* qk_scale = descale_q * descale_k * softmax_scale * log2(e) (exp2 domain); descales read in-kernel.
+* The running max is per 128-key tile (``tile_n``), not per 32-key strip: keys in natural order, tiles
+  processed in increasing key order, keys >= Sk masked to -inf (only the last tile is masked).
+  m is kept in the raw (unscaled) accumulator domain: max commutes with the positive qk_scale.
+* P*256 is produced directly: p256 = exp2(S*qk_scale - (m*qk_scale - 8)) (one FFMA + ex2.approx per score),
+  l accumulates fp32 p256, P8 = e4m3(p256) (cvt.rn.satfinite), O += P8 @ V8 in fp32.
+* Epilogue: O = O * descale_v / l  (l already carries the x256), LSE = ln2 * (m*qk_scale - 8 + log2 l).
+  Rows >= Sq are not written.
+
+Inputs (the shared prep's contract): q8 (B,H,Sq_pad,D) with Sq_pad % 128 == 0, k8 (B,H,Sk_pad,D),
+v8t (B,H,D,Sk_pad) with Sk_pad % 32 == 0 (TMA zero-fills the box beyond Sk_pad), scales (B,H,3) fp32.
+Outputs: out (B,Sq,H,D) bf16 (or fp16), lse (B,H,Sq) fp32. head_dim 128 (64 also compiles).
+Every tensor must have < 2**31 elements (32-bit index arithmetic).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Dict, Tuple
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int32, Uint8, const_expr
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+import cuda.bindings.driver as cuda
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+TILE_M_WG = 64  # query rows per consumer warpgroup (wgmma M)
+NUM_MMA_WG = 2
+TILE_M = TILE_M_WG * NUM_MMA_WG  # 128 query rows per CTA (== the prep's Sq padding)
+REGS_PRODUCER = 24
+REGS_CONSUMER = 240
+
+
+def sm90_key_order_for_positions(positions):
+    """Key held at each V storage position for this kernel (ints or integer tensors).
+
+    Same permutation as the mma.sync seed kernel (see module docstring for why it also fits wgmma's
+    accumulator -> e4m3 A-operand register layouts): inside each 16-key group, position p holds key
+    g + 8*(e//2) + 2*quad + e%2 with g = p//16*16, quad = (p%16)//4, e = p%4.
+    """
+    group = positions // 16 * 16
+    quad = (positions % 16) // 4
+    element = positions % 4
+    return group + 8 * (element // 2) + 2 * quad + element % 2
+
+
+class Sm90Fp8Attention:
+    """Compile-time configuration + the jit entry point (``__call__``) and the kernel."""
+
+    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, tile_n: int = 128, kv_stages: int = 2,
+                 overlap: bool = True):
+        if head_dim not in (64, 128):
+            raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
+        if tile_n % 32 or not 32 <= tile_n <= 256:
+            raise ValueError("tile_n must be a multiple of 32 in [32, 256]")
+        self.head_dim = head_dim
+        self.dtype_out = dtype_out
+        self.tile_n = tile_n
+        self.kv_stages = kv_stages
+        self.overlap = overlap
+        self.threads = 128 * (1 + NUM_MMA_WG)
+
+    # ------------------------------------------------------------------ host side (traced at compile)
+    @cute.jit
+    def __call__(
+        self,
+        pQ: cute.Pointer,
+        pK: cute.Pointer,
+        pV: cute.Pointer,
+        pScales: cute.Pointer,
+        pO: cute.Pointer,
+        pLSE: cute.Pointer,
+        batch: Int32,
+        heads: Int32,
+        sq: Int32,
+        sk: Int32,
+        sq_pad: Int32,
+        sk_pad: Int32,
+        softmax_scale: Float32,
+        stream: cuda.CUstream,
+    ):
+        D = self.head_dim
+        f8 = Float8E4M3FN
+        # Views with the (row, col, head, batch) mode order the TMA boxes tile.
+        mQ = cute.make_tensor(
+            cute.recast_ptr(pQ, dtype=f8),
+            cute.make_layout((sq_pad, D, heads, batch), stride=(D, 1, sq_pad * D, heads * sq_pad * D)))
+        mK = cute.make_tensor(
+            cute.recast_ptr(pK, dtype=f8),
+            cute.make_layout((sk_pad, D, heads, batch), stride=(D, 1, sk_pad * D, heads * sk_pad * D)))
+        mV = cute.make_tensor(
+            cute.recast_ptr(pV, dtype=f8),
+            cute.make_layout((D, sk_pad, heads, batch), stride=(sk_pad, 1, D * sk_pad, heads * D * sk_pad)))
+        mScales = cute.make_tensor(pScales, cute.make_layout((3, heads, batch), stride=(1, 3, 3 * heads)))
+        mO = cute.make_tensor(
+            pO, cute.make_layout((sq, D, heads, batch), stride=(heads * D, 1, D, sq * heads * D)))
+        mLSE = cute.make_tensor(pLSE, cute.make_layout((sq, heads, batch), stride=(1, sq, heads * sq)))
+
+        K_MAJOR = OperandMajorMode.K
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, self.tile_n))
+        # a second instance for the first k-block (ACCUMULATE=False): the field is set once, outside loops
+        qk_mma_zero = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, self.tile_n))
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
+
+        qk_tiler = (TILE_M_WG, self.tile_n, D)
+        pv_tiler = (TILE_M_WG, D, self.tile_n)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, f8, NUM_MMA_WG)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, f8, self.kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, pv_tiler, f8, self.kv_stages)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
+            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (TILE_M_WG, D))
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(
+            g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, D))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(
+            g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (D, self.tile_n))
+        self.q_bytes = TILE_M_WG * D * NUM_MMA_WG
+        self.kv_bytes = self.tile_n * D
+
+        @cute.struct
+        class SharedStorage:
+            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
+            k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        grid = (cute.ceil_div(sq, TILE_M), heads, batch)
+        self.kernel(
+            qk_mma, qk_mma_zero, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
+            mScales, mO, mLSE, sq, sk, softmax_scale * LOG2E,
+            sQ_layout, sK_layout, sV_layout,
+        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        qk_mma_zero: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        mScales: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sq: Int32,
+        sk: Int32,
+        scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+    ):
+        D = self.head_dim
+        tile_n = self.tile_n
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, bat = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NUM_MMA_WG)  # one arrive per warp
+        q_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one,
+            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
+        k_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one,
+            consumer_group=consumers, tx_count=self.kv_bytes, defer_sync=True)
+        v_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one,
+            consumer_group=consumers, tx_count=self.kv_bytes, defer_sync=True)
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        n_tiles = cute.ceil_div(sk, tile_n)
+
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if wg_idx == 0:
+            # ======================= producer warpgroup =======================
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                # (box, n_m_boxes, 1, H, B) etc.
+                gQ = cute.flat_divide(mQ, (TILE_M_WG, D))
+                gK = cute.flat_divide(mK, (tile_n, D))
+                gV = cute.flat_divide(mV, (D, tile_n))
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                tKsK, tKgK = cpasync.tma_partition(
+                    tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+                tVsV, tVgV = cpasync.tma_partition(
+                    tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_pipe.producer_acquire(q_state)
+                for w in cutlass.range_constexpr(NUM_MMA_WG):
+                    cute.copy(tma_q, tQgQ[(None, m_block * NUM_MMA_WG + w, 0, head, bat)], tQsQ[(None, w)],
+                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+                for j in cutlass.range(n_tiles, unroll=1):
+                    k_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[(None, j, 0, head, bat)], tKsK[(None, kv_state.index)],
+                              tma_bar_ptr=k_pipe.producer_get_barrier(kv_state))
+                    v_pipe.producer_acquire(kv_state)
+                    cute.copy(tma_v, tVgV[(None, 0, j, head, bat)], tVsV[(None, kv_state.index)],
+                              tma_bar_ptr=v_pipe.producer_get_barrier(kv_state))
+                    kv_state.advance()
+        else:
+            # ======================= consumer warpgroups =======================
+            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            wg = wg_idx - 1
+            wg_tidx = tidx % 128
+            qk_thr = qk_mma.get_slice(wg_tidx)
+            pv_thr = pv_mma.get_slice(wg_tidx)
+
+            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/32, NUM_MMA_WG)
+            tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, 1, D/32, stages)
+            tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/32, stages)
+
+            acc_S = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M_WG, tile_n)), Float32)
+            acc_O = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
+            tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M_WG, tile_n)), Float8E4M3FN)
+            acc_O.fill(0.0)
+
+            # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
+            n_kb = tile_n // 32
+            pack_shape = (2, 2, 2, 2, n_kb)
+            S_as_pack = cute.make_tensor(acc_S.iterator, cute.make_layout(pack_shape, stride=(1, 2, 4, 8, 16)))
+            P_as_pack = cute.make_tensor(tOrP.iterator, cute.make_layout(pack_shape, stride=(1, 4, 2, 8, 16)))
+
+            # per-(b, h) descales folded into two scalars
+            qk_scale = mScales[0, head, bat] * mScales[1, head, bat] * scale_log2
+            o_scale = mScales[2, head, bat]
+
+            row_max = cute.make_rmem_tensor((2,), Float32)
+            row_sum = cute.make_rmem_tensor((2,), Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+
+            quad = wg_tidx % 4
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_pipe.consumer_wait(q_state)
+
+            if const_expr(self.overlap):
+                # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
+                k_pipe.consumer_wait(kv_state)
+                self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+                warpgroup.wait_group(0)
+                k_pipe.consumer_release(kv_state)
+                if n_tiles == 1:
+                    self.mask_tile(acc_S, 0, sk, quad)
+                self.softmax(acc_S, row_max, row_sum, acc_O, qk_scale, True)
+                P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                v_state = kv_state.clone()
+                kv_state.advance()
+                for j in cutlass.range(1, n_tiles, unroll=1):
+                    # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
+                    k_pipe.consumer_wait(kv_state)
+                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+                    v_pipe.consumer_wait(v_state)
+                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                    warpgroup.wait_group(1)
+                    k_pipe.consumer_release(kv_state)
+                    if j == n_tiles - 1:
+                        self.mask_tile(acc_S, j, sk, quad)
+                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(v_state)
+                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    self.rescale_o(acc_O, alpha)
+                    v_state.advance()
+                    kv_state.advance()
+                # epilogue PV
+                v_pipe.consumer_wait(v_state)
+                self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                warpgroup.wait_group(0)
+                v_pipe.consumer_release(v_state)
+            else:
+                for j in cutlass.range(n_tiles, unroll=1):
+                    k_pipe.consumer_wait(kv_state)
+                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+                    warpgroup.wait_group(0)
+                    k_pipe.consumer_release(kv_state)
+                    if j == n_tiles - 1:
+                        self.mask_tile(acc_S, j, sk, quad)
+                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                    self.rescale_o(acc_O, alpha)
+                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    v_pipe.consumer_wait(kv_state)
+                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(kv_state)
+                    kv_state.advance()
+
+            self.epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq,
+                          m_block * TILE_M + wg * TILE_M_WG, head, bat, wg_tidx)
+
+    # ------------------------------------------------------------------ consumer helpers
+    @cute.jit
+    def gemm_qk(self, qk_mma_zero: cute.TiledMma, qk_mma: cute.TiledMma, acc_S: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,
+                wg: Int32, stage: Int32):
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            cute.gemm(qk_mma_zero if kb == 0 else qk_mma, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc_S)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def gemm_pv(self, pv_mma: cute.TiledMma, acc_O: cute.Tensor, tOrP: cute.Tensor, tOrV: cute.Tensor,
+                stage: Int32):
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            cute.gemm(pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_O)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def mask_tile(self, acc_S: cute.Tensor, tile: Int32, sk: Int32, quad: Int32):
+        # accumulator value v = c + 2r + 4j sits at column 8j + 2*quad + c of the tile
+        limit = sk - tile * self.tile_n - 2 * quad
+        for j in cutlass.range_constexpr(self.tile_n // 8):
+            for c in cutlass.range_constexpr(2):
+                if 8 * j + c >= limit:
+                    for r in cutlass.range_constexpr(2):
+                        acc_S[c + 2 * r + 4 * j] = -Float32.inf
+
+    @cute.jit
+    def softmax_stats(self, acc_S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
+                      qk_scale: Float32) -> cute.Tensor:
+        """Online-softmax update for one tile: acc_S <- P*256 (fp32); returns alpha per row."""
+        n8 = self.tile_n // 8
+        alpha = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(2):
+            m_tile = acc_S[2 * r]
+            for j in cutlass.range_constexpr(n8):
+                for c in cutlass.range_constexpr(2):
+                    if const_expr(j + c > 0):
+                        m_tile = cute.arch.fmax(m_tile, acc_S[c + 2 * r + 4 * j])
+            m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
+            m_new = cute.arch.fmax(row_max[r], m_tile)
+            alpha[r] = cute.math.exp2((row_max[r] - m_new) * qk_scale, fastmath=True)
+            row_max[r] = m_new
+            bias = m_new * qk_scale - 8.0  # exp2(+8) = the x256 of P
+            s = Float32(0.0)
+            for j in cutlass.range_constexpr(n8):
+                for c in cutlass.range_constexpr(2):
+                    v = c + 2 * r + 4 * j
+                    p = cute.math.exp2(acc_S[v] * qk_scale - bias, fastmath=True)
+                    acc_S[v] = p
+                    s = s + p
+            row_sum[r] = row_sum[r] * alpha[r] + s
+        return alpha
+
+    @cute.jit
+    def softmax(self, acc_S, row_max, row_sum, acc_O, qk_scale: Float32, first: cutlass.Constexpr):
+        alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+        if const_expr(not first):
+            self.rescale_o(acc_O, alpha)
+
+    @cute.jit
+    def rescale_o(self, acc_O: cute.Tensor, alpha: cute.Tensor):
+        for j in cutlass.range_constexpr(self.head_dim // 8):
+            for r in cutlass.range_constexpr(2):
+                for c in cutlass.range_constexpr(2):
+                    acc_O[c + 2 * r + 4 * j] = acc_O[c + 2 * r + 4 * j] * alpha[r]
+
+    @cute.jit
+    def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale: Float32,
+                 o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
+                 head: Int32, bat: Int32, wg_tidx: Int32):
+        warp = wg_tidx // 32
+        lane = wg_tidx % 32
+        quad = lane % 4
+        for r in cutlass.range_constexpr(2):
+            l = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            row = row0 + warp * 16 + lane // 4 + 8 * r
+            inv = o_scale / l
+            if row < sq:
+                if quad == 0:
+                    mLSE[row, head, bat] = (row_max[r] * qk_scale - 8.0 + cute.math.log2(l, fastmath=True)) * LN2
+                for j in cutlass.range_constexpr(self.head_dim // 8):
+                    col = 8 * j + 2 * quad
+                    mO[row, col, head, bat] = (acc_O[2 * r + 4 * j] * inv).to(self.dtype_out)
+                    mO[row, col + 1, head, bat] = (acc_O[1 + 2 * r + 4 * j] * inv).to(self.dtype_out)
+
+
+# ---------------------------------------------------------------------- compile / run API
+_CACHE: Dict[Tuple[Any, ...], Any] = {}
+
+
+def _out_dtype(dtype_out):
+    if dtype_out in (BFloat16, Float16):
+        return dtype_out
+    name = str(dtype_out)
+    if "bfloat16" in name:
+        return BFloat16
+    if "float16" in name:
+        return Float16
+    raise ValueError(f"unsupported output dtype {dtype_out}")
+
+
+def _compile_args(dtype_out):
+    from cutlass.cute.runtime import make_ptr
+
+    gm = cute.AddressSpace.gmem
+    return (
+        make_ptr(Uint8, 0, gm, assumed_align=16),
+        make_ptr(Uint8, 0, gm, assumed_align=16),
+        make_ptr(Uint8, 0, gm, assumed_align=16),
+        make_ptr(Float32, 0, gm, assumed_align=4),
+        make_ptr(dtype_out, 0, gm, assumed_align=4),
+        make_ptr(Float32, 0, gm, assumed_align=4),
+        Int32(1), Int32(1), Int32(1), Int32(1), Int32(128), Int32(32),
+        Float32(1.0),
+    )
+
+
+def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
+                 tile_n: int = 128, kv_stages: int = 2, overlap: bool = True):
+    """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
+
+    ``fake=True``: no GPU needed (stream faked); pass e.g. ``options_extra="--keep-cubin --dump-dir DIR"``.
+    ``fake=False``: compile for launching on the current CUDA device.
+    """
+    dtype_out = _out_dtype(dtype_out)
+    os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
+    kern = Sm90Fp8Attention(head_dim, dtype_out, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap)
+    if fake:
+        stream = cute.runtime.make_fake_stream()
+    else:
+        import torch
+
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    options = f"--gpu-arch {arch} {options_extra}".strip()
+    return cute.compile(kern, *_compile_args(dtype_out), stream, options=options)
+
+
+def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, *,
+             tile_n: int = 128, kv_stages: int = 2, overlap: bool = True) -> None:
+    """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts)."""
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    B, H, sq_pad, D = q8.shape
+    sk_pad = k8.shape[2]
+    if sq_pad % TILE_M or sk_pad % 32 or sq > sq_pad or sk > sk_pad or sk < 1 or sq < 1:
+        raise ValueError(f"bad padded lengths: sq={sq} sq_pad={sq_pad} sk={sk} sk_pad={sk_pad}")
+    if tuple(v8t.shape) != (B, H, D, sk_pad) or tuple(k8.shape) != (B, H, sk_pad, D):
+        raise ValueError("k8/v8t shapes do not match q8")
+    if tuple(out.shape) != (B, sq, H, D) or tuple(lse.shape) != (B, H, sq):
+        raise ValueError("out/lse shapes do not match")
+    for t in (q8, k8, v8t, scales, out, lse):
+        if not t.is_cuda or not t.is_contiguous():
+            raise ValueError("all tensors must be contiguous CUDA tensors")
+    if scales.dtype != torch.float32 or lse.dtype != torch.float32:
+        raise ValueError("scales and lse must be float32")
+    dtype_out = {torch.bfloat16: BFloat16, torch.float16: Float16}[out.dtype]
+    dev = q8.device
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = f"sm_{major}{minor}a"
+    key = (arch, D, out.dtype, tile_n, kv_stages, overlap)
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap)
+        _CACHE[key] = fn
+    gm = cute.AddressSpace.gmem
+    stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
+    fn(
+        make_ptr(Uint8, q8.data_ptr(), gm, assumed_align=16),
+        make_ptr(Uint8, k8.data_ptr(), gm, assumed_align=16),
+        make_ptr(Uint8, v8t.data_ptr(), gm, assumed_align=16),
+        make_ptr(Float32, scales.data_ptr(), gm, assumed_align=4),
+        make_ptr(dtype_out, out.data_ptr(), gm, assumed_align=4),
+        make_ptr(Float32, lse.data_ptr(), gm, assumed_align=4),
+        Int32(B), Int32(H), Int32(sq), Int32(sk), Int32(sq_pad), Int32(sk_pad),
+        Float32(softmax_scale),
+        stream,
+    )
+
+
+__all__ = ["Sm90Fp8Attention", "compile_sm90", "run_sm90", "sm90_key_order_for_positions"]
