@@ -120,8 +120,14 @@ def load_block_from_layout(
                     local = name[len(prefix):]
                     target = torch.float32 if keeps_fp32(family, local) else dtype
                     tensor = f.get_tensor(name)
-                    state[local] = tensor.to(device=device, dtype=target or tensor.dtype)
-                    del tensor
+                    moved = tensor.to(device=device, dtype=target or tensor.dtype)
+                    if moved.data_ptr() == tensor.data_ptr():
+                        # On CPU get_tensor can hand back a view into the memory-mapped file at an
+                        # 8-byte-aligned offset. Copy to fresh (64-byte-aligned) memory: CPU BLAS
+                        # results depend on alignment, and the block must not pin the file mapping.
+                        moved = moved.clone()
+                    state[local] = moved
+                    del tensor, moved
                     advance()
 
     module.load_state_dict(state, strict=True, assign=True)

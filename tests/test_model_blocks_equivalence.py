@@ -1,0 +1,185 @@
+"""A block loaded alone from diffusers shards computes exactly what block i computes inside the model."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from ditprof.model_blocks import get_preset, load_block, make_inputs
+from ditprof.model_blocks.checkpoint import read_layout, shards_for_prefix
+
+SEED = 1234
+
+
+def _full_model_call(family: str, model, b: int = 1):
+    """Inputs for the tiny full model matching pixel size H=64, W=64 (Flux W=96), 9 frames (LTX 128x128x17)."""
+    g = torch.Generator().manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    cfg = model.config
+    t = torch.full((b,), 500.0)
+    if family == "wan":
+        return dict(hidden_states=r(b, cfg.in_channels, 3, 8, 8), timestep=t, encoder_hidden_states=r(b, 8, cfg.text_dim))
+    if family == "flux":
+        h, w = 4, 6
+        img_ids = torch.zeros(h, w, 3)
+        img_ids[..., 1] += torch.arange(h)[:, None]
+        img_ids[..., 2] += torch.arange(w)[None, :]
+        return dict(
+            hidden_states=r(b, h * w, cfg.in_channels), encoder_hidden_states=r(b, 8, cfg.joint_attention_dim),
+            pooled_projections=r(b, cfg.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids.reshape(-1, 3),
+            txt_ids=torch.zeros(8, 3), guidance=torch.full((b,), 3.5),
+        )
+    if family == "hunyuan-video":
+        return dict(
+            hidden_states=r(b, cfg.in_channels, 3, 8, 8), timestep=t, encoder_hidden_states=r(b, 8, cfg.text_embed_dim),
+            encoder_attention_mask=torch.ones(b, 8), pooled_projections=r(b, cfg.pooled_projection_dim),
+            guidance=torch.full((b,), 6.0),
+        )
+    if family == "ltx-video":
+        return dict(
+            hidden_states=r(b, 3 * 4 * 4, cfg.in_channels), encoder_hidden_states=r(b, 8, cfg.caption_channels),
+            timestep=t, encoder_attention_mask=torch.ones(b, 8), num_frames=3, height=4, width=4,
+            rope_interpolation_scale=(8 / 25, 32, 32),
+        )
+    if family == "cogvideox":
+        from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+        from ditprof.model_blocks.families.cogvideox import get_resize_crop_region_for_grid
+
+        p = cfg.patch_size
+        crops = get_resize_crop_region_for_grid((4, 4), cfg.sample_width // p, cfg.sample_height // p)
+        rope = get_3d_rotary_pos_embed(cfg.attention_head_dim, crops, (4, 4), 3)
+        return dict(
+            hidden_states=r(b, 3, cfg.in_channels, 8, 8), encoder_hidden_states=r(b, 8, cfg.text_embed_dim),
+            timestep=t, image_rotary_emb=rope,
+        )
+    raise AssertionError(family)
+
+
+SIZE = {  # (height, width, frames) giving the same token grid as _full_model_call
+    "wan": (64, 64, 9), "flux": (64, 96, None), "hunyuan-video": (64, 64, 9),
+    "ltx-video": (128, 128, 17), "cogvideox": (64, 64, 9),
+}
+
+CASES = [
+    ("wan-tiny", "main"), ("flux-tiny", "double"), ("flux-tiny", "single"), ("hunyuan-video-tiny", "double"),
+    ("hunyuan-video-tiny", "single"), ("ltx-video-tiny", "main"), ("cogvideox-tiny", "main"),
+]
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+    """Each tiny family model, random-initialised and saved by diffusers into many small shards."""
+    out = {}
+    for name in sorted({c[0] for c in CASES}):
+        preset = get_preset(name)
+        torch.manual_seed(SEED)
+        model = preset.adapter.model_class.from_config(preset.config).eval()
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder, max_shard_size="4KB")
+        out[name] = (model, folder)
+    return out
+
+
+def _capture(model, module, call):
+    seen = {}
+
+    def hook(mod, args, kwargs, output):
+        seen["args"], seen["kwargs"], seen["out"] = _clone(args), _clone(kwargs), _clone(output)
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    with torch.no_grad():
+        model(**call)
+    handle.remove()
+    return seen
+
+
+def _bound(module, args, kwargs) -> dict:
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    return dict(bound.arguments)
+
+
+@pytest.mark.parametrize("name,kind", CASES)
+def test_standalone_block_equals_block_inside_model(saved_models, name, kind):
+    model, folder = saved_models[name]
+    preset = get_preset(name)
+    layout = read_layout(folder)
+    assert len(set(layout.weight_map.values())) >= 8, "the model should be spread over many shards"
+    index = 1
+    stack = getattr(model, preset.adapter.kind(kind).attribute)
+    seen = _capture(model, stack[index], _full_model_call(preset.family, model))
+
+    loaded = load_block(folder, index, kind=kind, dtype=torch.float32, progress=False)
+    assert type(loaded.module) is type(stack[index])
+    assert (loaded.index, loaded.kind, loaded.n_blocks) == (index, kind, len(stack))
+    with torch.no_grad():
+        out = loaded.module(*seen["args"], **seen["kwargs"])
+    expected = seen["out"]
+    if isinstance(expected, tuple):
+        assert all(torch.equal(a, b) for a, b in zip(out, expected))
+    else:
+        assert torch.equal(out, expected)
+
+    # make_inputs for the same pixel size gives the same shapes and the model's own RoPE values.
+    h, w, f = SIZE[preset.family]
+    mine = _bound(loaded.module, *_args_kwargs(make_inputs(loaded, height=h, width=w, frames=f, text_tokens=8)))
+    theirs = _bound(loaded.module, seen["args"], seen["kwargs"])
+    for arg, value in mine.items():
+        ref = theirs[arg]
+        if isinstance(value, torch.Tensor):
+            assert value.shape == ref.shape, arg
+            assert value.dtype == ref.dtype, arg
+            if value.dtype != torch.bool and not arg.endswith("mask"):  # masks may be all-attend
+                assert value.abs().sum() > 0, arg
+        elif isinstance(value, tuple):  # rotary (cos, sin): positions must match the model's
+            for a, b in zip(value, ref):
+                torch.testing.assert_close(a, b.to(a.dtype), rtol=1e-6, atol=1e-6)
+    # and the captured tensors the block really uses are all provided by make_inputs
+    assert {k for k, v in theirs.items() if isinstance(v, (torch.Tensor, tuple))} <= set(mine)
+
+
+def _args_kwargs(inputs):
+    return inputs.args, inputs.kwargs
+
+
+def test_loading_opens_only_the_shards_holding_the_block(saved_models, monkeypatch):
+    import ditprof.model_blocks.checkpoint as checkpoint
+
+    model, folder = saved_models["wan-tiny"]
+    opened = []
+    real = checkpoint.safe_open
+
+    def spy(path, *a, **k):
+        opened.append(path.rsplit("/", 1)[-1])
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(checkpoint, "safe_open", spy)
+    layout = read_layout(folder)
+    wanted = set(shards_for_prefix(layout.weight_map, "blocks.1."))
+    all_shards = set(layout.weight_map.values())
+    loaded = load_block(folder, 1, dtype=torch.float32, progress=False)
+    assert set(opened) == wanted == set(loaded.shards)
+    assert len(wanted) >= 2 and len(wanted) < len(all_shards) / 2
+
+
+def test_single_unsharded_file(tmp_path):
+    preset = get_preset("ltx-video-tiny")
+    torch.manual_seed(0)
+    model = preset.adapter.model_class.from_config(preset.config).eval()
+    model.save_pretrained(tmp_path)  # one diffusion_pytorch_model.safetensors, no index
+    assert (tmp_path / "diffusion_pytorch_model.safetensors").is_file()
+    loaded = load_block(tmp_path, 1, dtype=torch.float32, progress=False)
+    for k, v in loaded.module.state_dict().items():
+        assert torch.equal(v, model.transformer_blocks[1].state_dict()[k])
