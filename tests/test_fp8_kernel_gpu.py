@@ -1,0 +1,147 @@
+"""Our FP8 attention kernel on a GPU: against float64, against the torch emulation of its numerics,
+poisoned outputs, determinism, LSE.  Marked ``gpu`` (skipped without CUDA)."""
+
+import math
+
+import pytest
+import torch
+
+from ditprof.errors import DitprofError
+
+# (B, H, Sq, Sk, D)
+SHAPES = [
+    (1, 56, 30272, 30272, 128),  # H3 self-attention
+    (2, 3, 77, 77, 128),  # batch > 1, ragged length
+    (1, 1, 1, 1, 128),  # one query, one key
+    (1, 8, 4096, 512, 128),  # cross-attention: 4096 queries x 512 keys
+]
+IDS = ["h3", "b2h3s77", "s1", "cross4096x512"]
+GAUSSIAN_REL_RMS = 0.055  # issue 4's goal for Gaussian inputs (the seed reports 5.4% vs cuDNN BF16)
+
+
+def _rel_rms(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def _inputs(B, H, Sq, Sk, D, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn((B, Sq, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    k = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    v = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    return q, k, v
+
+
+def _run_poisoned(q, k, v, layout="BSHD", scale=None, smooth_k=True):
+    """Prep + kernel into NaN-filled o and LSE buffers; returns (o, lse, prep)."""
+    from ditprof.kernels.interface import launch_prepared
+    from ditprof.kernels.prep import fp8_prepare
+
+    prep = fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout)
+    B, H, _, D = prep.q8.shape
+    Sq = prep.sq
+    shape = (B, Sq, H, D) if layout == "BSHD" else (B, H, Sq, D)
+    o = torch.full(shape, float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    launch_prepared(prep, o, layout, scale, lse)
+    torch.cuda.synchronize()
+    return o, lse, prep
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_kernel_vs_float64_and_emulation(shape):
+    from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+    from ditprof.kernels.interface import fp8_attention
+    from ditprof.kernels.reference import attention_reference
+
+    B, H, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Sq, Sk, D)
+    o, lse, _ = _run_poisoned(q, k, v)
+    assert torch.isfinite(o).all(), "output not fully written (NaN poison left) or non-finite"
+    assert torch.isfinite(lse).all(), "LSE not fully written"
+
+    ref, ref_lse = attention_reference(q, k, v, return_lse=True)
+    err = _rel_rms(o, ref)
+    print(f"\n{shape}: rel-RMS vs float64 {err:.4%}")
+    assert err <= GAUSSIAN_REL_RMS, err
+
+    # the public entry point gives the same bits as the poisoned launch, and the LSE of the original scores
+    o2, lse2 = fp8_attention(q, k, v, return_lse=True)
+    assert torch.equal(o2, o), "two runs differ (non-deterministic)"
+    lse_err = (lse2.double() - ref_lse).abs().max().item()
+    print(f"{shape}: LSE max-abs vs float64 {lse_err:.3e}")
+    assert lse_err < 0.05, lse_err
+
+    emu, emu_lse = fp8_attention_emulated(q, k, v, return_lse=True)
+    diff = _rel_rms(o, emu)
+    print(f"{shape}: rel-RMS vs emulation {diff:.4%}, LSE max-abs vs emulation "
+          f"{(lse2 - emu_lse).abs().max().item():.3e}")
+    assert diff < 0.01, diff
+    assert (lse2 - emu_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+def test_determinism_two_runs():
+    q, k, v = _inputs(1, 4, 1000, 1000, 128, seed=1)
+    o1, l1, _ = _run_poisoned(q, k, v)
+    o2, l2, _ = _run_poisoned(q, k, v)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,dtype", [("BHSD", torch.bfloat16), ("BSHD", torch.float16)])
+def test_layouts_dtypes(layout, dtype):
+    from ditprof.kernels.interface import fp8_attention
+    from ditprof.kernels.reference import attention_reference
+
+    q, k, v = _inputs(1, 2, 300, 200, 128, dtype=dtype, seed=2)
+    ref = attention_reference(q, k, v, scale=0.1)
+    if layout == "BHSD":
+        o = fp8_attention(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), layout="BHSD", scale=0.1)
+        assert o.shape == (1, 2, 300, 128)
+        o = o.transpose(1, 2)
+    else:
+        o = fp8_attention(q, k, v, scale=0.1)
+    assert o.dtype == dtype
+    assert _rel_rms(o, ref) <= GAUSSIAN_REL_RMS
+
+
+@pytest.mark.gpu
+def test_compile_cache_second_call_compiles_nothing():
+    from ditprof.kernels import interface
+
+    q, k, v = _inputs(1, 2, 130, 70, 128, seed=3)
+    interface.fp8_attention(q, k, v)
+    before = interface.COMPILE_STATS["compiles"]
+    q2, k2, v2 = _inputs(2, 3, 257, 33, 128, seed=4)
+    interface.fp8_attention(q2, k2, v2)
+    assert interface.COMPILE_STATS["compiles"] == before
+
+
+@pytest.mark.gpu
+def test_bad_inputs_gpu():
+    from ditprof.kernels.interface import fp8_attention
+
+    q, k, v = _inputs(1, 2, 64, 64, 128)
+    with pytest.raises(DitprofError):
+        fp8_attention(q.float(), k.float(), v.float())
+    with pytest.raises(DitprofError):
+        fp8_attention(q[..., :96], k[..., :96], v[..., :96])
+    with pytest.raises(DitprofError):
+        fp8_attention(q, k, v[:, :32])
+    with pytest.raises(DitprofError):
+        fp8_attention(q, k, v, layout="SBHD")
+    bad = q.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(DitprofError):
+        fp8_attention(bad, k, v)
+
+
+def test_cpu_tensors_rejected():
+    from ditprof.kernels.interface import fp8_attention
+
+    q = torch.zeros((1, 4, 1, 128), dtype=torch.bfloat16)
+    with pytest.raises(DitprofError, match="CUDA"):
+        fp8_attention(q, q, q)
