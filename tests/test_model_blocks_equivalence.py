@@ -107,8 +107,10 @@ def _capture(model, module, call):
 
 
 def _bound(module, args, kwargs) -> dict:
-    bound = inspect.signature(module.forward).bind(*args, **kwargs)
-    return dict(bound.arguments)
+    sig = inspect.signature(module.forward)
+    bound = sig.bind(*args, **kwargs)
+    variadic = {n for n, p in sig.parameters.items() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return {k: v for k, v in bound.arguments.items() if k not in variadic}
 
 
 @pytest.mark.parametrize("name,kind", CASES)
