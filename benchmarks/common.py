@@ -206,7 +206,7 @@ def print_table(title: str, columns: list[str], rows: Iterable[list[Any]]) -> No
 
         table = Table(title=title, show_lines=False)
         for i, c in enumerate(columns):
-            table.add_column(c, justify="left" if i == 0 or c in ("status", "note") else "right",
+            table.add_column(c, justify="left" if i == 0 or c == "status" or c.startswith("note") else "right",
                              overflow="fold")
         for r in rows:
             table.add_row(*r)
