@@ -13,10 +13,17 @@ from typing import Iterator
 from ditprof.errors import DitprofError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -57,6 +64,7 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     """
     out = check_writable(out)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    os.chmod(stage, 0o777 & ~_umask())
     try:
         yield stage
     except BaseException:

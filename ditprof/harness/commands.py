@@ -77,6 +77,8 @@ def _backends(args) -> int:
             cells.append("[green]yes[/]" if i.available else f"[red]no[/]: {i.reason}")
         table.add_row(name, dispatcher_value(name), *cells, desc)
     console = Console()
+    if not console.is_terminal and console.width < 140:
+        console = Console(width=140)
     console.print(table)
     where = "CUDA: " + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible")
     console.print(f"torch {torch.__version__}, {where}")

@@ -120,44 +120,40 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
     """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
     b, s, ex, acc = report["baseline"], report["swapped"], report["extrapolation"], report["accuracy"]
     clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
-    kind = "kernel time" if b["split_mode"] == "cuda" else "op self time"
+    kind = "GPU kernel time" if b["split_mode"] == "cuda" else "CPU op self time"
 
-    def change(fb, fs, fmt="ratio"):
-        if s is None:
-            return ""
-        if fmt == "ratio":
-            return f"{fb / fs:.2f}x faster" if fs else "n/a"
-        return fmt
+    def faster(fb, fs):
+        return f"{fb / fs:.2f}x" if s and fs else ""
 
     rows = [
         ("attention backend", b["attention_backend"], s["attention_backend"] if s else "", ""),
-        (f"block time ({clock}, median [min – max])", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
-         change(b["block_ms"]["median"], s["block_ms"]["median"]) if s else ""),
-        ("block time under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "",
-         ""),
-        ("profiler overhead", f"{b['profiler_overhead_pct']:+.1f}%", f"{s['profiler_overhead_pct']:+.1f}%" if s else "",
-         ""),
+        (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
+         faster(b["block_ms"]["median"], s["block_ms"]["median"]) if s else ""),
+        ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
+        ("profiler overhead", f"{b['profiler_overhead_pct']:+.1f}%",
+         f"{s['profiler_overhead_pct']:+.1f}%" if s else "", ""),
     ]
     for cat in CATEGORIES:
-        rows.append((f"  {cat} ({kind})", _ms(b["split_ms"][cat]), _ms(s["split_ms"][cat]) if s else "",
-                     change(b["split_ms"][cat], s["split_ms"][cat]) if s and cat == "attention" else ""))
-    rows.append((f"  total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "", ""))
+        rows.append((f"{cat} ({kind})", _ms(b["split_ms"][cat]), _ms(s["split_ms"][cat]) if s else "",
+                     faster(b["split_ms"][cat], s["split_ms"][cat]) if s else ""))
+    rows.append((f"split total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "",
+                 faster(b["split_total_ms"], s["split_total_ms"]) if s else ""))
     rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
-    rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "", ""))
+    rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "",
+                 ""))
     if acc:
-        rows.append(("output rel-RMS / cosine vs baseline", "", f"{acc['block_output_rel_rms']:.3e} / "
-                     f"{acc['block_output_cosine']:.6f}", ""))
+        rows.append(("output vs baseline: rel-RMS / cosine", "",
+                     f"{acc['block_output_rel_rms']:.2e} / {acc['block_output_cosine']:.5f}", ""))
     scope = f"{ex['n_blocks']} blocks" + (f" × {ex['steps']} steps" if ex["steps"] > 1 else "") + \
-        (" × 2 (CFG)" if ex["cfg"] else "")
-    rows.append((f"extrapolated: {scope}", _band(ex["baseline_band_ms"]),
+        (" × 2 CFG" if ex["cfg"] else "")
+    rows.append((f"model time ({scope})", _band(ex["baseline_band_ms"]),
                  _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
-                 _x(ex["speedup"]) + " measured" if ex["speedup"] else ""))
+                 _x(ex["speedup"]) if ex["speedup"] else ""))
     if ex.get("amdahl_predicted_speedup"):
-        rows.append(("Amdahl prediction (baseline share, attention-only speedup "
-                     f"{ex['attention_speedup']:.2f}x)", "",
-                     _ms(ex["amdahl_predicted_swapped_block_ms"]) + " per block (measured "
-                     + _ms(ex["measured_swapped_block_ms"]) + ")",
+        rows.append((f"Amdahl: share {_pct(b['attention_share'])} × attention {ex['attention_speedup']:.2f}x",
+                     "", _ms(ex["amdahl_predicted_swapped_block_ms"]) + " / block predicted",
                      _x(ex["amdahl_predicted_speedup"]) + " predicted"))
+        rows.append(("measured swapped block", "", _ms(ex["measured_swapped_block_ms"]), _x(ex["speedup"])))
     return rows
 
 
@@ -178,6 +174,8 @@ def env_line(report: dict) -> str:
 
 def print_summary(report: dict, out_dir: str, console: Console | None = None) -> None:
     console = console or Console()
+    if not console.is_terminal and console.width < 120:
+        console = Console(width=120)
     title = "ditprof compare" if report["swapped"] else "ditprof profile"
     table = Table(title=f"{title}: {model_line(report)}", caption=env_line(report), title_justify="left",
                   caption_justify="left")

@@ -179,6 +179,7 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
     with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state:
         run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
                       workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
+                      rank=0 if label == "baseline" else 1,
                       on_phase=_Phases(progress, f"{label} ({b.name})"))
         run.route = state.route
         if state.member is not None:
@@ -262,6 +263,8 @@ def _write(stage: Path, rep: dict, fail_after: str | None = None) -> None:
 def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] | None = None) -> int:
     spec = spec_from_args(args, command)
     console = Console()
+    if not console.is_terminal and console.width < 120:
+        console = Console(width=120)
     rep, out = execute(spec, console)
     report.print_summary(rep, str(out), console)
     if on_done:

@@ -1,0 +1,166 @@
+"""`ditprof compare --device cpu` and `ditprof profile` end to end on a tiny preset (CPU, CI)."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from ditprof import cli
+from ditprof.harness.categories import ATTENTION_RANGE, BLOCK_RANGE, CATEGORIES
+
+PRESET = "wan-tiny"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    # the CI box has 2 cores shared with other jobs: oversubscribed OpenMP makes a 1 ms block take 100 ms
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def compare_run(one_thread, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmp") / "run"
+    rc = cli.main(["compare", "--preset", PRESET, "--device", "cpu", "--out", str(out), "--iters", "3",
+                   "--warmup", "1", "--steps", "4", "--cfg"])
+    assert rc == 0
+    return out, json.loads((out / "report.json").read_text())
+
+
+def test_compare_files(compare_run):
+    out, rep = compare_run
+    for name in ("report.json", "report.md", "split.png", "baseline.trace.json.gz", "swapped.trace.json.gz"):
+        assert (out / name).is_file(), name
+    assert (out / "split.png").read_bytes()[:8] == PNG_MAGIC
+    assert "ditprof compare" in (out / "report.md").read_text()
+    tb = sorted((out / "tb").glob("*.pt.trace.json"))
+    assert [p.name.split(".")[0] for p in tb] == ["baseline", "swapped"]
+    # nothing half-written or staged next to the run folder
+    assert not [p for p in out.parent.iterdir() if p.name != out.name]
+    assert not [p for p in out.rglob(".*")]
+
+
+def test_compare_report_fields(compare_run):
+    _, rep = compare_run
+    assert rep["schema"] == "ditprof.report/1"
+    m = rep["model"]
+    for key in ("preset", "checkpoint", "family", "block_index", "n_blocks", "heads", "head_dim", "tokens",
+                "block_params", "block_bytes"):
+        assert key in m, key
+    assert m["preset"] == PRESET and m["family"] == "wan" and m["block_index"] == 0
+    assert m["heads"] * m["head_dim"] > 0 and m["tokens"] > 0 and m["block_params"] > 0 and m["block_bytes"] > 0
+    env = rep["environment"]
+    for key in ("torch", "cuda", "cudnn", "gpu", "nvidia_cutlass_dsl"):
+        assert key in env, key
+    assert env["torch"] == torch.__version__
+    for label, backend in (("baseline", "sdpa"), ("swapped", "fp8-emulated")):
+        sec = rep[label]
+        assert sec["attention_backend"] == backend
+        assert sec["route"] == "dispatcher"
+        assert sec["timing_source"] == "host_clock"
+        bm = sec["block_ms"]
+        assert 0 < bm["min"] <= bm["median"] <= bm["max"]
+        assert set(sec["split_ms"]) == set(CATEGORIES)
+        assert all(v >= 0 for v in sec["split_ms"].values())
+        assert sum(sec["split_ms"].values()) == pytest.approx(sec["split_total_ms"], rel=1e-9)
+        assert 0 < sec["attention_share"] < 1
+        assert sec["attention_share"] == pytest.approx(sec["split_ms"]["attention"] / sec["split_total_ms"])
+        assert sec["peak_memory_bytes"] > 0
+        assert sec["profiled_block_ms"] > 0
+    ex = rep["extrapolation"]
+    for key in ("n_blocks", "baseline_ms", "swapped_ms", "speedup", "amdahl_predicted_speedup"):
+        assert ex[key] is not None, key
+    assert ex["n_blocks"] == m["n_blocks"] == 2
+    assert ex["factor"] == 2 * 4 * 2
+    assert ex["baseline_ms"] == pytest.approx(rep["baseline"]["block_ms"]["median"] * 16)
+    assert ex["speedup"] == pytest.approx(rep["baseline"]["block_ms"]["median"] / rep["swapped"]["block_ms"]["median"])
+    acc = rep["accuracy"]
+    assert 0 < acc["block_output_rel_rms"] < 0.1  # fp8 numerics: small but non-zero error
+    assert 0.99 < acc["block_output_cosine"] <= 1.0 + 1e-12
+
+
+def test_compare_traces(compare_run):
+    out, rep = compare_run
+    for label in ("baseline", "swapped"):
+        with gzip.open(out / f"{label}.trace.json.gz", "rt") as f:
+            trace = json.load(f)
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert ATTENTION_RANGE in names and BLOCK_RANGE in names
+        blocks = [e for e in trace["traceEvents"] if e.get("name") == BLOCK_RANGE and e.get("ph") == "X"]
+        assert len(blocks) == rep["settings"]["iters"]
+
+
+def test_diffusers_state_restored(compare_run):
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    assert _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE  # no global leak
+    assert AttentionBackendName("ditprof_fp8_emulated") in _AttentionBackendRegistry._backends
+
+
+def test_profile_single_backend(one_thread, tmp_path):
+    out = tmp_path / "prof"
+    rc = cli.main(["profile", "--preset", PRESET, "--device", "cpu", "--out", str(out), "--iters", "2",
+                   "--warmup", "1", "--attention", "sdpa-math", "--tokens", "64", "--blocks", "30"])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["command"] == "profile" and rep["swapped"] is None and rep["accuracy"] is None
+    assert rep["baseline"]["attention_backend"] == "sdpa-math"
+    assert rep["model"]["tokens"] == 64
+    assert rep["extrapolation"]["n_blocks"] == 30 and rep["extrapolation"]["swapped_ms"] is None
+    assert (out / "baseline.trace.json.gz").is_file() and not (out / "swapped.trace.json.gz").exists()
+    assert (out / "split.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_tb_loads_in_hta(compare_run):
+    hta = pytest.importorskip("hta.trace_analysis")
+    out, _ = compare_run
+    analysis = hta.TraceAnalysis(trace_dir=str(out / "tb"))
+    assert sorted(analysis.t.traces) == [0, 1]  # baseline = rank 0, swapped = rank 1
+    for rank in (0, 1):
+        df = analysis.t.get_trace(rank)
+        names = set(analysis.t.symbol_table.get_sym_table()[i] for i in df["name"].unique())
+        assert ATTENTION_RANGE in names
+
+
+_TB_SCRIPT = """
+import sys, tempfile
+from torch_tb_profiler import io
+from torch_tb_profiler.profiler.loader import RunLoader
+if __name__ == "__main__":
+    run = RunLoader("tb", sys.argv[1], io.Cache(tempfile.mkdtemp())).load()
+    print(sorted(w for w, _ in run.profiles))
+"""
+
+
+def test_tb_loads_in_torch_tb_profiler(compare_run, tmp_path):
+    pytest.importorskip("torch_tb_profiler")
+    from torch_tb_profiler import consts
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    out, _ = compare_run
+    tb = out / "tb"
+    workers = []
+    for f in sorted(os.listdir(tb)):
+        m = consts.WORKER_PATTERN.match(f)
+        assert m, f
+        data = RunProfileData.parse(m.group(1), m.group(2), str(tb / f), str(tmp_path))
+        profile = RunGenerator(m.group(1), m.group(2), data).generate_run_profile()
+        assert "Operator" in [v.display_name for v in profile.views]
+        workers.append(profile.worker)
+    assert workers == ["baseline", "swapped"]
+    # the plugin's own loader (spawned worker processes), as TensorBoard runs it
+    script = tmp_path / "tbload.py"
+    script.write_text(_TB_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), str(tb)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "['baseline', 'swapped']" in res.stdout
