@@ -1,0 +1,114 @@
+"""Accuracy of attention backends against the float64 reference on three input families.
+
+- ``gaussian``: q, k, v ~ N(0, 1).
+- ``peaky``: q x 3, so scores are 3x larger and the softmax much sharper (rounding of Q/K hurts more).
+- ``k_bias``: K plus a large per-(batch, head, channel) bias ~ N(0, 8^2) shared by all tokens. It moves every
+  score of a query row by the same q . bias, so attention is unchanged (softmax-invariant), but it blows up K's
+  amax and with it the FP8 quantization step of K; K smoothing removes the bias exactly.
+
+All three families derive from the same base draw (one seed), are cast to bf16 first, and the reference is
+computed from those bf16 tensors, so the numbers measure the backend, not input rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ditprof.errors import DitprofError
+from ditprof.kernels import registry
+from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+from ditprof.kernels.reference import attention_reference
+
+FAMILIES = ("gaussian", "peaky", "k_bias")
+PEAKY_FACTOR = 3.0
+K_BIAS_STD = 8.0
+DEFAULT_SHAPE = {"cpu": (1, 4, 1024, 128), "cuda": (1, 8, 4096, 128)}  # (B, H, S, D)
+INPUT_DTYPE = torch.bfloat16
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """'B,H,S,D' -> ints, all >= 1."""
+    parts = text.replace("x", ",").split(",")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 4 or min(dims) < 1:
+        raise DitprofError(f"--shape must be four positive integers B,H,S,D (e.g. 1,4,1024,128), got {text!r}")
+    return dims  # type: ignore[return-value]
+
+
+def make_inputs(family: str, shape: Sequence[int], kv_len: Optional[int] = None, seed: int = 0,
+                device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k, v) in bf16, (B, S, H, D) layout; drawn on the CPU so a seed gives the same inputs on any device."""
+    if family not in FAMILIES:
+        raise DitprofError(f"unknown input family {family!r}; known: {', '.join(FAMILIES)}")
+    B, H, S, D = shape
+    Sk = S if kv_len is None else kv_len
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, H, D, generator=gen)
+    k = torch.randn(B, Sk, H, D, generator=gen)
+    v = torch.randn(B, Sk, H, D, generator=gen)
+    bias = torch.randn(B, 1, H, D, generator=gen) * K_BIAS_STD  # drawn for every family: same q, k, v
+    if family == "peaky":
+        q = q * PEAKY_FACTOR
+    elif family == "k_bias":
+        k = k + bias
+    return tuple(x.to(INPUT_DTYPE).to(device) for x in (q, k, v))  # type: ignore[return-value]
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """rel_rms = ||out - ref|| / ||ref||, max_abs = max |out - ref|, cosine of the flattened tensors."""
+    o = out.double().flatten()
+    r = ref.double().flatten()
+    diff = o - r
+    return {
+        "rel_rms": (diff.norm() / r.norm()).item(),
+        "max_abs": diff.abs().max().item(),
+        "cosine": torch.nn.functional.cosine_similarity(o, r, dim=0).item(),
+    }
+
+
+def backend_runners(device: torch.device, smooth_k: bool = True) -> tuple[dict[str, Callable], list[str]]:
+    """{name: fn(q, k, v)} to measure on ``device``, and notes about backends left out (with the reason)."""
+    runners: dict[str, Callable] = {
+        "sdpa": registry.get("sdpa").fn,  # bf16 baseline row
+        "fp8-emulated": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k),
+    }
+    notes = []
+    ok, reason = registry.available("fp8", device)
+    if ok:
+        def fp8(q, k, v):
+            from ditprof.kernels.interface import fp8_attention
+
+            return fp8_attention(q, k, v, layout="BSHD", smooth_k=smooth_k)
+
+        runners["fp8"] = fp8
+    elif device.type == "cuda":  # on a CPU run the kernel's absence is expected, not news
+        notes.append(f"fp8 skipped: {reason}")
+    return runners, notes
+
+
+def run_accuracy(shape: Optional[Sequence[int]] = None, kv_len: Optional[int] = None, seed: int = 0,
+                 device="cpu", smooth_k: bool = True) -> tuple[dict, list[str]]:
+    """{family: {backend: {"rel_rms", "max_abs", "cosine"}}} and notes about skipped backends."""
+    dev = registry.resolve_device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DitprofError("--device cuda: CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise DitprofError(f"--device must be cpu or cuda, got {dev.type}")
+    shape = tuple(shape) if shape is not None else DEFAULT_SHAPE[dev.type]
+    if kv_len is not None and kv_len < 1:
+        raise DitprofError(f"--kv-len must be >= 1, got {kv_len}")
+    runners, notes = backend_runners(dev, smooth_k)
+    results: dict = {}
+    for family in FAMILIES:
+        q, k, v = make_inputs(family, shape, kv_len, seed, dev)
+        ref = attention_reference(q, k, v)
+        results[family] = {name: compare(fn(q, k, v), ref) for name, fn in runners.items()}
+    return results, notes
+
+
+__all__ = ["FAMILIES", "DEFAULT_SHAPE", "compare", "make_inputs", "parse_shape", "run_accuracy"]

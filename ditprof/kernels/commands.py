@@ -1,0 +1,131 @@
+"""``ditprof kernels ...``: accuracy of the FP8 numerics, SASS inspection of our kernel, backend list.
+
+Heavy imports (torch-side modules, CuTe DSL) happen inside the command functions so that building the CLI
+parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ditprof.errors import DitprofError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("kernels", help="attention kernels: accuracy, SASS inspection, list",
+                                   description="Attention kernels: accuracy, SASS inspection, list.")
+    sub = parser.add_subparsers(dest="kernels_command", metavar="SUBCOMMAND")
+    parser.set_defaults(func=lambda _args: (parser.print_help(), 2)[1])
+
+    acc = sub.add_parser("accuracy", help="FP8 backends vs a float64 reference on three input families")
+    acc.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    acc.add_argument("--shape", metavar="B,H,S,D", help="default 1,4,1024,128 on cpu, 1,8,4096,128 on cuda")
+    acc.add_argument("--kv-len", type=int, metavar="N", help="key/value length (default: S; cross-attention)")
+    acc.add_argument("--seed", type=int, default=0)
+    acc.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    acc.add_argument("--no-smooth-k", dest="smooth_k", action="store_false",
+                     help="turn K smoothing off in the FP8 backends")
+    acc.set_defaults(func=cmd_accuracy)
+
+    ins = sub.add_parser("inspect", help="compile a kernel for an arch on this machine and report its SASS")
+    ins.add_argument("--kernel", default="fp8-sm120")
+    ins.add_argument("--arch", default="sm_120a")
+    ins.add_argument("--json", action="store_true")
+    ins.set_defaults(func=cmd_inspect)
+
+    lst = sub.add_parser("list", help="attention backends and whether each runs on a device")
+    lst.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(func=cmd_list)
+
+
+# ------------------------------------------------------------------------------------------ accuracy
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    from ditprof.kernels import accuracy
+
+    shape = accuracy.parse_shape(args.shape) if args.shape else None
+    results, notes = accuracy.run_accuracy(shape, args.kv_len, args.seed, args.device, args.smooth_k)
+    for note in notes:
+        print(f"ditprof: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    shape = shape or accuracy.DEFAULT_SHAPE[args.device]
+    kv = args.kv_len if args.kv_len is not None else shape[2]
+    table = Table(title=f"attention vs float64 reference: B,H,S,D={','.join(map(str, shape))}, Sk={kv}, "
+                        f"{args.device}, seed {args.seed}, K smoothing {'on' if args.smooth_k else 'off'}")
+    for column in ("inputs", "backend", "rel-RMS", "max-abs", "cosine"):
+        table.add_column(column, justify="left" if column in ("inputs", "backend") else "right")
+    for family, rows in results.items():
+        for i, (backend, m) in enumerate(rows.items()):
+            table.add_row(family if i == 0 else "", backend, f"{m['rel_rms'] * 100:.2f}%", f"{m['max_abs']:.4f}",
+                          f"{m['cosine']:.5f}")
+    Console().print(table)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ inspect
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        from ditprof.kernels.inspect_sass import inspect_kernel
+    except ModuleNotFoundError as exc:
+        if exc.name == "ditprof.kernels.inspect_sass":
+            raise DitprofError("kernel inspection not available yet") from None
+        raise DitprofError(f"kernel inspection needs {exc.name}: {exc}") from None
+    report = inspect_kernel(args.kernel, args.arch)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    summary = Table(title=f"{report.get('kernel', args.kernel)} for {report.get('arch', args.arch)}")
+    summary.add_column("field")
+    summary.add_column("value", justify="right")
+    for key, value in report.items():
+        if not isinstance(value, dict):
+            summary.add_row(key, str(value))
+    console = Console()
+    console.print(summary)
+    instructions = report.get("instructions") or {}
+    if instructions:
+        ops = Table(title="SASS opcodes")
+        ops.add_column("opcode")
+        ops.add_column("count", justify="right")
+        for op, count in instructions.items():
+            ops.add_row(op, str(count))
+        console.print(ops)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ list
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ditprof.kernels import registry
+
+    device = registry.resolve_device(args.device)
+    rows = []
+    for backend in registry.all_backends():
+        ok, reason = backend.available(device)
+        rows.append({"name": backend.name, "available": ok, "reason": reason, "description": backend.description})
+    if args.json:
+        print(json.dumps({"device": str(device), "backends": rows}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"attention backends on {device}")
+    for column in ("backend", "available", "why not / description"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["name"], "yes" if row["available"] else "no",
+                      row["description"] if row["available"] else row["reason"])
+    Console().print(table)
+    return 0
