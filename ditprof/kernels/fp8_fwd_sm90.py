@@ -15,7 +15,8 @@ CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
   feature-major, so the key axis — the K axis of this GEMM — is contiguous: K-major as FP8 wgmma requires).
 * Intra-warpgroup overlap (FA3 style, ``overlap=True``): iteration j issues S_j = Q K_j^T and
   O += P_{j-1} V_{j-1} back to back, waits only for S_j, does the softmax of S_j while the PV wgmma runs,
-  then waits for it and rescales O.
+  then waits for it and rescales O. ``overlap=False`` keeps the same code but waits for both wgmma groups
+  before the softmax (a debugging fallback with identical numerics).
 
 P in registers, no shuffles
 ---------------------------
@@ -61,7 +62,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int32, Uint8, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 import cuda.bindings.driver as cuda
 
@@ -175,6 +176,7 @@ class Sm90Fp8Attention:
             sV: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sV_layout)], 1024]
 
         self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
 
         grid = (cute.ceil_div(sq, TILE_M), heads, batch)
         self.kernel(
@@ -213,7 +215,7 @@ class Sm90Fp8Attention:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
 
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -310,56 +312,40 @@ class Sm90Fp8Attention:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_pipe.consumer_wait(q_state)
 
-            if const_expr(self.overlap):
-                # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
+            # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
+            k_pipe.consumer_wait(kv_state)
+            self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(kv_state)
+            if n_tiles == 1:
+                self.mask_tile(acc_S, 0, sk, quad)
+            self.softmax(acc_S, row_max, row_sum, acc_O, qk_scale, True)
+            P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+            v_state = kv_state.clone()
+            kv_state.advance()
+            for j in cutlass.range(1, n_tiles, unroll=1):
+                # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
                 k_pipe.consumer_wait(kv_state)
                 self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
-                warpgroup.wait_group(0)
-                k_pipe.consumer_release(kv_state)
-                if n_tiles == 1:
-                    self.mask_tile(acc_S, 0, sk, quad)
-                self.softmax(acc_S, row_max, row_sum, acc_O, qk_scale, True)
-                P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                v_state = kv_state.clone()
-                kv_state.advance()
-                for j in cutlass.range(1, n_tiles, unroll=1):
-                    # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
-                    k_pipe.consumer_wait(kv_state)
-                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
-                    v_pipe.consumer_wait(v_state)
-                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
-                    warpgroup.wait_group(1)
-                    k_pipe.consumer_release(kv_state)
-                    if j == n_tiles - 1:
-                        self.mask_tile(acc_S, j, sk, quad)
-                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
-                    warpgroup.wait_group(0)
-                    v_pipe.consumer_release(v_state)
-                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                    self.rescale_o(acc_O, alpha)
-                    v_state.advance()
-                    kv_state.advance()
-                # epilogue PV
                 v_pipe.consumer_wait(v_state)
                 self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                # overlap: only S_j must be done, PV_{j-1} keeps running under the softmax below
+                warpgroup.wait_group(1 if self.overlap else 0)
+                k_pipe.consumer_release(kv_state)
+                if j == n_tiles - 1:
+                    self.mask_tile(acc_S, j, sk, quad)
+                alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
                 warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
-            else:
-                for j in cutlass.range(n_tiles, unroll=1):
-                    k_pipe.consumer_wait(kv_state)
-                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
-                    warpgroup.wait_group(0)
-                    k_pipe.consumer_release(kv_state)
-                    if j == n_tiles - 1:
-                        self.mask_tile(acc_S, j, sk, quad)
-                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
-                    self.rescale_o(acc_O, alpha)
-                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                    v_pipe.consumer_wait(kv_state)
-                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, kv_state.index)
-                    warpgroup.wait_group(0)
-                    v_pipe.consumer_release(kv_state)
-                    kv_state.advance()
+                P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                self.rescale_o(acc_O, alpha)
+                v_state.advance()
+                kv_state.advance()
+            # epilogue PV
+            v_pipe.consumer_wait(v_state)
+            self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+            warpgroup.wait_group(0)
+            v_pipe.consumer_release(v_state)
 
             self.epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq,
                           m_block * TILE_M + wg * TILE_M_WG, head, bat, wg_tidx)
@@ -441,7 +427,7 @@ class Sm90Fp8Attention:
         for r in cutlass.range_constexpr(2):
             l = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             row = row0 + warp * 16 + lane // 4 + 8 * r
-            inv = o_scale / l
+            inv = o_scale * cute.arch.rcp_approx(l)
             if row < sq:
                 if quad == 0:
                     mLSE[row, head, bat] = (row_max[r] * qk_scale - 8.0 + cute.math.log2(l, fastmath=True)) * LN2
@@ -453,6 +439,13 @@ class Sm90Fp8Attention:
 
 # ---------------------------------------------------------------------- compile / run API
 _CACHE: Dict[Tuple[Any, ...], Any] = {}
+
+
+def smem_bytes(head_dim: int = 128, tile_n: int = 128, kv_stages: int = 2) -> int:
+    """Dynamic shared memory per CTA: mbarriers (padded to the 1024-byte alignment of the tiles),
+    Q (2 x 64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each)."""
+    barriers = (2 + 4 * kv_stages) * 8
+    return -(-barriers // 1024) * 1024 + TILE_M * head_dim + 2 * kv_stages * tile_n * head_dim
 
 
 def _out_dtype(dtype_out):
@@ -499,7 +492,10 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
 
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     options = f"--gpu-arch {arch} {options_extra}".strip()
-    return cute.compile(kern, *_compile_args(dtype_out), stream, options=options)
+    fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=options)
+    if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages):  # keep the formula honest
+        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages)} != {kern.smem_bytes}")
+    return fn
 
 
 def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, *,
@@ -545,4 +541,4 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
     )
 
 
-__all__ = ["Sm90Fp8Attention", "compile_sm90", "run_sm90", "sm90_key_order_for_positions"]
+__all__ = ["Sm90Fp8Attention", "compile_sm90", "run_sm90", "smem_bytes", "sm90_key_order_for_positions"]

@@ -1,0 +1,117 @@
+"""Compile-only checks of the Hopper (sm_90a) FP8 attention kernel: CPU is enough, CuTe DSL compiles for any arch."""
+
+import glob
+import os
+import subprocess
+import time
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import torch  # noqa: E402
+
+from ditprof.kernels import fp8_fwd_sm90 as K  # noqa: E402
+from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_opcodes  # noqa: E402
+
+_CACHE = {}
+
+
+def _compile(tmp_path_factory, head_dim=128, overlap=True):
+    key = (head_dim, overlap)
+    if key not in _CACHE:
+        d = str(tmp_path_factory.mktemp(f"sm90_{head_dim}_{int(overlap)}"))
+        t0 = time.perf_counter()
+        K.compile_sm90(head_dim, "bfloat16", fake=True, options_extra=f"--keep-cubin --dump-dir {d}",
+                       overlap=overlap)
+        dt = time.perf_counter() - t0
+        cubins = glob.glob(os.path.join(d, "*.cubin"))
+        assert cubins, "no cubin written"
+        cubin = max(cubins, key=os.path.getmtime)
+        sass = subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True, check=True).stdout
+        base, full = sass_opcodes(sass)
+        _CACHE[key] = dict(res=cubin_resources(cubin), base=base, full=full, compile_s=dt, sass=sass)
+    return _CACHE[key]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sm90a_qgmma_no_spills(tmp_path_factory, overlap):
+    r = _compile(tmp_path_factory, overlap=overlap)
+    base, full, res = r["base"], r["full"], r["res"]
+    # QK: 4 k-blocks of 32 over D=128; PV: 4 k-blocks of 32 over 128 keys; prologue QK + loop QK + loop PV +
+    # epilogue PV = 16 (overlap=False only changes a wait depth).
+    assert base.get("QGMMA", 0) == 16, base
+    assert "QGMMA.64x128x32.F32.E4M3.E4M3" in r["sass"]  # m64n128k32, e4m3 x e4m3 -> fp32
+    assert base.get("HMMA", 0) == 0 and base.get("QMMA", 0) == 0  # no emulation, no mma.sync
+    assert base.get("STL", 0) == 0 and base.get("LDL", 0) == 0
+    assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0
+    assert res["registers"] is not None and 0 < res["registers"] <= 168  # 384 threads, setmaxnreg 24/240
+    assert base.get("UTMALDG", 0) >= 3  # Q, K, V TMA loads
+    assert base.get("SYNCS", 0) > 0  # mbarrier traffic
+    assert base.get("MUFU", 0) >= 128  # one ex2 per score of a 64x128 tile per 128 threads
+
+
+def test_sm90a_register_p_has_no_shuffles_in_loop(tmp_path_factory):
+    # P goes accumulator -> A operand purely by register renaming (the key permutation); the only SHFLs are
+    # the quad max reductions (2 rows x 2 per tile body) and the epilogue's row-sum reduction.
+    r = _compile(tmp_path_factory)
+    assert r["base"].get("SHFL", 0) <= 12, r["base"].get("SHFL")
+
+
+def test_head_dim_64_compiles(tmp_path_factory):
+    r = _compile(tmp_path_factory, head_dim=64)
+    assert r["base"].get("QGMMA", 0) > 0
+    assert r["base"].get("STL", 0) == 0 and r["base"].get("LDL", 0) == 0
+
+
+def test_smem_formula():
+    assert K.smem_bytes(128) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
+    assert K.smem_bytes(128) <= 227 * 1024
+
+
+def test_key_order_is_seed_order_and_a_permutation():
+    from ditprof.kernels.key_order import key_order_for_positions
+
+    p = torch.arange(4096)
+    o = K.sm90_key_order_for_positions(p)
+    assert torch.equal(o, key_order_for_positions(p))
+    assert torch.equal(torch.sort(o).values, p)
+    assert torch.equal(o // 16, p // 16)  # stays inside its 16-key group
+    assert [K.sm90_key_order_for_positions(i) for i in range(8)] == [0, 1, 8, 9, 2, 3, 10, 11]
+
+
+def test_key_order_matches_wgmma_register_layouts():
+    """For every thread and register, the fp32 score the kernel moves into an e4m3 A-operand slot is the score of
+    (the same query row, the key that V's permuted storage holds at that k-slot)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+
+    os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+    got = {}
+    f8 = cutlass.Float8E4M3FN
+    KM = OperandMajorMode.K
+
+    @cute.jit
+    def layouts():
+        qk = sm90_utils.make_trivial_tiled_mma(f8, f8, KM, KM, cutlass.Float32, (1, 1, 1), (64, 128))
+        pv = sm90_utils.make_trivial_tiled_mma(f8, f8, KM, KM, cutlass.Float32, (1, 1, 1), (64, 128),
+                                               warpgroup.OperandSource.RMEM)
+        A, C = pv.tv_layout_A, qk.tv_layout_C  # (thread, value) -> m + 64 * (k | n)
+        got["A"] = [[A((t, v)) for v in range(16)] for t in range(128)]
+        got["C"] = [[C((t, v)) for v in range(64)] for t in range(128)]
+
+    cute.compile(layouts, options="--gpu-arch sm_90a")
+    for t in range(128):
+        for kb in range(4):
+            for h in range(2):
+                for r in range(2):
+                    for b in range(2):
+                        for a in range(2):
+                            a_val = a + 2 * b + 4 * r + 8 * h  # A fragment value (stride 16 per k-block)
+                            c_val = a + 2 * r + 4 * b + 8 * h + 16 * kb  # accumulator value (kernel's pack view)
+                            m_a, slot = got["A"][t][a_val] % 64, got["A"][t][a_val] // 64 + 32 * kb
+                            m_c, key = got["C"][t][c_val] % 64, got["C"][t][c_val] // 64
+                            assert m_a == m_c, (t, kb, a_val)
+                            assert K.sm90_key_order_for_positions(slot) == key, (t, kb, a_val, slot, key)
