@@ -45,6 +45,11 @@ def _import_reason(module: str) -> str:
     return ""
 
 
+def _module_exists(module: str) -> bool:
+    """Whether ``module`` can be found, without importing it."""
+    return importlib.util.find_spec(module) is not None
+
+
 def _needs_cuda(device: torch.device) -> tuple[bool, str]:
     reason = _cuda_reason(device)
     return not reason, reason
@@ -152,7 +157,7 @@ def _fp8_available(device: torch.device) -> tuple[bool, str]:
     reason = _import_reason("cutlass.cute")
     if reason:
         return False, f"CuTe DSL (nvidia-cutlass-dsl) missing: {reason}"
-    if importlib.util.find_spec("ditprof.kernels.interface") is None:
+    if not _module_exists("ditprof.kernels.interface"):
         return False, "ditprof.kernels.interface is not written yet"
     return True, ""
 
