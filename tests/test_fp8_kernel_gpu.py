@@ -109,6 +109,24 @@ def test_layouts_dtypes(layout, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("D,smooth_k", [(64, True), (128, False)])
+def test_head_dim_and_smoothing(D, smooth_k):
+    from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+    from ditprof.kernels.interface import fp8_attention
+    from ditprof.kernels.reference import attention_reference
+
+    q, k, v = _inputs(2, 3, 200, 150, D, seed=5)
+    o, lse = fp8_attention(q, k, v, return_lse=True, smooth_k=smooth_k)
+    ref, ref_lse = attention_reference(q, k, v, return_lse=True)
+    emu, emu_lse = fp8_attention_emulated(q, k, v, smooth_k=smooth_k, return_lse=True)
+    print(f"\nD={D} smooth_k={smooth_k}: rel-RMS vs float64 {_rel_rms(o, ref):.4%}, vs emulation {_rel_rms(o, emu):.4%}")
+    assert _rel_rms(o, ref) <= GAUSSIAN_REL_RMS
+    assert _rel_rms(o, emu) < 0.01
+    assert (lse.double() - ref_lse).abs().max().item() < 0.05
+    assert (lse - emu_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
 def test_compile_cache_second_call_compiles_nothing():
     from ditprof.kernels import interface
 
