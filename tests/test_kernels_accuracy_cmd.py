@@ -1,0 +1,84 @@
+import json
+import sys
+import types
+
+import pytest
+
+from ditprof.cli import main
+
+SMALL = ["--shape", "1,2,128,64"]
+METRICS = {"rel_rms", "max_abs", "cosine"}
+
+
+def run_json(capsys, *args):
+    rc = main(["kernels", "accuracy", "--json", *SMALL, *args])
+    out = capsys.readouterr().out
+    assert rc == 0
+    return json.loads(out)
+
+
+def test_accuracy_json_structure(capsys):
+    result = run_json(capsys, "--seed", "3")
+    assert list(result) == ["gaussian", "peaky", "k_bias"]
+    for family, rows in result.items():
+        assert {"sdpa", "fp8-emulated"} <= set(rows), family
+        for backend, metrics in rows.items():
+            assert set(metrics) == METRICS and all(isinstance(x, float) for x in metrics.values())
+        # the bf16 baseline is far more accurate than FP8, and FP8 is still good
+        assert rows["sdpa"]["rel_rms"] < 0.01 < rows["fp8-emulated"]["rel_rms"] < 0.1
+        assert rows["fp8-emulated"]["cosine"] > 0.99
+
+
+def test_accuracy_no_smooth_k_and_cross_attention(capsys):
+    smoothed = run_json(capsys, "--kv-len", "50")
+    raw = run_json(capsys, "--kv-len", "50", "--no-smooth-k")
+    assert raw["k_bias"]["fp8-emulated"]["rel_rms"] > 3 * smoothed["k_bias"]["fp8-emulated"]["rel_rms"]
+    assert raw["gaussian"]["sdpa"] == smoothed["gaussian"]["sdpa"]  # the flag only touches FP8 backends
+
+
+def test_accuracy_table(capsys):
+    assert main(["kernels", "accuracy", *SMALL]) == 0
+    out = capsys.readouterr().out
+    for word in ("gaussian", "peaky", "k_bias", "fp8-emulated", "sdpa", "rel-RMS", "cosine"):
+        assert word in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "1,2,3"], "--shape must be four positive integers"),
+    (["--shape", "1,2,0,64"], "--shape must be four positive integers"),
+    (["--kv-len", "0"], "--kv-len must be >= 1"),
+])
+def test_accuracy_bad_input(capsys, args, message):
+    assert main(["kernels", "accuracy", *SMALL, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
+    calls = []
+    fake = types.ModuleType("ditprof.kernels.inspect_sass")
+    fake.inspect_kernel = lambda kernel, arch: calls.append((kernel, arch)) or {
+        "kernel": kernel, "arch": arch, "registers": 168, "spill_bytes": 0, "smem_bytes": 40960,
+        "compile_s": 1.5, "instructions": {"QMMA": 256, "LDSM": 96}}
+    monkeypatch.setitem(sys.modules, "ditprof.kernels.inspect_sass", fake)
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89", "--json"]) == 0
+    assert calls == [("fp8-sm120", "sm_89")]
+    report = json.loads(capsys.readouterr().out)
+    assert report["instructions"]["QMMA"] == 256 and report["arch"] == "sm_89"
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89"]) == 0
+    table = capsys.readouterr().out
+    assert "QMMA" in table and "spill_bytes" in table
+
+
+def test_inspect_without_the_module_says_not_yet(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ditprof.kernels.inspect_sass", None)  # import fails like a missing file
+    assert main(["kernels", "inspect", "--json"]) == 2
+    assert "kernel inspection not available yet" in capsys.readouterr().err
+
+
+def test_list_json(capsys):
+    assert main(["kernels", "list", "--device", "cpu", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    rows = {row["name"]: row for row in listing["backends"]}
+    assert rows["fp8-emulated"]["available"] and not rows["fp8"]["available"]
+    assert rows["fp8"]["reason"] == "needs a CUDA device (got cpu)"
