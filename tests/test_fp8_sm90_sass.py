@@ -17,13 +17,12 @@ from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_op
 _CACHE = {}
 
 
-def _compile(tmp_path_factory, head_dim=128, overlap=True):
-    key = (head_dim, overlap)
+def _compile(tmp_path_factory, head_dim=128, **cfg):
+    key = (head_dim, tuple(sorted(cfg.items())))
     if key not in _CACHE:
-        d = str(tmp_path_factory.mktemp(f"sm90_{head_dim}_{int(overlap)}"))
+        d = str(tmp_path_factory.mktemp(f"sm90_{head_dim}"))
         t0 = time.perf_counter()
-        K.compile_sm90(head_dim, "bfloat16", fake=True, options_extra=f"--keep-cubin --dump-dir {d}",
-                       overlap=overlap)
+        K.compile_sm90(head_dim, "bfloat16", fake=True, options_extra=f"--keep-cubin --dump-dir {d}", **cfg)
         dt = time.perf_counter() - t0
         cubins = glob.glob(os.path.join(d, "*.cubin"))
         assert cubins, "no cubin written"
@@ -34,21 +33,34 @@ def _compile(tmp_path_factory, head_dim=128, overlap=True):
     return _CACHE[key]
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_sm90a_qgmma_no_spills(tmp_path_factory, overlap):
-    r = _compile(tmp_path_factory, overlap=overlap)
+CONFIGS = [
+    {},  # the default: tile_n=128, kv_stages=2, overlap, no ping-pong
+    {"overlap": False},
+    {"pingpong": True},
+    {"tile_n": 192},
+    {"tile_n": 192, "pingpong": True, "kv_stages": 3},
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
+    r = _compile(tmp_path_factory, **cfg)
     base, full, res = r["base"], r["full"], r["res"]
-    # QK: 4 k-blocks of 32 over D=128; PV: 4 k-blocks of 32 over 128 keys; prologue QK + loop QK + loop PV +
-    # epilogue PV = 16 (overlap=False only changes a wait depth).
-    assert base.get("QGMMA", 0) == 16, base
-    assert "QGMMA.64x128x32.F32.E4M3.E4M3" in r["sass"]  # m64n128k32, e4m3 x e4m3 -> fp32
+    tile_n = cfg.get("tile_n", 128)
+    # QK: D/32 k-blocks, PV: tile_n/32 k-blocks; prologue QK + loop QK + loop PV + epilogue PV
+    # (overlap=False only changes a wait depth).
+    assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32), base
+    assert f"QGMMA.64x{tile_n}x32.F32.E4M3.E4M3" in r["sass"]  # S = Q K^T: m64 n(tile_n) k32, e4m3 -> fp32
+    assert "QGMMA.64x128x32.F32.E4M3.E4M3 R" in r["sass"]  # O += P V with P (A) from registers
     assert base.get("HMMA", 0) == 0 and base.get("QMMA", 0) == 0  # no emulation, no mma.sync
     assert base.get("STL", 0) == 0 and base.get("LDL", 0) == 0
     assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0
     assert res["registers"] is not None and 0 < res["registers"] <= 168  # 384 threads, setmaxnreg 24/240
     assert base.get("UTMALDG", 0) >= 3  # Q, K, V TMA loads
     assert base.get("SYNCS", 0) > 0  # mbarrier traffic
-    assert base.get("MUFU", 0) >= 128  # one ex2 per score of a 64x128 tile per 128 threads
+    assert base.get("MUFU", 0) >= 2 * tile_n // 2  # one ex2 per score: 64 x tile_n / 128 threads, two bodies
+    if cfg.get("pingpong"):
+        assert "BAR.ARV" in r["sass"]
 
 
 def test_sm90a_register_p_has_no_shuffles_in_loop(tmp_path_factory):

@@ -74,6 +74,7 @@ NUM_MMA_WG = 2
 TILE_M = TILE_M_WG * NUM_MMA_WG  # 128 query rows per CTA (== the prep's Sq padding)
 REGS_PRODUCER = 24
 REGS_CONSUMER = 240
+SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the consumer warpgroups (0 = syncthreads)
 
 
 def sm90_key_order_for_positions(positions):
@@ -93,7 +94,7 @@ class Sm90Fp8Attention:
     """Compile-time configuration + the jit entry point (``__call__``) and the kernel."""
 
     def __init__(self, head_dim: int = 128, dtype_out=BFloat16, tile_n: int = 128, kv_stages: int = 2,
-                 overlap: bool = True):
+                 overlap: bool = True, pingpong: bool = False):
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
         if tile_n % 32 or not 32 <= tile_n <= 256:
@@ -103,6 +104,7 @@ class Sm90Fp8Attention:
         self.tile_n = tile_n
         self.kv_stages = kv_stages
         self.overlap = overlap
+        self.pingpong = pingpong
         self.threads = 128 * (1 + NUM_MMA_WG)
 
     # ------------------------------------------------------------------ host side (traced at compile)
@@ -312,6 +314,11 @@ class Sm90Fp8Attention:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             q_pipe.consumer_wait(q_state)
 
+            if const_expr(self.pingpong):
+                # the first consumer warpgroup pre-arrives on its own scheduler barrier: its first turn is free
+                if wg == 0:
+                    cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER0, number_of_threads=2 * 128)
+
             # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
             k_pipe.consumer_wait(kv_state)
             self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
@@ -326,9 +333,13 @@ class Sm90Fp8Attention:
             for j in cutlass.range(1, n_tiles, unroll=1):
                 # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
                 k_pipe.consumer_wait(kv_state)
+                if const_expr(self.pingpong):  # wait for our turn on the tensor cores
+                    cute.arch.barrier(barrier_id=SCHED_BARRIER0 + wg, number_of_threads=2 * 128)
                 self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
                 v_pipe.consumer_wait(v_state)
                 self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                if const_expr(self.pingpong):  # our GEMMs are issued: the other warpgroup's turn
+                    cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER0 + 1 - wg, number_of_threads=2 * 128)
                 # overlap: only S_j must be done, PV_{j-1} keeps running under the softmax below
                 warpgroup.wait_group(1 if self.overlap else 0)
                 k_pipe.consumer_release(kv_state)
@@ -383,25 +394,31 @@ class Sm90Fp8Attention:
         """Online-softmax update for one tile: acc_S <- P*256 (fp32); returns alpha per row."""
         n8 = self.tile_n // 8
         alpha = cute.make_rmem_tensor((2,), Float32)
+        part = cute.make_rmem_tensor((4,), Float32)  # 4 independent chains: shorter dependency latency
         for r in cutlass.range_constexpr(2):
-            m_tile = acc_S[2 * r]
-            for j in cutlass.range_constexpr(n8):
+            for i in cutlass.range_constexpr(4):
+                part[i] = acc_S[i % 2 + 2 * r + 4 * (i // 2)]
+            for j in cutlass.range_constexpr(2, n8):
                 for c in cutlass.range_constexpr(2):
-                    if const_expr(j + c > 0):
-                        m_tile = cute.arch.fmax(m_tile, acc_S[c + 2 * r + 4 * j])
+                    i = 2 * (j % 2) + c
+                    part[i] = cute.arch.fmax(part[i], acc_S[c + 2 * r + 4 * j])
+            m_tile = cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
             m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
             m_new = cute.arch.fmax(row_max[r], m_tile)
             alpha[r] = cute.math.exp2((row_max[r] - m_new) * qk_scale, fastmath=True)
             row_max[r] = m_new
             bias = m_new * qk_scale - 8.0  # exp2(+8) = the x256 of P
-            s = Float32(0.0)
             for j in cutlass.range_constexpr(n8):
                 for c in cutlass.range_constexpr(2):
                     v = c + 2 * r + 4 * j
                     p = cute.math.exp2(acc_S[v] * qk_scale - bias, fastmath=True)
                     acc_S[v] = p
-                    s = s + p
-            row_sum[r] = row_sum[r] * alpha[r] + s
+                    i = 2 * (j % 2) + c
+                    if const_expr(j < 2):
+                        part[i] = p
+                    else:
+                        part[i] = part[i] + p
+            row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
         return alpha
 
     @cute.jit
@@ -476,7 +493,7 @@ def _compile_args(dtype_out):
 
 
 def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
-                 tile_n: int = 128, kv_stages: int = 2, overlap: bool = True):
+                 tile_n: int = 128, kv_stages: int = 2, overlap: bool = True, pingpong: bool = False):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
     ``fake=True``: no GPU needed (stream faked); pass e.g. ``options_extra="--keep-cubin --dump-dir DIR"``.
@@ -484,7 +501,8 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     """
     dtype_out = _out_dtype(dtype_out)
     os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
-    kern = Sm90Fp8Attention(head_dim, dtype_out, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap)
+    kern = Sm90Fp8Attention(head_dim, dtype_out, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap,
+                            pingpong=pingpong)
     if fake:
         stream = cute.runtime.make_fake_stream()
     else:
@@ -499,7 +517,7 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
 
 
 def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, *,
-             tile_n: int = 128, kv_stages: int = 2, overlap: bool = True) -> None:
+             tile_n: int = 128, kv_stages: int = 2, overlap: bool = True, pingpong: bool = False) -> None:
     """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts)."""
     import torch
     from cutlass.cute.runtime import make_ptr
@@ -521,10 +539,11 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
     dev = q8.device
     major, minor = torch.cuda.get_device_capability(dev)
     arch = f"sm_{major}{minor}a"
-    key = (arch, D, out.dtype, tile_n, kv_stages, overlap)
+    key = (arch, D, out.dtype, tile_n, kv_stages, overlap, pingpong)
     fn = _CACHE.get(key)
     if fn is None:
-        fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap)
+        fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap,
+                          pingpong=pingpong)
         _CACHE[key] = fn
     gm = cute.AddressSpace.gmem
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
