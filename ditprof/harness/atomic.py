@@ -45,6 +45,11 @@ def check_writable(out: str | Path) -> Path:
     out = Path(out).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise DitprofError(f"output dir {out} exists and is not a folder")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DitprofError(f"output dir {out} is not writable: {existing} is a file, not a folder")
     parent = out if out.exists() else out.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

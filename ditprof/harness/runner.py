@@ -184,6 +184,9 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
         run.route = state.route
         if state.member is not None:
             run.extra["diffusers_backend"] = state.member.value
+        run.extra["attention_modules"] = state.modules
+        if state.masks:
+            run.extra["attention_masks"] = dict(state.masks)
     return run
 
 
@@ -194,9 +197,11 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
     swap_b = backends.resolve(spec.swap, spec.device) if spec.swap else None
     out = atomic.check_writable(spec.out)
     try:
-        from ditprof.model_blocks import load_block, make_inputs
+        from ditprof.model_blocks import get_preset, load_block, make_inputs
     except ImportError as exc:
         raise DitprofError(f"ditprof.model_blocks is not available ({exc})") from None
+    if spec.source_kind == "preset":
+        get_preset(spec.source)  # unknown name: one line listing the known presets
 
     with memory_budget(spec.gpu_memory, spec.device) as budget:
         console.print(f"[bold]ditprof {spec.command}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "

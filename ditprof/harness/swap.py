@@ -47,9 +47,25 @@ def _accepts(fn: Callable, arg: str) -> bool:
     return arg in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def wrap_backend(name: str, fn: Callable) -> Callable:
-    """``fn(q, k, v, *, scale=None)`` on (B, S, H, D), marked with the attention range."""
+def is_all_attend(mask: torch.Tensor) -> bool:
+    """True for a mask that changes nothing: bool all True, or an additive bias of all zeros."""
+    if mask.dtype == torch.bool:
+        return bool(mask.all().item())
+    return bool((mask == 0).all().item())
+
+
+def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable:
+    """``fn(q, k, v, *, scale=None)`` on (B, S, H, D), marked with the attention range.
+
+    Masks: a backend whose signature takes ``attn_mask`` gets it. Otherwise an all-attend mask (what the
+    families' full prompts produce) is dropped, which is exact; it is checked once per (shape, dtype,
+    device) -- during warm-up -- so the timed calls carry no host sync. Any other mask is an error.
+    ``masks`` (optional) collects what happened, for the report.
+    """
     takes_mask = _accepts(fn, "attn_mask")
+    verified: set[tuple] = set()
+    if masks is None:
+        masks = {}
 
     def call(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
         if dropout_p:
@@ -58,16 +74,25 @@ def wrap_backend(name: str, fn: Callable) -> Callable:
             raise DitprofError(f"attention backend {name!r} does not support causal masking")
         kw: dict[str, Any] = {"scale": scale}
         if attn_mask is not None:
-            if not takes_mask:
-                raise DitprofError(
-                    f"attention backend {name!r} takes no attention mask, but this block passes one "
-                    f"(shape {tuple(attn_mask.shape)}); pick a family without masks or a mask-aware backend"
-                )
-            kw["attn_mask"] = attn_mask
+            if takes_mask:
+                kw["attn_mask"] = attn_mask
+                masks["passed"] = masks.get("passed", 0) + 1
+            else:
+                key = (tuple(attn_mask.shape), attn_mask.dtype, attn_mask.device)
+                if key not in verified:
+                    if not is_all_attend(attn_mask):
+                        raise DitprofError(
+                            f"attention backend {name!r} takes no attention mask, but this block passes one "
+                            f"that masks positions (shape {tuple(attn_mask.shape)}); use a full prompt or a "
+                            f"mask-aware backend"
+                        )
+                    verified.add(key)
+                masks["dropped_all_attend"] = masks.get("dropped_all_attend", 0) + 1
         with torch.profiler.record_function(ATTENTION_RANGE):
             return fn(q, k, v, **kw)
 
     call.__name__ = f"ditprof_attention_{name}"
+    call.masks = masks  # type: ignore[attr-defined]
     return call
 
 
@@ -96,7 +121,7 @@ def _enum_member(value: str):
     return member
 
 
-def register_with_dispatcher(name: str, fn: Callable):
+def register_with_dispatcher(name: str, fn: Callable, masks: dict | None = None):
     """Register ``fn`` (ditprof backend contract) as diffusers backend ``ditprof_<name>``; idempotent.
 
     Returns the ``AttentionBackendName`` member. Re-registering replaces the function (the same name may be
@@ -106,7 +131,7 @@ def register_with_dispatcher(name: str, fn: Callable):
 
     with _lock:
         member = _enum_member(dispatcher_value(name))
-        wrapped = wrap_backend(name, fn)
+        wrapped = wrap_backend(name, fn, masks)
 
         def backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
             return wrapped(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
@@ -127,10 +152,10 @@ def is_registered(name: str) -> bool:
 # --------------------------------------------------------------------------- processor replacement
 
 @contextlib.contextmanager
-def sdpa_redirect(name: str, fn: Callable) -> Iterator[None]:
+def sdpa_redirect(name: str, fn: Callable, masks: dict | None = None) -> Iterator[None]:
     """Within the block, ``F.scaled_dot_product_attention`` (B, H, S, D) calls go to ``fn``."""
     original = F.scaled_dot_product_attention
-    wrapped = wrap_backend(name, fn)
+    wrapped = wrap_backend(name, fn, masks)
     depth = threading.local()
 
     def redirected(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -158,22 +183,23 @@ def sdpa_redirect(name: str, fn: Callable) -> Iterator[None]:
 class _RedirectingProcessor:
     """Runs the original processor with SDPA redirected to a ditprof backend."""
 
-    def __init__(self, inner, name: str, fn: Callable):
+    def __init__(self, inner, name: str, fn: Callable, masks: dict | None = None):
         self.inner = inner
         self.backend_name = name
         self.backend_fn = fn
+        self.masks = masks if masks is not None else {}
 
     def __getattr__(self, item):  # keep attributes diffusers may read on the processor
-        if item in ("inner", "backend_name", "backend_fn"):
+        if item in ("inner", "backend_name", "backend_fn", "masks"):
             raise AttributeError(item)
         return getattr(self.inner, item)
 
     def _call(self, attn, *args, **kwargs):
-        with sdpa_redirect(self.backend_name, self.backend_fn):
+        with sdpa_redirect(self.backend_name, self.backend_fn, self.masks):
             return self.inner(attn, *args, **kwargs)
 
 
-def redirecting_processor(inner, name: str, fn: Callable):
+def redirecting_processor(inner, name: str, fn: Callable, masks: dict | None = None):
     """A processor object whose ``__call__`` has the inner processor's signature (diffusers'
     ``Attention.forward`` filters keyword arguments by it)."""
     inner_call = type(inner).__call__
@@ -183,7 +209,7 @@ def redirecting_processor(inner, name: str, fn: Callable):
         return self._call(*args, **kwargs)
 
     cls = type(f"Ditprof{type(inner).__name__}", (_RedirectingProcessor,), {"__call__": __call__})
-    return cls(inner, name, fn)
+    return cls(inner, name, fn, masks)
 
 
 # --------------------------------------------------------------------------- swapping a block
@@ -208,6 +234,7 @@ class SwapState:
     route: str  # "dispatcher", "processor" or "mixed"
     member: Any = None
     modules: list[str] = field(default_factory=list)
+    masks: dict = field(default_factory=dict)  # attention masks passed / dropped (all-attend)
     _restore: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def restore(self) -> None:
@@ -227,7 +254,7 @@ def install(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher
         dispatcher_ok = proc is not None and hasattr(proc, "_attention_backend") and uses_dispatcher is not False
         if dispatcher_ok:
             if state.member is None:
-                state.member = register_with_dispatcher(name, fn)
+                state.member = register_with_dispatcher(name, fn, state.masks)
             old = proc._attention_backend
             if hasattr(mod, "set_attention_backend"):
                 mod.set_attention_backend(state.member.value)  # the public per-module entry point
@@ -239,7 +266,7 @@ def install(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher
 
             routes.add("dispatcher")
         else:
-            new = redirecting_processor(proc, name, fn)
+            new = redirecting_processor(proc, name, fn, state.masks)
             mod.processor = new  # plain attribute: set_processor would warn about dropping weights
 
             def undo(m=mod, p=proc):
