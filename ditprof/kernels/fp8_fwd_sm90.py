@@ -13,6 +13,9 @@ CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
   S = Q K^T with both operands read from swizzled smem (K-major: Q and K rows are D-contiguous), then
   O += P V with P from registers (A operand, K-major by construction) and V^T from smem (the prep stores V
   feature-major, so the key axis — the K axis of this GEMM — is contiguous: K-major as FP8 wgmma requires).
+* Options (compile-cache key): ``tile_n`` (keys per tile, 128; 192 also compiles clean), ``kv_stages`` (2),
+  ``overlap`` (True), ``pingpong`` (False; FA3's warp-scheduler barriers: named barriers 1 and 2 make the two
+  consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the other's wgmma).
 * Intra-warpgroup overlap (FA3 style, ``overlap=True``): iteration j issues S_j = Q K_j^T and
   O += P_{j-1} V_{j-1} back to back, waits only for S_j, does the softmax of S_j while the PV wgmma runs,
   then waits for it and rescales O. ``overlap=False`` keeps the same code but waits for both wgmma groups
@@ -500,6 +503,9 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     ``fake=False``: compile for launching on the current CUDA device.
     """
     dtype_out = _out_dtype(dtype_out)
+    if not arch.startswith("sm_90"):
+        raise ValueError(f"the wgmma kernel is sm_90a only, not {arch}")
+    old_arch = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
     kern = Sm90Fp8Attention(head_dim, dtype_out, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap,
                             pingpong=pingpong)
@@ -510,7 +516,13 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
 
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     options = f"--gpu-arch {arch} {options_extra}".strip()
-    fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=options)
+    try:
+        fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=options)
+    finally:
+        if old_arch is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = old_arch
     if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages):  # keep the formula honest
         raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages)} != {kern.smem_bytes}")
     return fn
@@ -538,7 +550,9 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
     dtype_out = {torch.bfloat16: BFloat16, torch.float16: Float16}[out.dtype]
     dev = q8.device
     major, minor = torch.cuda.get_device_capability(dev)
-    arch = f"sm_{major}{minor}a"
+    if (major, minor) != (9, 0):
+        raise ValueError(f"run_sm90 needs an sm_90 GPU (H100/H200), got sm_{major}{minor}")
+    arch = "sm_90a"
     key = (arch, D, out.dtype, tile_n, kv_stages, overlap, pingpong)
     fn = _CACHE.get(key)
     if fn is None:
