@@ -87,3 +87,26 @@ def test_realistic_scales(tmp_path):
     assert abs(sd["ffn.net.2.weight"].std().item() - 2048**-0.5) < 0.002
     assert abs(sd["norm2.weight"].mean().item() - 1) < 0.01
     assert sd["scale_shift_table"].abs().max() < 0.5
+
+
+def test_loading_holds_at_most_the_block_in_host_memory(tmp_path):
+    """Resident memory grows by the block's bytes (+10%) when loading, not by the shard or model."""
+    import subprocess
+    import sys
+
+    preset = get_preset("wan2.1-t2v-1.3b")  # 88.6 MiB bf16 block: large against allocator noise
+    folder, _ = make_checkpoint(preset, tmp_path / "c", blocks=[1], progress=False)
+    code = f"""
+import gc, torch
+from ditprof.model_blocks import load_block
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+gc.collect()
+before = status("VmRSS:")
+loaded = load_block({str(folder)!r}, 1, progress=False)
+print(status("VmHWM:") - before, loaded.bytes)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    grown, block = map(int, out.split())
+    assert block > 80 * 2**20
+    assert grown <= 1.1 * block, f"host memory grew {grown / 2**20:.0f} MiB for a {block / 2**20:.0f} MiB block"

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
 from ditprof.errors import DitprofError
@@ -114,3 +115,42 @@ class open_safetensors:
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+class TensorReader:
+    """Reads single tensors of a safetensors file (already validated by ``safe_open``) with plain
+    ``readinto`` calls into fresh tensors.
+
+    Why not ``safe_open(...).get_tensor``: on CPU it returns views of the memory-mapped file, so
+    a block would hold its mapped pages *and* the copy we need anyway (aligned memory, no pinned
+    mapping) -- twice the block in resident memory. Reading each tensor's byte range directly
+    keeps the host at one block plus one tensor being converted.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fh = open(self.path, "rb")
+        size = int.from_bytes(self._fh.read(8), "little")
+        self._base = 8 + size
+        self.header = json.loads(self._fh.read(size))
+
+    def read(self, name: str) -> torch.Tensor:
+        entry = self.header[name]
+        begin, end = entry["data_offsets"]
+        raw = torch.empty(end - begin, dtype=torch.uint8)
+        self._fh.seek(self._base + begin)
+        if self._fh.readinto(raw.numpy()) != end - begin:
+            raise DitprofError(f"truncated safetensors file {self.path}: {name} ends past the end of the file")
+        return raw.view(SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

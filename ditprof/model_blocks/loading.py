@@ -16,7 +16,7 @@ import torch
 
 from ditprof.errors import DitprofError
 
-from .checkpoint import PICKLE_SUFFIXES, CheckpointLayout, open_safetensors, read_layout, shards_for_prefix
+from .checkpoint import PICKLE_SUFFIXES, CheckpointLayout, TensorReader, open_safetensors, read_layout, shards_for_prefix
 from .families import BlockFamily, family_for_config
 from .presets import PRESETS, Preset, block_on_meta
 
@@ -105,29 +105,27 @@ def load_block_from_layout(
     check_block_keys(family, module, [k[len(prefix):] for keys in by_shard.values() for k in keys], str(layout.folder))
     expected = module.state_dict()
 
+    # Pass 1, headers only: every shard opens cleanly and holds the right names, shapes and
+    # dtypes before a single tensor byte is read.
+    for shard, names in by_shard.items():
+        with open_safetensors(layout.folder / shard) as f:
+            absent = [n for n in names if n not in set(f.keys())]
+            if absent:
+                raise DitprofError(f"shard {shard} lacks {len(absent)} tensor(s) the index puts there: {_first(absent)}")
+            for name in names:
+                _check_slice(f.get_slice(name), name, expected[name[len(prefix):]], shard)
+
+    # Pass 2: read each tensor straight into the target device/dtype.
     state: dict[str, torch.Tensor] = {}
     with _progress(progress, f"loading {prefix[:-1]}", sum(len(v) for v in by_shard.values())) as advance:
         for shard, names in by_shard.items():
-            with open_safetensors(layout.folder / shard) as f:
-                present = set(f.keys())
-                absent = [n for n in names if n not in present]
-                if absent:
-                    raise DitprofError(f"shard {shard} lacks {len(absent)} tensor(s) the index puts there: {_first(absent)}")
-                # Headers first: shapes and dtypes are checked before any tensor data is read.
-                for name in names:
-                    _check_slice(f.get_slice(name), name, expected[name[len(prefix):]], shard)
+            with TensorReader(layout.folder / shard) as reader:
                 for name in names:
                     local = name[len(prefix):]
                     target = torch.float32 if keeps_fp32(family, local) else dtype
-                    tensor = f.get_tensor(name)
-                    moved = tensor.to(device=device, dtype=target or tensor.dtype)
-                    if moved.data_ptr() == tensor.data_ptr():
-                        # On CPU get_tensor can hand back a view into the memory-mapped file at an
-                        # 8-byte-aligned offset. Copy to fresh (64-byte-aligned) memory: CPU BLAS
-                        # results depend on alignment, and the block must not pin the file mapping.
-                        moved = moved.clone()
-                    state[local] = moved
-                    del tensor, moved
+                    tensor = reader.read(name)  # fresh, aligned memory: one tensor at a time
+                    state[local] = tensor.to(device=device, dtype=target or tensor.dtype)
+                    del tensor
                     advance()
 
     module.load_state_dict(state, strict=True, assign=True)
