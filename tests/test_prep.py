@@ -291,10 +291,12 @@ def test_interpreter_inner(shape):
     res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton")
     _assert_same_bytes(res, fp8_prepare_torch(q, k, v))
     for which in "qkv":
-        qq, kk, vv = (x.clone() for x in (q, k, v))
-        {"q": qq, "k": kk, "v": vv}[which][0, -1, 0, 0] = float("nan")
-        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
-            fp8_prepare(qq, kk, vv, backend="triton")
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            for smooth_k in (True, False):
+                qq, kk, vv = (x.clone() for x in (q, k, v))
+                {"q": qq, "k": kk, "v": vv}[which][0, -1, 0, 0] = bad
+                with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+                    fp8_prepare(qq, kk, vv, smooth_k=smooth_k, backend="triton")
 
 
 # ------------------------------------------------------------------ GPU: Triton kernels vs the torch chain
@@ -336,7 +338,35 @@ def test_gpu_layouts_dtypes_and_errors():
     packed = torch.cat([k, v], dim=-1)
     _assert_same_bytes(fp8_prepare(q, packed[..., :128], packed[..., 128:]), ref)
     for which in "qkv":
-        qq, kk, vv = (x.clone() for x in (q, k, v))
-        {"q": qq, "k": kk, "v": vv}[which][1, 100, 2, 3] = float("inf")
-        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
-            fp8_prepare(qq, kk, vv)
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            for smooth_k in (True, False):
+                qq, kk, vv = (x.clone() for x in (q, k, v))
+                {"q": qq, "k": kk, "v": vv}[which][1, 100, 2, 3] = bad
+                with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+                    fp8_prepare(qq, kk, vv, smooth_k=smooth_k)
+
+
+# ------------------------------------------------------------------ CPU: the kernels compile for real GPUs
+
+
+@pytest.mark.parametrize("arch", [90, 89, 120])
+def test_triton_kernels_compile_offline(arch):
+    """The compiled path checks what the interpreter does not (e.g. branch-local variable types); the PTX must
+    use IEEE division, the hardware e4m3 cvt, and 16-byte global loads/stores (no byte stores for V^T)."""
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton
+
+    if prep_triton.INTERPRET:
+        pytest.skip("TRITON_INTERPRET=1: triton.jit gives interpreted functions")
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError:
+        pytest.skip("this triton has no offline GPUTarget compile")
+    ks = prep_triton.compile_offline(arch)
+    ptx = {name: k.asm["ptx"] for name, k in ks.items()}
+    assert "div.full.f32" not in ptx["quant"] and "div.rn.f32" in ptx["quant"]
+    assert "div.rn.f32" in ptx["finalize"]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx["quant"]
+    assert "st.global.b8" not in ptx["quant"], "V^T / q8 / k8 stores must be vectorized"
+    assert "ld.global.v4" in ptx["stats"] and "ld.global.v4" in ptx["quant"]
+    assert ".local" not in "".join(ptx.values())

@@ -3,7 +3,8 @@
 Three launches, all deterministic (no atomics):
 
 1. ``_stats_kernel``  grid (chunks, B*H): each program reads CHUNK tokens of Q, K and V of one (b, h) and writes
-   partials: amax|Q|, amax|V| (NaN counted as +inf), and per channel of K: sum (float64), max, min.
+   partials: amax|Q|, amax|V| (as int32 bits of |x|: an integer max keeps NaN, which sorts above Inf), and per
+   channel of K: sum (float64), max, min (NaN counted as +Inf / -Inf).
 2. ``_finalize_kernel`` grid (B*H,): reduces the partials in a fixed order; mean_k = fp32(sum64 / Sk);
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
    because rounding is monotonic); descales = amax / 448 (1.0 where amax == 0), IEEE division.
@@ -51,6 +52,13 @@ def _key_for_position(p):
 
 
 @triton.jit
+def _abs_bits(x):
+    # |x| as int32 bits: for non-negative floats the integer order is the float order, and NaN (> 0x7F800000)
+    # sorts above +Inf, so an integer max of these bits is an amax that cannot drop a NaN
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
 def _to_e4m3(y, MANUAL_RNE: tl.constexpr):
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     if MANUAL_RNE:
@@ -87,8 +95,8 @@ def _stats_kernel(
     k_base = k_ptr + b * skb + h * skh
     v_base = v_ptr + b * svb + h * svh
 
-    acc_q = tl.zeros([BLOCK, D], dtype=tl.float32)
-    acc_v = tl.zeros([BLOCK, D], dtype=tl.float32)
+    acc_q = tl.zeros([BLOCK, D], dtype=tl.int32)  # |x| bits, see _abs_bits
+    acc_v = tl.zeros([BLOCK, D], dtype=tl.int32)
     acc_kmax = tl.full([BLOCK, D], float("-inf"), dtype=tl.float32)
     acc_kmin = tl.full([BLOCK, D], float("inf"), dtype=tl.float32)
     acc_ksum = tl.zeros([BLOCK, D], dtype=tl.float64)
@@ -100,19 +108,17 @@ def _stats_kernel(
 
         mq = (rows < Sq)[:, None]
         xq = tl.load(q_base + r64[:, None] * sqs + d[None, :] * sqd, mask=mq, other=0.0).to(tl.float32)
-        aq = tl.abs(xq)
-        acc_q = tl.maximum(acc_q, tl.where(aq == aq, aq, float("inf")))
+        acc_q = tl.maximum(acc_q, _abs_bits(xq))
 
         mk = (rows < Sk)[:, None]
         xk = tl.load(k_base + r64[:, None] * sks + d[None, :] * skd, mask=mk, other=0.0).to(tl.float32)
         acc_ksum += xk.to(tl.float64)
-        kn = xk != xk
+        kn = _abs_bits(xk) > 0x7F800000  # NaN: counts as +Inf in the max and -Inf in the min
         acc_kmax = tl.maximum(acc_kmax, tl.where(mk, tl.where(kn, float("inf"), xk), float("-inf")))
         acc_kmin = tl.minimum(acc_kmin, tl.where(mk, tl.where(kn, float("-inf"), xk), float("inf")))
 
         xv = tl.load(v_base + r64[:, None] * svs + d[None, :] * svd, mask=mk, other=0.0).to(tl.float32)
-        av = tl.abs(xv)
-        acc_v = tl.maximum(acc_v, tl.where(av == av, av, float("inf")))
+        acc_v = tl.maximum(acc_v, _abs_bits(xv))
 
     idx = bh.to(tl.int64) * NCHUNK + chunk
     tl.store(qpart_ptr + idx, tl.max(tl.max(acc_q, axis=1), axis=0))
@@ -136,14 +142,14 @@ def _finalize_kernel(
     s = tl.zeros([D], dtype=tl.float64)
     mx = tl.full([D], float("-inf"), dtype=tl.float32)
     mn = tl.full([D], float("inf"), dtype=tl.float32)
-    aq = tl.zeros([CB], dtype=tl.float32)
-    av = tl.zeros([CB], dtype=tl.float32)
+    aq = tl.zeros([CB], dtype=tl.int32)
+    av = tl.zeros([CB], dtype=tl.int32)
     for c0 in range(0, NCHUNK, CB):
         cc = c0 + c
         m = cc < NCHUNK
         idx = bh * NCHUNK + cc
-        aq = tl.maximum(aq, tl.load(qpart_ptr + idx, mask=m, other=0.0))
-        av = tl.maximum(av, tl.load(vpart_ptr + idx, mask=m, other=0.0))
+        aq = tl.maximum(aq, tl.load(qpart_ptr + idx, mask=m, other=0))
+        av = tl.maximum(av, tl.load(vpart_ptr + idx, mask=m, other=0))
         offs = idx[:, None] * D + d[None, :]
         s += tl.sum(tl.load(ksum_ptr + offs, mask=m[:, None], other=0.0), axis=0)
         mx = tl.maximum(mx, tl.max(tl.load(kmax_ptr + offs, mask=m[:, None], other=float("-inf")), axis=0))
@@ -155,16 +161,50 @@ def _finalize_kernel(
         ak = tl.maximum(mx - mean, mean - mn)
     else:
         ak = tl.maximum(mx, -mn)
-    ak = tl.where(ak == ak, ak, float("inf"))
-    amax_q = tl.max(aq, axis=0)
-    amax_k = tl.max(ak, axis=0)
-    amax_v = tl.max(av, axis=0)
+    # a NaN here (a NaN or +-Inf in K made the mean NaN) must not be dropped by the max: as bits it sorts top
+    amax_q = tl.max(aq, axis=0).to(tl.float32, bitcast=True)
+    amax_k = tl.max(_abs_bits(ak), axis=0).to(tl.float32, bitcast=True)
+    amax_v = tl.max(av, axis=0).to(tl.float32, bitcast=True)
     ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))
     ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 448.0))
     ds_v = tl.where(amax_v == 0.0, 1.0, tl.math.div_rn(amax_v, 448.0))
     tl.store(scales_ptr + bh * 3 + 0, ds_q)
     tl.store(scales_ptr + bh * 3 + 1, ds_k)
     tl.store(scales_ptr + bh * 3 + 2, ds_v)
+
+
+@triton.jit
+def _quant_rows(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, mean_ptr, ds,
+                D: tl.constexpr, BLOCK: tl.constexpr, SUB_MEAN: tl.constexpr, MANUAL_RNE: tl.constexpr):
+    # rows [t*BLOCK, (t+1)*BLOCK) of one (b, h): dst (B*H, S_pad, D) row-major; rows >= S written as zeros
+    rows = t * BLOCK + tl.arange(0, BLOCK)
+    r64 = rows.to(tl.int64)
+    d = tl.arange(0, D).to(tl.int64)
+    m = (rows < S)[:, None]
+    x = tl.load(src + b * s_b + h * s_h + r64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
+    x = x.to(tl.float32)
+    if SUB_MEAN:
+        mu = tl.load(mean_ptr + bh64 * D + d)
+        x = tl.where(m, x - mu[None, :], 0.0)
+    y = _to_e4m3(tl.math.div_rn(x, ds), MANUAL_RNE)
+    tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], y, mask=(rows < S_pad)[:, None])
+
+
+@triton.jit
+def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
+             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr):
+    # output positions [t*BLOCK, (t+1)*BLOCK) (whole 16-key groups) of dst (B*H, D, Sk_pad): gather the V rows
+    # key_order(p), quantize, transpose in registers, store feature-major
+    pos = t * BLOCK + tl.arange(0, BLOCK)
+    keys = _key_for_position(pos)
+    k64 = keys.to(tl.int64)
+    d = tl.arange(0, D).to(tl.int64)
+    m = (keys < Sk)[:, None]
+    x = tl.load(src + b * s_b + h * s_h + k64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
+    y = _to_e4m3(tl.math.div_rn(x.to(tl.float32), ds), MANUAL_RNE)  # [BLOCK positions, D]
+    yt = tl.trans(y)  # [D, BLOCK positions]
+    p64 = pos.to(tl.int64)
+    tl.store(dst + (bh64 * D + d)[:, None] * Sk_pad + p64[None, :], yt, mask=(pos < Sk_pad)[None, :])
 
 
 @triton.jit
@@ -182,39 +222,15 @@ def _quant_kernel(
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
-    d = tl.arange(0, D).to(tl.int64)
-    r = tl.arange(0, BLOCK)
     if t < NQ:
-        rows = t * BLOCK + r
-        r64 = rows.to(tl.int64)
-        m = (rows < Sq)[:, None]
-        x = tl.load(q_ptr + b * sqb + h * sqh + r64[:, None] * sqs + d[None, :] * sqd, mask=m, other=0.0)
-        ds = tl.load(scales_ptr + bh64 * 3 + 0)
-        y = _to_e4m3(tl.math.div_rn(x.to(tl.float32), ds), MANUAL_RNE)
-        tl.store(q8_ptr + (bh64 * Sq_pad + r64)[:, None] * D + d[None, :], y, mask=(rows < Sq_pad)[:, None])
+        _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
+                    tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE)
     elif t < NQ + NK:
-        rows = (t - NQ) * BLOCK + r
-        r64 = rows.to(tl.int64)
-        m = (rows < Sk)[:, None]
-        x = tl.load(k_ptr + b * skb + h * skh + r64[:, None] * sks + d[None, :] * skd, mask=m, other=0.0)
-        x = x.to(tl.float32)
-        if SMOOTH:
-            mu = tl.load(mean_ptr + bh64 * D + d)
-            x = tl.where(m, x - mu[None, :], 0.0)
-        ds = tl.load(scales_ptr + bh64 * 3 + 1)
-        y = _to_e4m3(tl.math.div_rn(x, ds), MANUAL_RNE)
-        tl.store(k8_ptr + (bh64 * Sk_pad + r64)[:, None] * D + d[None, :], y, mask=(rows < Sk_pad)[:, None])
+        _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
+                    tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE)
     else:
-        pos = (t - NQ - NK) * BLOCK + r
-        keys = _key_for_position(pos)
-        k64 = keys.to(tl.int64)
-        m = (keys < Sk)[:, None]
-        x = tl.load(v_ptr + b * svb + h * svh + k64[:, None] * svs + d[None, :] * svd, mask=m, other=0.0)
-        ds = tl.load(scales_ptr + bh64 * 3 + 2)
-        y = _to_e4m3(tl.math.div_rn(x.to(tl.float32), ds), MANUAL_RNE)  # [BLOCK positions, D]
-        yt = tl.trans(y)  # [D, BLOCK positions]
-        p64 = pos.to(tl.int64)
-        tl.store(v8t_ptr + (bh64 * D + d)[:, None] * Sk_pad + p64[None, :], yt, mask=(pos < Sk_pad)[None, :])
+        _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
+                 tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -266,8 +282,8 @@ def prepare_triton(
     k_mean = torch.zeros((B, H, D), dtype=torch.float32, device=dev)
 
     nchunk = _cdiv(max(Sq, Sk), stats_chunk)
-    qpart = torch.empty((BH, nchunk), dtype=torch.float32, device=dev)
-    vpart = torch.empty((BH, nchunk), dtype=torch.float32, device=dev)
+    qpart = torch.empty((BH, nchunk), dtype=torch.int32, device=dev)  # amax as |x| bits
+    vpart = torch.empty((BH, nchunk), dtype=torch.int32, device=dev)
     ksum = torch.empty((BH, nchunk, D), dtype=torch.float64, device=dev)
     kmax = torch.empty((BH, nchunk, D), dtype=torch.float32, device=dev)
     kmin = torch.empty((BH, nchunk, D), dtype=torch.float32, device=dev)
@@ -307,3 +323,47 @@ class _NullCtx:
 
     def __exit__(self, *exc):
         return False
+
+
+def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128, smooth_k: bool = True,
+                    quant_block: int | None = None, quant_warps: int | None = None):
+    """Compile the three kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas), with the
+    specializations a real launch gets (16-divisible pointers, strides and padded lengths; unit feature stride).
+    Returns {kernel name: CompiledKernel} (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``). For tests and
+    inspection (vectorized loads/stores, IEEE division, e4m3 cvt); not used at run time.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    elem = {"bf16": "*bf16", "fp16": "*fp16"}[dtype]
+    div16 = {"sqb", "sqs", "sqh", "skb", "sks", "skh", "svb", "svs", "svh", "Sq_pad", "Sk_pad"}
+    unit = {"sqd", "skd", "svd"}
+    ptr_types = {
+        "q_ptr": elem, "k_ptr": elem, "v_ptr": elem,
+        "qpart_ptr": "*i32", "vpart_ptr": "*i32", "ksum_ptr": "*fp64", "kmax_ptr": "*fp32", "kmin_ptr": "*fp32",
+        "mean_ptr": "*fp32", "scales_ptr": "*fp32",
+        "q8_ptr": "*fp8e4nv", "k8_ptr": "*fp8e4nv", "v8t_ptr": "*fp8e4nv",
+    }
+
+    def build(fn, consts, num_warps):
+        sig, constexprs, attrs = {}, dict(consts), {}
+        for i, name in enumerate(fn.arg_names):
+            if name in consts:
+                sig[name] = "constexpr"
+            elif name in unit:
+                sig[name] = "constexpr"
+                constexprs[name] = 1
+            else:
+                sig[name] = ptr_types.get(name, "i32")
+                if name in ptr_types or name in div16:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+        return triton.compile(src, target=target, options={"num_warps": num_warps})
+
+    return {
+        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": STATS_CHUNK, "BLOCK": STATS_BLOCK}, STATS_WARPS),
+        "finalize": build(_finalize_kernel, {"D": head_dim, "CB": FINALIZE_CB, "SMOOTH": smooth_k}, 4),
+        "quant": build(_quant_kernel, {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k,
+                                       "MANUAL_RNE": False}, quant_warps or QUANT_WARPS),
+    }
