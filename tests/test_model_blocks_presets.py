@@ -112,3 +112,15 @@ def test_presets_command_prints_table(capsys):
     row = next(line for line in out.splitlines() if line.strip("│ ").startswith("h3 "))
     assert "822.3 M" in row and "1.53 GiB" in row and "56 x 128" in row and "30,272" in row
     assert "flux.1-dev" in out and "single" in out and "cogvideox-5b" in out
+
+
+def test_memory_report_on_cpu(tmp_path, monkeypatch):
+    from ditprof.model_blocks import measure_load_and_forward
+
+    monkeypatch.setenv("DITPROF_CACHE", str(tmp_path))
+    report, loaded, inputs = measure_load_and_forward("wan-tiny", 1, device="cpu", dtype=torch.bfloat16, tokens=24)
+    assert report.params == loaded.params == block_params(get_preset("wan-tiny"))
+    # bf16 weights plus the fp32-kept scale_shift_table / norm2 (diffusers' _keep_in_fp32_modules)
+    assert 2 * report.params < report.bytes == block_bytes(get_preset("wan-tiny")) < 4 * report.params
+    assert report.peak_load_bytes is None and report.peak_forward_bytes is None  # CUDA only
+    assert report.input_bytes > 0 and inputs.tokens == 24
