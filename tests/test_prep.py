@@ -290,6 +290,8 @@ def test_interpreter_inner(shape):
     q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=torch.float16, seed=2)
     res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton")
     _assert_same_bytes(res, fp8_prepare_torch(q, k, v))
+    if shape != INTERP_SHAPES[0]:
+        return
     for which in "qkv":
         for bad in (float("nan"), float("inf"), float("-inf")):
             for smooth_k in (True, False):

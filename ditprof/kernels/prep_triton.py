@@ -279,7 +279,8 @@ def prepare_triton(
         k8 = torch.empty((B, H, Sk_pad, D), dtype=f8, device=dev)
         v8t = torch.empty((B, H, D, Sk_pad), dtype=f8, device=dev)
         scales = torch.empty((B, H, 3), dtype=torch.float32, device=dev)
-    k_mean = torch.zeros((B, H, D), dtype=torch.float32, device=dev)
+    # written by the finalize kernel when smoothing; otherwise never touched (a 1-element placeholder)
+    k_mean = torch.empty((B, H, D) if smooth_k else (1,), dtype=torch.float32, device=dev)
 
     nchunk = _cdiv(max(Sq, Sk), stats_chunk)
     qpart = torch.empty((BH, nchunk), dtype=torch.int32, device=dev)  # amax as |x| bits
