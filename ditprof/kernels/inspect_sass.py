@@ -27,10 +27,16 @@ KNOWN_KERNELS = {
         "archs": ("sm_120a", "sm_121a", "sm_120", "sm_89", "sm_90a"),
         "default_arch": "sm_120a",
     },
+    "fp8-sm90": {
+        "description": "FP8 e4m3 FlashAttention forward for Hopper: TMA + mbarrier pipeline, producer warpgroup "
+                       "+ 2 consumer warpgroups, warpgroup MMA (QGMMA) (CuTe DSL); sm_90a only",
+        "archs": ("sm_90a",),
+        "default_arch": "sm_90a",
+    },
 }
 
 # opcodes always present in the report (0 when absent)
-KEY_OPCODES = ("QMMA", "HMMA", "LDSM", "LDGSTS", "LDG", "STG", "STL", "LDL", "MUFU", "SHFL", "BAR")
+KEY_OPCODES = ("QMMA", "QGMMA", "HMMA", "HGMMA", "UTMALDG", "LDSM", "LDGSTS", "LDG", "STG", "STL", "LDL", "MUFU", "SHFL", "BAR")
 
 # .nv.info attribute codes (EIATTR_*)
 _EIATTR_REGCOUNT = 0x2F
@@ -179,6 +185,17 @@ def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str):
     ), K.smem_bytes(head_dim)
 
 
+def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str):
+    from ditprof.kernels import fp8_fwd_sm90 as K
+
+    fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch,
+                        options_extra=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}")
+    return fn, K.smem_bytes(head_dim)
+
+
+_COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
+
+
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
                    keep_sass: str | None = None) -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
@@ -194,7 +211,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         t0 = time.perf_counter()
         try:
             with _CaptureFds() as cap:
-                _fn, dyn_smem = _compile_fp8_sm120(arch, tmp, head_dim, out_dtype)
+                _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype)
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
@@ -232,7 +249,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
     if regs is None:
         mr = _PTXAS_REGS.search(cap.text)
         regs = int(mr.group(1)) if mr else None
-    mma = {k: v for k, v in full.items() if k.startswith(("QMMA", "HMMA"))}
+    mma = {k: v for k, v in full.items() if k.startswith(("QMMA", "HMMA", "QGMMA", "HGMMA"))}
     return {
         "kernel": kernel,
         "arch": arch,
@@ -252,7 +269,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
 
 
 def mma_is_native(base_opcodes: dict) -> bool:
-    return base_opcodes.get("QMMA", 0) > 0
+    return base_opcodes.get("QMMA", 0) > 0 or base_opcodes.get("QGMMA", 0) > 0
 
 
 __all__ = ["KNOWN_KERNELS", "inspect_kernel", "cubin_resources", "sass_opcodes", "find_nvdisasm"]

@@ -8,6 +8,7 @@ arch, head_dim, dtype, tile config and flags) and launches it on the current CUD
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import Optional
 
@@ -43,8 +44,23 @@ def arch_for_capability(cap: tuple[int, int]) -> str:
     )
 
 
-def kernel_name_for_arch(arch: str) -> str:
-    return "fp8-sm120"  # the only kernel so far; the Hopper-native one will register here
+KERNELS = ("fp8-sm120", "fp8-sm90")
+
+
+def kernel_name_for_arch(arch: str, requested: Optional[str] = None) -> str:
+    """Which kernel runs on ``arch``: the Hopper-native wgmma kernel on sm_90a, the mma.sync one elsewhere.
+
+    ``requested`` (or the ``DITPROF_FP8_KERNEL`` environment variable) forces one: ``fp8-sm120`` also runs on
+    Hopper (its FP8 mma.sync is emulated there: correct, slow), which is useful to compare the two.
+    """
+    requested = requested or os.environ.get("DITPROF_FP8_KERNEL") or "auto"
+    if requested == "auto":
+        return "fp8-sm90" if arch == "sm_90a" else "fp8-sm120"
+    if requested not in KERNELS:
+        raise DitprofError(f"unknown fp8 kernel {requested!r}; known: auto, {', '.join(KERNELS)}")
+    if requested == "fp8-sm90" and arch != "sm_90a":
+        raise DitprofError(f"kernel fp8-sm90 needs an sm_90a GPU (H100/H200), this one is {arch}")
+    return requested
 
 
 # ---------------------------------------------------------------------------------------------- prep
@@ -155,8 +171,26 @@ def clear_cache() -> None:
 
 # ---------------------------------------------------------------------------------------------- launch
 
+def _launch_sm90(prep, out: torch.Tensor, layout: str, softmax_scale: float,
+                 lse: Optional[torch.Tensor]) -> None:
+    """The wgmma kernel writes a contiguous (B,Sq,H,D) output and always writes LSE."""
+    from ditprof.kernels.fp8_fwd_sm90 import run_sm90
+
+    B, H, _, D = prep.q8.shape
+    Sq = int(prep.sq)
+    direct = layout == "BSHD" and out.is_contiguous()
+    o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
+    lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
+        (B, H, Sq), dtype=torch.float32, device=out.device)
+    run_sm90(prep.q8, prep.k8, prep.v8t, prep.scales, Sq, int(prep.sk), softmax_scale, o, lse_buf)
+    if not direct:
+        out.copy_(o if layout == "BSHD" else o.transpose(1, 2))
+    if lse is not None and lse_buf is not lse:
+        lse.copy_(lse_buf)
+
+
 def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
-                    lse: Optional[torch.Tensor] = None) -> None:
+                    lse: Optional[torch.Tensor] = None, kernel: Optional[str] = None) -> None:
     """Run the kernel on an already prepared input; ``out`` (B,Sq,H,D) or (B,H,Sq,D) per ``layout``."""
     import cuda.bindings.driver as cuda
     import cutlass
@@ -165,6 +199,8 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
     B, H, sq_pad, D = prep.q8.shape
     Sq, Sk = int(prep.sq), int(prep.sk)
     arch = arch_for_capability(torch.cuda.get_device_capability(out.device))
+    if kernel_name_for_arch(arch, kernel) == "fp8-sm90":
+        return _launch_sm90(prep, out, layout, softmax_scale, lse)
     fn = get_compiled(arch, D, _DTYPE_NAMES[out.dtype], lse is not None)
     if layout == "BSHD":
         sb, ss, sh = out.stride(0), out.stride(1), out.stride(2)
@@ -197,14 +233,16 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
-                  scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True):
+                  scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True,
+                  kernel: Optional[str] = None):
     """FP8 attention (our CuTe DSL kernel).  q (B,Sq,H,D), k/v (B,Sk,H,D) for ``layout="BSHD"``
     ((B,H,S,D) for ``"BHSD"``), bf16 or fp16, CUDA.  Returns o in q's dtype and layout, and with
     ``return_lse`` also the log-sum-exp (B,H,Sq) float32 of the scaled scores (natural log, of the
-    original scores: the K-smoothing shift ``scale * q . mean(k)`` is added back)."""
+    original scores: the K-smoothing shift ``scale * q . mean(k)`` is added back).  ``kernel``: ``None``/"auto"
+    picks by arch (``fp8-sm90`` on Hopper, ``fp8-sm120`` elsewhere); naming one forces it."""
     _validate(q, k, v, layout, scale)
     q, k, v = (_inner_contiguous(x) for x in (q, k, v))
-    arch_for_capability(torch.cuda.get_device_capability(q.device))  # fail before the prep
+    kernel = kernel_name_for_arch(arch_for_capability(torch.cuda.get_device_capability(q.device)), kernel)
     D = q.shape[3]
     softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(D)
     with torch.cuda.device(q.device):
@@ -216,7 +254,7 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
         else:
             out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-        launch_prepared(prep, out, layout, softmax_scale, lse)
+        launch_prepared(prep, out, layout, softmax_scale, lse, kernel=kernel)
         if not return_lse:
             return out
         k_mean = getattr(prep, "k_mean", None)
@@ -226,5 +264,5 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
         return out, lse
 
 
-__all__ = ["fp8_attention", "arch_for_capability", "get_compiled", "launch_prepared", "clear_cache",
+__all__ = ["fp8_attention", "arch_for_capability", "kernel_name_for_arch", "KERNELS", "get_compiled", "launch_prepared", "clear_cache",
            "COMPILE_STATS", "SUPPORTED_HEAD_DIMS"]
