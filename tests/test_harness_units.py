@@ -243,3 +243,22 @@ def test_backends_command(capsys):
     assert cli.main(["backends", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "fp8-emulated" in out and "ditprof_fp8_emulated" in out and "sdpa-flash" in out
+
+
+def test_accuracy_metrics():
+    from ditprof.harness.report import accuracy
+
+    torch.manual_seed(0)
+    a = torch.randn(3, 1000, 16)
+    acc = accuracy(a, a.clone(), chunk=1000)
+    assert acc["block_output_rel_rms"] == 0 and acc["block_output_cosine"] == pytest.approx(1.0)
+    noise = 0.01 * torch.randn_like(a)
+    b = a + noise
+    acc = accuracy(a, b, chunk=777)  # chunking must not change the result
+    d = b.double() - a.double()
+    ref = ((d ** 2).mean().sqrt() / (a.double() ** 2).mean().sqrt()).item()
+    assert acc["block_output_rel_rms"] == pytest.approx(ref, rel=1e-9)
+    cos = torch.nn.functional.cosine_similarity(a.double().flatten(), (a + noise).double().flatten(), dim=0).item()
+    assert acc["block_output_cosine"] == pytest.approx(cos, rel=1e-12)
+    assert acc["block_output_max_abs_diff"] == pytest.approx(noise.abs().max().item(), rel=1e-6)
+    assert accuracy(a, -a)["block_output_cosine"] == pytest.approx(-1.0)

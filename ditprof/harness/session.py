@@ -131,7 +131,7 @@ def measure(
             output = call()
             _sync(device)
             phase("warm-up", i + 1, max(warmup, 1))
-        output = output.detach().clone()
+        output = output.detach().to("cpu", copy=True)  # off the GPU: keeps the next run's peak clean
 
         phase("timing", 0, iters)
         samples, source = time_block(call, device, iters)
