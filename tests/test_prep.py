@@ -25,11 +25,12 @@ F8 = torch.float8_e4m3fn
 
 
 def make_qkv(B, Sq, Sk, H, D, dtype=torch.bfloat16, seed=0, device="cpu", k_bias=4.0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Sq, H, D, generator=g) * 2.5
-    k = torch.randn(B, Sk, H, D, generator=g) + torch.randn(1, 1, H, D, generator=g) * k_bias
-    v = torch.randn(B, Sk, H, D, generator=g) * 0.7
-    return tuple(x.to(dtype=dtype, device=device) for x in (q, k, v))
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, Sq, H, D, generator=g, device=device) * 2.5
+    k = torch.randn(B, Sk, H, D, generator=g, device=device) + torch.randn(1, 1, H, D, generator=g,
+                                                                           device=device) * k_bias
+    v = torch.randn(B, Sk, H, D, generator=g, device=device) * 0.7
+    return tuple(x.to(dtype=dtype) for x in (q, k, v))
 
 
 # ------------------------------------------------------------------ direct float64 computation of the contract
