@@ -373,3 +373,21 @@ def test_triton_kernels_compile_offline(arch):
     assert "st.global.b8" not in ptx["quant"], "V^T / q8 / k8 stores must be vectorized"
     assert "ld.global.v4" in ptx["stats"] and "ld.global.v4" in ptx["quant"]
     assert ".local" not in "".join(ptx.values())
+
+
+def test_torch_prep_matches_the_emulation_quantizer():
+    """The prep and fp8-emulated must quantize identically (docs/ARCHITECTURE.md "FP8 numerics")."""
+    emu = pytest.importorskip("ditprof.kernels.fp8_emulation")
+    if not all(hasattr(emu, n) for n in ("smooth_k", "quantize_per_head")):
+        pytest.skip("fp8_emulation has no smooth_k / quantize_per_head helpers")
+    q, k, v = make_qkv(2, 77, 130, 3, 128, seed=11, k_bias=10.0)
+    res = fp8_prepare_torch(q, k, v)
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    ks, mean = emu.smooth_k(kh)
+    assert torch.equal(res.k_mean, mean)
+    Sk_pad = padded_lengths(77, 130)[1]
+    for got, x, i in ((res.q8[:, :, :77], qh, 0), (res.k8[:, :, :130], ks, 1),
+                      (natural_v(res.v8t, Sk_pad)[:, :, :130], vh, 2)):
+        x8, descale = emu.quantize_per_head(x)
+        assert torch.equal(descale, res.scales[..., i])
+        assert torch.equal(got.view(torch.uint8), x8.view(torch.uint8))
