@@ -138,3 +138,32 @@ def test_masks():
 def test_no_attention_module():
     with pytest.raises(DitprofError, match="no diffusers attention module"):
         swap.install(torch.nn.Linear(2, 2), "x", Counting())
+
+
+def test_norm_ranges_count_decomposed_rmsnorm_as_norm(tmp_path):
+    from diffusers.models.normalization import AdaLayerNormZero, RMSNorm
+
+    from ditprof.harness import categories as C
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rms = RMSNorm(32, eps=1e-6)  # pow / mean / rsqrt / mul: no aten norm op
+            self.ada = AdaLayerNormZero(32)  # holds a Linear: not wrapped itself, its LayerNorm is
+
+        def forward(self, x, emb):
+            return self.ada(self.rms(x), emb=emb)[0]
+
+    m = Tiny()
+    x, emb = torch.randn(1, 8, 32), torch.randn(1, 32)
+    with swap.norm_ranges(m) as names:
+        assert names == ["rms", "ada.norm"]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.profiler.record_function(C.BLOCK_RANGE):
+                m(x, emb)
+    assert "forward" not in m.rms.__dict__ and "forward" not in m.ada.norm.__dict__  # restored
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    split = C.split_trace(C.load_trace(tmp_path / "t.json"))
+    ops = {(o["op"], o["category"]) for o in split.top_ops}
+    assert ("aten::pow", "norm") in ops or ("aten::rsqrt", "norm") in ops or ("aten::mean", "norm") in ops
+    assert any(cat == "gemm" for _, cat in ops)  # the AdaLayerNorm projection stays a GEMM

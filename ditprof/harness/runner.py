@@ -176,7 +176,8 @@ class _Phases:
 def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
                      stage: Path, progress: Progress | None, resident: int) -> BackendRun:
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
-    with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state:
+    with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
+            swap.norm_ranges(loaded.module):
         run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
                       workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
                       rank=0 if label == "baseline" else 1,

@@ -294,3 +294,47 @@ def active_backend_value() -> str:
 
     b = _AttentionBackendRegistry._active_backend
     return b.value if isinstance(b, enum.Enum) else str(b)
+
+
+# --------------------------------------------------------------------------- norm module ranges
+
+def _is_norm_module(mod: torch.nn.Module) -> bool:
+    if "Norm" not in type(mod).__name__:
+        return False
+    return not any(isinstance(m, torch.nn.Linear) for m in mod.modules())
+
+
+@contextlib.contextmanager
+def norm_ranges(module: torch.nn.Module) -> Iterator[list[str]]:
+    """Wrap every norm module's forward in ``record_function("ditprof::norm/<Class>")``.
+
+    Some norms never reach an aten norm op (diffusers' ``RMSNorm`` is pow/mean/rsqrt/mul); the range lets
+    the split count them as norm instead of elementwise. Modules holding a ``Linear`` (AdaLayerNorm*) are
+    left alone: their inner norm gets the range, their projection stays a GEMM.
+    """
+    from ditprof.harness.categories import NORM_RANGE_PREFIX
+
+    wrapped: list[tuple[torch.nn.Module, bool, Callable]] = []
+    names: list[str] = []
+    for name, mod in module.named_modules():
+        if not _is_norm_module(mod):
+            continue
+        label = f"{NORM_RANGE_PREFIX}/{type(mod).__name__}"
+        inner = mod.forward
+        had_attr = "forward" in mod.__dict__
+
+        def forward(*args, _inner=inner, _label=label, **kwargs):
+            with torch.profiler.record_function(_label):
+                return _inner(*args, **kwargs)
+
+        mod.forward = forward
+        wrapped.append((mod, had_attr, inner))
+        names.append(name)
+    try:
+        yield names
+    finally:
+        for mod, had_attr, inner in wrapped:
+            if had_attr:
+                mod.forward = inner
+            else:
+                del mod.forward
