@@ -361,6 +361,8 @@ def test_triton_kernels_compile_offline(arch):
 
     if prep_triton.INTERPRET:
         pytest.skip("TRITON_INTERPRET=1: triton.jit gives interpreted functions")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the gpu tests compile and run the kernels for real")
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
     except ImportError:

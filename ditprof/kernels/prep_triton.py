@@ -8,7 +8,9 @@ Three launches, all deterministic (no atomics):
 2. ``_finalize_kernel`` grid (B*H,): reduces the partials in a fixed order; mean_k = fp32(sum64 / Sk);
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
    because rounding is monotonic); descales = amax / 448 (1.0 where amax == 0), IEEE division.
-3. ``_quant_kernel``  grid (Q tiles + K tiles + V tiles, B*H): X8 = e4m3(clamp(X / descale, +-448)), IEEE division,
+3. ``_quant_kernel``  grid (Q tiles + K tiles + V tiles, B*H), one branch per operand, each branch body a jit
+   helper (the compiled path type-checks variables across if/else; the interpreter does not):
+   X8 = e4m3(clamp(X / descale, +-448)), IEEE division (``tl.math.div_rn``: a plain ``/`` is div.full.f32),
    round to nearest even; writes q8 and k8 row-major (pad rows zero) and V transposed: each V program owns BLOCK
    output positions (whole 16-key groups), gathers the V rows key_order(p) (each row a contiguous D vector, so
    loads stay coalesced), quantizes, transposes in registers (``tl.trans``) and stores feature-major rows.
