@@ -362,7 +362,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
                 if name in ptr_types or name in div16:
                     attrs[(i,)] = [["tt.divisibility", 16]]
         src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-        return triton.compile(src, target=target, options={"num_warps": num_warps})
+        return triton.compile(src, target=target, options={"num_warps": num_warps, "enable_fp_fusion": True})
 
     return {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": STATS_CHUNK, "BLOCK": STATS_BLOCK}, STATS_WARPS),
