@@ -20,6 +20,12 @@ COLORS = {
 }
 
 
+def _fmt_ms(ms: float) -> str:
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    return f"{ms:.3g} ms"
+
+
 def split_png(runs: list[dict], title: str, unit_note: str = "") -> bytes:
     """``runs``: report sections (``attention_backend``, ``split_ms``, ``attention_share``); PNG bytes."""
     labels = [f"{r['label']}\n{r['attention_backend']}" for r in runs]
@@ -30,8 +36,13 @@ def split_png(runs: list[dict], title: str, unit_note: str = "") -> bytes:
         ax.bar(labels, vals, bottom=bottoms, color=COLORS[cat], label=cat, width=0.55)
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     for i, r in enumerate(runs):
-        ax.text(i, bottoms[i], f"{bottoms[i]:.3g} ms\nattn {r['attention_share'] * 100:.1f}%",
+        ax.text(i, bottoms[i], f"{_fmt_ms(bottoms[i])}\nattn {r['attention_share'] * 100:.1f}%",
                 ha="center", va="bottom", fontsize=8)
+        clean = (r.get("block_ms") or {}).get("median")
+        if clean:
+            ax.plot([i - 0.34, i + 0.34], [clean, clean], color="black", linestyle="--", linewidth=1,
+                    label="block time (clean timing)" if i == 0 else None)
+            bottoms[i] = max(bottoms[i], clean)
     ax.set_ylabel("time per block call (ms)" + (f" — {unit_note}" if unit_note else ""))
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, max(bottoms + [1e-9]) * 1.22)
