@@ -27,8 +27,14 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+ACTIVE_BEFORE = {}
+
+
 @pytest.fixture(scope="module")
 def compare_run(one_thread, tmp_path_factory):
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    ACTIVE_BEFORE["backend"] = _AttentionBackendRegistry._active_backend
     out = tmp_path_factory.mktemp("cmp") / "run"
     rc = cli.main(["compare", "--preset", PRESET, "--device", "cpu", "--out", str(out), "--iters", "3",
                    "--warmup", "1", "--steps", "4", "--cfg"])
@@ -102,7 +108,7 @@ def test_compare_traces(compare_run):
 def test_diffusers_state_restored(compare_run):
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-    assert _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE  # no global leak
+    assert _AttentionBackendRegistry._active_backend == ACTIVE_BEFORE["backend"]  # no global backend leaked
     assert AttentionBackendName("ditprof_fp8_emulated") in _AttentionBackendRegistry._backends
 
 
@@ -164,3 +170,18 @@ def test_tb_loads_in_torch_tb_profiler(compare_run, tmp_path):
     res = subprocess.run([sys.executable, str(script), str(tb)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "['baseline', 'swapped']" in res.stdout
+
+
+def test_cli_subprocess(tmp_path):
+    """The real entry point, as a user types it: rich summary table on stdout, run folder written."""
+    out = tmp_path / "cli"
+    repo = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="160",
+               PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    res = subprocess.run([sys.executable, "-m", "ditprof", "compare", "--preset", PRESET, "--device", "cpu",
+                          "--iters", "2", "--warmup", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for text in ("attention share", "fp8-emulated", "sdpa", "model time (2 blocks)", "Amdahl", str(out)):
+        assert text in res.stdout, text
+    assert (out / "report.json").is_file()
