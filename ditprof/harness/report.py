@@ -194,7 +194,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
     table = Table(title=f"{title}: {model_line(report)}", caption=env_line(report), title_justify="left",
                   caption_justify="left")
     table.add_column("metric")
-    table.add_column("baseline", justify="right")
+    table.add_column("baseline" if report["swapped"] else "measured", justify="right")
     if report["swapped"]:
         table.add_column("swapped", justify="right")
         table.add_column("change", justify="right")
