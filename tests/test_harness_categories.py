@@ -127,3 +127,26 @@ def test_gzip_roundtrip(tmp_path):
     with gzip.open(p, "wt") as f:
         json.dump(trace, f)
     assert C.split_trace(C.load_trace(p)).split_ms == C.split_trace(trace).split_ms
+
+
+def test_slow_outlier_call_left_out():
+    """A block call >1.5x slower than the median call (busy host) does not skew the per-call split."""
+    trace = C.load_trace(DATA / "cuda_synthetic.trace.json")
+    events = trace["traceEvents"]
+    first = [e for e in events if e["ts"] < 10000]
+    extra = []
+    for e in first:
+        e = json.loads(json.dumps(e))
+        e["ts"] += 20000
+        args = e.get("args", {})
+        for key in ("correlation", "External id"):
+            if key in args:
+                args[key] += 100000
+        if e["cat"] == "kernel":
+            e["dur"] *= 10
+        extra.append(e)
+    slow = {"traceEvents": events + extra}
+    s = C.split_trace(slow)
+    assert s.iterations == 3 and s.iterations_used == 2
+    assert s.split_ms == pytest.approx({"attention": 0.41, "gemm": 0.36, "norm": 0.05, "elementwise": 0.03,
+                                        "other": 0.02})

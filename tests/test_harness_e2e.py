@@ -81,6 +81,7 @@ def test_compare_report_fields(compare_run):
         assert 0 < sec["attention_share"] < 1
         assert sec["attention_share"] == pytest.approx(sec["split_ms"]["attention"] / sec["split_total_ms"])
         assert sec["peak_memory_bytes"] > 0
+        assert 1 <= sec["split_iterations_used"] <= sec["split_iterations"] == rep["settings"]["iters"]
         assert sec["profiled_block_ms"] > 0
     ex = rep["extrapolation"]
     for key in ("n_blocks", "baseline_ms", "swapped_ms", "speedup", "amdahl_predicted_speedup"):

@@ -125,11 +125,13 @@ class Split:
     block_range_ms: list[float] = field(default_factory=list)  # per iteration, wall span of the block
     resolved: dict[str, int] = field(default_factory=dict)  # how device events were linked
     top_ops: list[dict] = field(default_factory=list)  # heaviest launching ops
+    iterations_used: int = 0  # calls averaged (slow outliers left out)
 
     def to_dict(self) -> dict:
         return {
             "mode": self.mode,
             "iterations": self.iterations,
+            "iterations_used": self.iterations_used,
             "split_ms": dict(self.split_ms),
             "total_ms": self.total_ms,
             "attention_share": self.attention_share,
@@ -236,19 +238,36 @@ class TraceIndex:
         return [i for i, n in enumerate(self.nodes) if n.name == BLOCK_RANGE]
 
 
-def _finish(mode: str, per_cat_us: dict[str, float], iterations: int, spans_us: list[float],
-            resolved: dict[str, int], per_op_us: dict[tuple[str, str], float]) -> Split:
-    it = max(iterations, 1)
-    split_ms = {c: per_cat_us.get(c, 0.0) / 1000.0 / it for c in CATEGORIES}
+OUTLIER_FACTOR = 1.5  # a block call slower than this x the median call is left out of the split
+
+
+def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]],
+            per_block_op: dict[int, dict[tuple[str, str], float]], spans_us: dict[int, float],
+            resolved: dict[str, int]) -> Split:
+    """Average the per-call splits, leaving out calls much slower than the median (a busy host, a
+    clock hiccup): one 10x outlier among five calls would otherwise dominate the mean."""
+    span_list = [spans_us[b] for b in blocks if b in spans_us]
+    med = statistics.median(span_list) if span_list else 0.0
+    used = [b for b in blocks if b in per_block and (not med or spans_us.get(b, med) <= OUTLIER_FACTOR * med)]
+    if not used:
+        used = [b for b in blocks if b in per_block]
+    n = max(len(used), 1)
+    split_ms = {c: sum(per_block[b].get(c, 0.0) for b in used) / 1000.0 / n for c in CATEGORIES}
     total = sum(split_ms.values())
     share = split_ms["attention"] / total if total > 0 else 0.0
-    top = sorted(per_op_us.items(), key=lambda kv: -kv[1])[:12]
-    top_ops = [{"op": op, "category": cat, "ms": us / 1000.0 / it} for (op, cat), us in top]
-    return Split(mode, iterations, split_ms, total, share, [s / 1000.0 for s in spans_us], resolved, top_ops)
+    ops: dict[tuple[str, str], float] = defaultdict(float)
+    for b in used:
+        for key, us in per_block_op.get(b, {}).items():
+            ops[key] += us
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:12]
+    top_ops = [{"op": op, "category": cat, "ms": us / 1000.0 / n} for (op, cat), us in top]
+    out = Split(mode, len(blocks), split_ms, total, share, [s / 1000.0 for s in span_list], dict(resolved), top_ops)
+    out.iterations_used = len(used)
+    return out
 
 
 def split_trace(trace: dict, mode: str | None = None) -> Split:
-    """Split the ``ditprof::block`` ranges of a trace into categories (per-iteration average, ms).
+    """Split the ``ditprof::block`` ranges of a trace into categories (per-call average, ms).
 
     ``mode``: "cuda" uses device events, "cpu" uses host op self time; None picks "cuda" when the trace
     has device events.
@@ -257,15 +276,23 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
     if mode is None:
         mode = "cuda" if index.device else "cpu"
     blocks = index.block_ranges()
-    per_cat: dict[str, float] = defaultdict(float)
-    per_op: dict[tuple[str, str], float] = defaultdict(float)
+    per_block: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    per_block_op: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     resolved: dict[str, int] = defaultdict(int)
 
+    def add(b: int, cat: str, op: str, us: float) -> None:
+        per_block[b][cat] += us
+        per_block_op[b][(op, cat)] += us
+
     if mode == "cuda":
-        spans: dict[int, list[float]] = {}
+        extent: dict[int, list[float]] = {}
+        gpu_blocks = sorted(index.gpu_ranges.get(BLOCK_RANGE, ()))
+        host_for_gpu = dict(enumerate(blocks)) if len(gpu_blocks) == len(blocks) else {}
+        orphans: list[tuple[str, str, float]] = []
         for ev in index.device:
             i, how = index.launcher(ev)
             dur = float(ev.get("dur", 0.0))
+            ts = float(ev["ts"])
             if i >= 0:
                 b = index.block_of(i)
                 if b < 0:
@@ -278,38 +305,44 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
                 op = ATTENTION_RANGE if cat == "attention" else (ops[0] if ops else ev.get("name", "?"))
             else:
                 # no host link: fall back to the GPU-side ranges (gpu_user_annotation) and kernel names
-                ts = float(ev["ts"])
-                if not any(a <= ts <= e for a, e in index.gpu_ranges.get(BLOCK_RANGE, ())):
+                k = next((j for j, (a, e) in enumerate(gpu_blocks) if a <= ts <= e), None)
+                if k is None:
                     continue
                 if any(a <= ts <= e for a, e in index.gpu_ranges.get(ATTENTION_RANGE, ())):
                     cat = "attention"
                 else:
                     cat = category_for_kernel_name(ev.get("name", ""))
                 op = ev.get("name", "?")
-                b = -2
+                b = host_for_gpu.get(k, -2)
+                if b == -2:
+                    resolved[how] += 1
+                    orphans.append((cat, op, dur))
+                    continue
             resolved[how] += 1
-            per_cat[cat] += dur
-            per_op[(op, cat)] += dur
-            ts = float(ev["ts"])
-            s = spans.setdefault(b, [ts, ts + dur])
-            s[0] = min(s[0], ts)
-            s[1] = max(s[1], ts + dur)
-        span_us = [spans[b][1] - spans[b][0] for b in blocks if b in spans]
-        return _finish(mode, per_cat, len(blocks), span_us, dict(resolved), per_op)
+            add(b, cat, op, dur)
+            if how != "kernel_name":
+                x = extent.setdefault(b, [ts, ts + dur])
+                x[0] = min(x[0], ts)
+                x[1] = max(x[1], ts + dur)
+        for cat, op, dur in orphans:  # GPU block ranges not matched to host ranges: spread evenly
+            for b in blocks:
+                add(b, cat, op, dur / max(len(blocks), 1))
+        spans = {b: x[1] - x[0] for b, x in extent.items()}
+        return _finish(mode, blocks, per_block, per_block_op, spans, resolved)
 
     # CPU: self time of aten ops inside a block range
     for i, n in enumerate(index.nodes):
         if n.cat != "cpu_op":
             continue
-        if index.block_of(i) < 0:
+        b = index.block_of(i)
+        if b < 0:
             continue
         self_us = max(n.end - n.ts - n.child_time, 0.0)
         cat = category_for_stack(index.names(i))
-        per_cat[cat] += self_us
-        per_op[(ATTENTION_RANGE if cat == "attention" else n.name, cat)] += self_us
+        add(b, cat, ATTENTION_RANGE if cat == "attention" else n.name, self_us)
         resolved["cpu_op"] += 1
-    span_us = [index.nodes[b].end - index.nodes[b].ts for b in blocks]
-    return _finish("cpu", per_cat, len(blocks), span_us, dict(resolved), per_op)
+    spans = {b: index.nodes[b].end - index.nodes[b].ts for b in blocks}
+    return _finish("cpu", blocks, per_block, per_block_op, spans, resolved)
 
 
 def median(xs: list[float]) -> float:

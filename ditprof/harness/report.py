@@ -67,6 +67,7 @@ def run_section(run: BackendRun) -> dict:
         "split_total_ms": sp.total_ms,
         "attention_share": sp.attention_share,
         "split_iterations": sp.iterations,
+        "split_iterations_used": sp.iterations_used,  # slower than 1.5x the median call: left out
         "split_links": sp.resolved,
         "top_ops": sp.top_ops,
         "peak_memory_bytes": run.peak_memory_bytes,
@@ -239,7 +240,9 @@ def markdown(report: dict) -> str:
               "- The split assigns " + ("every GPU kernel to the op that launched it" if b["split_mode"] == "cuda"
                                         else "each aten op's self time on the host") +
               "; everything inside the `ditprof::attention` range (the attention call, for baseline and swap "
-              "alike) is attention. The split total can differ from the block time (gaps, launch overhead).",
+              "alike) is attention. The split total can differ from the block time (gaps, launch overhead). "
+              "It averages the profiled calls, leaving out any call slower than 1.5x the median call "
+              f"(baseline: {b['split_iterations_used']} of {b['split_iterations']} used).",
               "- Extrapolation multiplies the block time by the number of blocks"
               " (× steps × 2 with CFG); the Amdahl prediction uses the baseline attention share and the "
               "attention-only speedup.", "",

@@ -93,8 +93,6 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         raise DitprofError(f"--iters must be >= 1 (got {args.iters})")
     if args.warmup is not None and args.warmup < 0:
         raise DitprofError(f"--warmup must be >= 0 (got {args.warmup})")
-    if args.cfg and not args.steps:
-        pass  # CFG doubles the per-step count even for one step
     swap_name = None
     if command == "compare":
         baseline = args.baseline or backends.DEFAULT_BASELINE
