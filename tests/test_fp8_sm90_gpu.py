@@ -159,8 +159,9 @@ def test_sm90_deterministic_and_fp16_out():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"pingpong": True}, {"overlap": False}, {"tile_n": 192, "kv_stages": 3},
-                                 {"tile_n": 192, "pingpong": True}], ids=["pingpong", "no_overlap", "n192s3", "n192pp"])
+@pytest.mark.parametrize("cfg", [{"tile_n": 192, "kv_stages": 3}, {"tile_n": 192, "pingpong": True},
+                                 {"poly_every": 4}, {"poly_every": 2, "pingpong": True}],
+                         ids=["n192s3", "n192pp", "poly4", "poly2pp"])
 @pytest.mark.parametrize("shape", [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)],
                          ids=["b2h3s77", "cross4096x512", "s3000"])
 def test_sm90_variants_vs_emulation(cfg, shape):
@@ -176,3 +177,28 @@ def test_sm90_variants_vs_emulation(cfg, shape):
     eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N))
     assert _rel_rms(o, eo) < 5e-3, _rel_rms(o, eo)
     assert (lse - el).abs().max().item() < 1e-3
+
+
+# Options that only change scheduling (barriers, wait placement, pipeline depth, skipping O *= 1.0): each must
+# reproduce the default configuration's output bit for bit. A race (a buffer reused too early, a barrier in
+# the wrong place) or a wrong row max shows up here as a difference, at any size of the error.
+SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 3}, {"pin_wait": "none"},
+                 {"pin_wait": "sts"}, {"skip_rescale": False}, {"skip_rescale": True},
+                 {"pingpong": True, "kv_stages": 3}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SCHEDULE_ONLY, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("shape", [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)],
+                         ids=["b2h3s77", "cross4096x512", "s3000"])
+def test_sm90_schedule_options_bitwise(cfg, shape):
+    _need_sm90()
+    from ditprof.kernels.prep import fp8_prepare
+
+    B, H, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Sq, Sk, D, seed=4)
+    scale = 1.0 / math.sqrt(D)
+    prep = fp8_prepare(q, k, v, smooth_k=True)
+    o0, l0 = _run(prep, scale)
+    o, lse = _run(prep, scale, **cfg)
+    assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())

@@ -39,6 +39,9 @@ CONFIGS = [
     {"pingpong": True},
     {"tile_n": 192},
     {"tile_n": 192, "pingpong": True, "kv_stages": 3},
+    {"pin_wait": "none", "skip_rescale": False, "poly_every": 0},  # v1
+    {"pin_wait": "sts", "skip_rescale": True, "poly_every": 4},
+    {"tile_n": 192, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pingpong": True},
 ]
 
 
@@ -58,7 +61,16 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     assert res["registers"] is not None and 0 < res["registers"] <= 168  # 384 threads, setmaxnreg 24/240
     assert base.get("UTMALDG", 0) >= 3  # Q, K, V TMA loads
     assert base.get("SYNCS", 0) > 0  # mbarrier traffic
-    assert base.get("MUFU", 0) >= 2 * tile_n // 2  # one ex2 per score: 64 x tile_n / 128 threads, two bodies
+    opts = K.options(**cfg)
+    n8, k = tile_n // 8, opts["poly_every"]
+    ex2_per_body = 4 * (n8 - (n8 // k if k else 0))  # 64 x tile_n / 128 scores a thread, minus the polynomial ones
+    assert base.get("MUFU", 0) >= 2 * ex2_per_body  # two bodies (prologue, loop)
+    if opts["pin_wait"] == "sts":
+        # every ex2 of the loop body precedes the wait for the PV wgmma: the softmax really overlaps it
+        lines = r["sass"].splitlines()
+        i1 = next(i for i, line in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in line)
+        i0 = next(i for i in range(i1, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
+        assert sum("MUFU.EX2" in line for line in lines[i1:i0]) >= ex2_per_body
     if cfg.get("pingpong"):
         assert "BAR.ARV" in r["sass"]
 

@@ -68,6 +68,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 import cuda.bindings.driver as cuda
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -78,6 +80,34 @@ TILE_M = TILE_M_WG * NUM_MMA_WG  # 128 query rows per CTA (== the prep's Sq padd
 REGS_PRODUCER = 24
 REGS_CONSUMER = 240
 SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the consumer warpgroups (0 = syncthreads)
+
+# exp2 on the FMA pipe (``poly_every``): 2^x = 2^j * 2^f, j = round(x) by the 1.5*2^23 trick, f in [-0.5, 0.5],
+# 2^f by a degree-3 polynomial (relative minimax fit, max rel. error 7.5e-5 after fp32 rounding of the
+# coefficients), 2^j added to the exponent bits. x is clamped at -127 so that 2^j never wraps the exponent
+# (x = -inf, the mask, gives +0 or a denormal ~1e-38; P*256 in e4m3 is 0 either way).
+EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
+_EXP2_POLY_ASM = (
+    "{\n\t.reg .f32 x, t, j, f, p;\n\t.reg .b32 ti, pi;\n\t"
+    "max.f32 x, $1, 0fC2FE0000;\n\t"  # -127
+    "add.rn.f32 t, x, 0f4B400000;\n\t"  # 1.5 * 2^23: t's low mantissa bits = round(x)
+    "sub.rn.f32 j, t, 0f4B400000;\n\t"
+    "sub.rn.f32 f, x, j;\n\t"
+    "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0E;\n\t"
+    "fma.rn.f32 p, p, f, 0f3F31798D;\n\t"
+    "fma.rn.f32 p, p, f, 0f3F7FFB49;\n\t"
+    "mov.b32 ti, t;\n\tmov.b32 pi, p;\n\t"
+    "shl.b32 ti, ti, 23;\n\t"  # round(x) << 23 (the magic number's own bits shift out)
+    "add.s32 pi, pi, ti;\n\t"
+    "mov.b32 $0, pi;\n\t}"
+)
+
+
+@dsl_user_op
+def exp2_poly(x, *, loc=None, ip=None) -> Float32:
+    """2^x (x <= 128) without MUFU: ~9 FMA/ALU-pipe instructions, relative error <= 8e-5."""
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLY_ASM, "=f,f",
+                                   has_side_effects=True, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def sm90_key_order_for_positions(positions):
@@ -93,21 +123,51 @@ def sm90_key_order_for_positions(positions):
     return group + 8 * (element // 2) + 2 * quad + element % 2
 
 
+# Compile-time options (the compile-cache key); the defaults are the fastest correct configuration measured.
+DEFAULT_OPTIONS: Dict[str, Any] = dict(
+    tile_n=128,  # keys per K/V tile
+    kv_stages=2,  # depth of the K and V smem rings
+    overlap=True,  # intra-warpgroup overlap: the softmax of S_j runs under the PV wgmma of tile j-1
+    pingpong=False,  # FA3 warp-scheduler barriers between the two consumer warpgroups
+    pin_wait="none",  # "sts": keep the PV wait after the softmax in SASS (see kernel)
+    skip_rescale=False,  # skip O *= alpha when no row of the warp changed its max (warp vote)
+    poly_every=0,  # k > 0: every k-th 8-column group of S uses exp2_poly (FMA pipe) instead of MUFU.EX2
+)
+
+
+def options(**opts) -> Dict[str, Any]:
+    """DEFAULT_OPTIONS updated with ``opts`` (unknown names raise)."""
+    bad = set(opts) - set(DEFAULT_OPTIONS)
+    if bad:
+        raise TypeError(f"unknown sm90 kernel options: {sorted(bad)}")
+    out = dict(DEFAULT_OPTIONS)
+    out.update(opts)
+    return out
+
+
 class Sm90Fp8Attention:
     """Compile-time configuration + the jit entry point (``__call__``) and the kernel."""
 
-    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, tile_n: int = 128, kv_stages: int = 2,
-                 overlap: bool = True, pingpong: bool = False):
+    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, **opts):
+        opts = options(**opts)
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
-        if tile_n % 32 or not 32 <= tile_n <= 256:
+        if opts["tile_n"] % 32 or not 32 <= opts["tile_n"] <= 256:
             raise ValueError("tile_n must be a multiple of 32 in [32, 256]")
+        if opts["pin_wait"] not in ("none", "sts"):
+            raise ValueError(f"pin_wait must be 'none' or 'sts', not {opts['pin_wait']!r}")
+        if not 0 <= opts["poly_every"] <= opts["tile_n"] // 8:
+            raise ValueError("poly_every must be in [0, tile_n / 8]")
         self.head_dim = head_dim
         self.dtype_out = dtype_out
-        self.tile_n = tile_n
-        self.kv_stages = kv_stages
-        self.overlap = overlap
-        self.pingpong = pingpong
+        self.opts = opts
+        self.tile_n = opts["tile_n"]
+        self.kv_stages = opts["kv_stages"]
+        self.overlap = opts["overlap"]
+        self.pingpong = opts["pingpong"]
+        self.pin_wait = opts["pin_wait"]
+        self.skip_rescale = opts["skip_rescale"]
+        self.poly_every = opts["poly_every"]
         self.threads = 128 * (1 + NUM_MMA_WG)
 
     # ------------------------------------------------------------------ host side (traced at compile)
@@ -176,6 +236,7 @@ class Sm90Fp8Attention:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            pin: cute.struct.MemRange[Float32, 8]  # pin_wait scratch (fits in the barriers' 1024-byte block)
             sQ: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sV_layout)], 1024]
@@ -238,6 +299,7 @@ class Sm90Fp8Attention:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sPin = storage.pin.get_tensor(cute.make_layout(8))
 
         n_tiles = cute.ceil_div(sk, tile_n)
 
@@ -349,10 +411,18 @@ class Sm90Fp8Attention:
                 if j == n_tiles - 1:
                     self.mask_tile(acc_S, j, sk, quad)
                 alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                if const_expr(self.pin_wait == "sts"):
+                    # a shared store of a value that needs every exp of this tile: ptxas keeps the PV wait after it
+                    sPin[warp_idx % 8] = row_sum[0] + row_sum[1]
                 warpgroup.wait_group(0)
                 v_pipe.consumer_release(v_state)
                 P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                self.rescale_o(acc_O, alpha)
+                if const_expr(self.skip_rescale):
+                    # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
+                    if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+                        self.rescale_o(acc_O, alpha)
+                else:
+                    self.rescale_o(acc_O, alpha)
                 v_state.advance()
                 kv_state.advance()
             # epilogue PV
@@ -414,7 +484,10 @@ class Sm90Fp8Attention:
             for j in cutlass.range_constexpr(n8):
                 for c in cutlass.range_constexpr(2):
                     v = c + 2 * r + 4 * j
-                    p = cute.math.exp2(acc_S[v] * qk_scale - bias, fastmath=True)
+                    if const_expr(self.poly_every > 0 and j % self.poly_every == self.poly_every - 1):
+                        p = exp2_poly(acc_S[v] * qk_scale - bias)  # FMA pipe: unloads MUFU
+                    else:
+                        p = cute.arch.exp2(acc_S[v] * qk_scale - bias)  # side-effect asm: LLVM cannot sink or clone it
                     acc_S[v] = p
                     i = 2 * (j % 2) + c
                     if const_expr(j < 2):
@@ -495,29 +568,29 @@ def _compile_args(dtype_out):
     )
 
 
-def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
-                 tile_n: int = 128, kv_stages: int = 2, overlap: bool = True, pingpong: bool = False):
+def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "", **opts):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
-    ``fake=True``: no GPU needed (stream faked); pass e.g. ``options_extra="--keep-cubin --dump-dir DIR"``.
-    ``fake=False``: compile for launching on the current CUDA device.
+    ``opts``: see ``DEFAULT_OPTIONS``. ``fake=True``: no GPU needed (stream faked); pass e.g.
+    ``options_extra="--keep-cubin --dump-dir DIR"``. ``fake=False``: compile for launching on the current device.
     """
     dtype_out = _out_dtype(dtype_out)
     if not arch.startswith("sm_90"):
         raise ValueError(f"the wgmma kernel is sm_90a only, not {arch}")
     old_arch = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
-    kern = Sm90Fp8Attention(head_dim, dtype_out, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap,
-                            pingpong=pingpong)
+    opts = options(**opts)
+    tile_n, kv_stages = opts["tile_n"], opts["kv_stages"]
+    kern = Sm90Fp8Attention(head_dim, dtype_out, **opts)
     if fake:
         stream = cute.runtime.make_fake_stream()
     else:
         import torch
 
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    options = f"--gpu-arch {arch} {options_extra}".strip()
+    compile_options = f"--gpu-arch {arch} {options_extra}".strip()
     try:
-        fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=options)
+        fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=compile_options)
     finally:
         if old_arch is None:
             os.environ.pop("CUTE_DSL_ARCH", None)
@@ -528,9 +601,9 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     return fn
 
 
-def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, *,
-             tile_n: int = 128, kv_stages: int = 2, overlap: bool = True, pingpong: bool = False) -> None:
-    """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts)."""
+def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, **opts) -> None:
+    """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts).
+    ``opts``: compile-time options, see ``DEFAULT_OPTIONS``."""
     import torch
     from cutlass.cute.runtime import make_ptr
 
@@ -553,11 +626,11 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
     if (major, minor) != (9, 0):
         raise ValueError(f"run_sm90 needs an sm_90 GPU (H100/H200), got sm_{major}{minor}")
     arch = "sm_90a"
-    key = (arch, D, out.dtype, tile_n, kv_stages, overlap, pingpong)
+    opts = options(**opts)
+    key = (arch, D, out.dtype) + tuple(sorted(opts.items()))
     fn = _CACHE.get(key)
     if fn is None:
-        fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tile_n=tile_n, kv_stages=kv_stages, overlap=overlap,
-                          pingpong=pingpong)
+        fn = compile_sm90(D, dtype_out, fake=False, arch=arch, **opts)
         _CACHE[key] = fn
     gm = cute.AddressSpace.gmem
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
@@ -574,4 +647,4 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
     )
 
 
-__all__ = ["Sm90Fp8Attention", "compile_sm90", "run_sm90", "smem_bytes", "sm90_key_order_for_positions"]
+__all__ = ["DEFAULT_OPTIONS", "options", "exp2_poly", "Sm90Fp8Attention", "compile_sm90", "run_sm90", "smem_bytes", "sm90_key_order_for_positions"]

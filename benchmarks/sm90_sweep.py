@@ -1,0 +1,213 @@
+"""One-call sweep of the sm90 FP8 attention kernel's compile-time options on the GPU (issue 5).
+
+    python benchmarks/sm90_sweep.py                       # all variants below, H3 shape, table + JSON
+    python benchmarks/sm90_sweep.py --variants base,v2    # a subset
+    python benchmarks/sm90_sweep.py --out DIR --pytest    # also run tests/test_fp8_sm90_gpu.py at the end
+
+For each variant (a dict of ``fp8_fwd_sm90.DEFAULT_OPTIONS`` overrides):
+  * correctness first, on small shapes: vs the test file's exact torch model (``_emulate_sm90``) and, for the
+    variants whose numerics must equal the base configuration's (scheduling-only options), bitwise vs the base
+    output (a race or a wrong row max shows up there);
+  * then the H3 shape (B=1, H=56, S=30272, D=128): NaN-poisoned output, rel-RMS vs the base variant, and the
+    median of CUDA-event timings, variants interleaved round-robin (``--rounds``) so that clock drift spreads
+    evenly. The prep (Triton) is timed once.
+Also: the kernel-vs-model rel-RMS of the base configuration over several seeds on the smallest shape (the
+spread that the tests' bound has to cover). Prints a table last; writes ``sm90_sweep.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# name -> (options, numerics identical to "base"?)
+VARIANTS = {
+    "v1": (dict(pin_wait="none", skip_rescale=False, poly_every=0), True),
+    "v1-pp": (dict(pin_wait="none", skip_rescale=False, poly_every=0, pingpong=True), True),
+    "pin": (dict(pin_wait="sts", skip_rescale=False, poly_every=0), True),
+    "pin-skip": (dict(pin_wait="sts", skip_rescale=True, poly_every=0), True),
+    "pin-skip-pp": (dict(pin_wait="sts", skip_rescale=True, poly_every=0, pingpong=True), True),
+    "pin-skip-s3": (dict(pin_wait="sts", skip_rescale=True, poly_every=0, kv_stages=3), True),
+    "pin-skip-poly8": (dict(pin_wait="sts", skip_rescale=True, poly_every=8), False),
+    "pin-skip-poly4": (dict(pin_wait="sts", skip_rescale=True, poly_every=4), False),
+    "pin-skip-poly3": (dict(pin_wait="sts", skip_rescale=True, poly_every=3), False),
+    "pin-skip-poly2": (dict(pin_wait="sts", skip_rescale=True, poly_every=2), False),
+    "pin-skip-poly4-pp": (dict(pin_wait="sts", skip_rescale=True, poly_every=4, pingpong=True), False),
+    "n192-pin-skip": (dict(tile_n=192, pin_wait="sts", skip_rescale=True, poly_every=0), False),
+    "n192-pin-skip-poly4": (dict(tile_n=192, pin_wait="sts", skip_rescale=True, poly_every=4), False),
+    "n192-pin-skip-poly4-s3": (dict(tile_n=192, kv_stages=3, pin_wait="sts", skip_rescale=True, poly_every=4), False),
+    "n192-pin-skip-poly6-pp": (dict(tile_n=192, pin_wait="sts", skip_rescale=True, poly_every=6, pingpong=True), False),
+}
+BASE = "v1"  # reference for the bitwise checks: the numerics every tile_n=128, poly-free variant must reproduce
+SMALL = [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)]
+H3 = (1, 56, 30272, 30272, 128)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--pytest", action="store_true", help="run tests/test_fp8_sm90_gpu.py at the end")
+    ap.add_argument("--pytest-timeout", type=int, default=240)
+    args = ap.parse_args()
+
+    import torch
+
+    from ditprof.kernels import fp8_fwd_sm90 as K
+    from ditprof.kernels.prep import fp8_prepare
+    from tests.test_fp8_sm90_gpu import _emulate_sm90, _inputs, _rel_rms, _run
+
+    names = [n for n in args.variants.split(",") if n]
+    if BASE not in names:
+        names.insert(0, BASE)
+    dev = torch.cuda.get_device_name()
+    print(f"device {dev}, torch {torch.__version__}, defaults {K.DEFAULT_OPTIONS}", flush=True)
+    res = {n: dict(opts=VARIANTS[n][0], same_numerics=VARIANTS[n][1]) for n in names}
+
+    # ---- small shapes: vs the exact model and bitwise vs the base variant
+    scale = 1.0 / math.sqrt(128)
+    for si, shape in enumerate(SMALL):
+        B, H, Sq, Sk, D = shape
+        q, k, v = _inputs(B, H, Sq, Sk, D, seed=4)
+        prep = fp8_prepare(q, k, v, smooth_k=True)
+        base_o, base_l = _run(prep, scale, **VARIANTS[BASE][0])
+        model = {}
+        for n in names:
+            if "error" in res[n]:
+                continue
+            opts = VARIANTS[n][0]
+            try:
+                t0 = time.perf_counter()
+                o, l = _run(prep, scale, **opts)  # the first call compiles
+                res[n].setdefault("first_call_s", round(time.perf_counter() - t0, 2))
+                o2, l2 = _run(prep, scale, **opts)
+            except Exception as exc:  # noqa: BLE001
+                res[n]["error"] = f"run: {type(exc).__name__}: {exc}"[:400]
+                continue
+            tn = opts.get("tile_n", 128)
+            if tn not in model:
+                model[tn] = _emulate_sm90(prep, scale, tile_n=tn)
+            eo, el = model[tn]
+            r = res[n].setdefault("small", {})
+            r[f"s{si}"] = dict(
+                finite=bool(torch.isfinite(o).all() and torch.isfinite(l).all()),
+                deterministic=bool(torch.equal(o, o2) and torch.equal(l, l2)),
+                rel_rms_model=_rel_rms(o, eo), lse_max_err=(l - el).abs().max().item(),
+                bitwise_base=bool(torch.equal(o, base_o) and torch.equal(l, base_l)),
+                rel_rms_base=_rel_rms(o, base_o))
+        del prep, q, k, v
+
+    # ---- the kernel-vs-model spread over seeds (base configuration, smallest shape)
+    spread = []
+    for seed in range(8):
+        q, k, v = _inputs(*SMALL[0], seed=seed)
+        prep = fp8_prepare(q, k, v, smooth_k=True)
+        o, _ = _run(prep, scale, **VARIANTS[BASE][0])
+        eo, _ = _emulate_sm90(prep, scale)
+        spread.append(round(_rel_rms(o, eo), 5))
+    print("base rel-RMS vs model, b2h3s77, seeds 0..7:", spread, flush=True)
+
+    # ---- H3: correctness vs base, then interleaved timing
+    B, H, Sq, Sk, D = H3
+    q, k, v = _inputs(B, H, Sq, Sk, D, seed=0)
+    prep = fp8_prepare(q, k, v, smooth_k=True)
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    pt = []
+    for i in range(6):
+        ev[0].record()
+        fp8_prepare(q, k, v, smooth_k=True)
+        ev[1].record()
+        torch.cuda.synchronize()
+        if i >= 2:
+            pt.append(ev[0].elapsed_time(ev[1]))
+    prep_ms = sorted(pt)[len(pt) // 2]
+    base_o, base_l = _run(prep, scale, **VARIANTS[BASE][0])
+    base_o, base_l = base_o.clone(), base_l.clone()
+    live = [n for n in names if "error" not in res[n]]
+    for n in live:
+        o, l = _run(prep, scale, **VARIANTS[n][0])
+        res[n]["h3"] = dict(finite=bool(torch.isfinite(o).all() and torch.isfinite(l).all()),
+                            bitwise_base=bool(torch.equal(o, base_o) and torch.equal(l, base_l)),
+                            rel_rms_base=_rel_rms(o, base_o), lse_max_diff=(l - base_l).abs().max().item())
+        del o, l
+    from ditprof.kernels.fp8_fwd_sm90 import run_sm90
+
+    out = torch.empty((B, Sq, H, D), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device="cuda")
+    u8 = torch.uint8
+    qa, ka, va = prep.q8.view(u8), prep.k8.view(u8), prep.v8t.view(u8)
+    times = {n: [] for n in live}
+    for rnd in range(args.rounds):
+        for n in live:
+            call = lambda: run_sm90(qa, ka, va, prep.scales, prep.sq, prep.sk, scale, out, lse,  # noqa: E731
+                                    **VARIANTS[n][0])
+            for _ in range(2):
+                call()
+            for _ in range(args.iters):
+                ev[0].record()
+                call()
+                ev[1].record()
+                torch.cuda.synchronize()
+                times[n].append(ev[0].elapsed_time(ev[1]))
+    flop = 4.0 * B * H * Sq * Sk * D
+    for n in live:
+        t = sorted(times[n])
+        res[n]["ms_median"] = t[len(t) // 2]
+        res[n]["ms_min"] = t[0]
+        res[n]["tflops"] = flop / (res[n]["ms_median"] * 1e-3) / 1e12
+
+    summary = dict(device=dev, shape=H3, prep_ms=prep_ms, base_spread_b2h3s77=spread, variants=res,
+                   defaults=K.DEFAULT_OPTIONS)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "sm90_sweep.json"), "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+
+    rc = 0
+    if args.pytest:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-x", "-p", "no:cacheprovider",
+               str(ROOT / "tests" / "test_fp8_sm90_gpu.py")]
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.pytest_timeout)
+            tail = (p.stdout + p.stderr)[-3000:]
+            rc = p.returncode
+        except subprocess.TimeoutExpired as exc:
+            tail = f"pytest timed out after {args.pytest_timeout} s: {str(exc.stdout)[-2000:]}"
+            rc = 124
+        with open(os.path.join(args.out, "pytest.txt"), "w") as f:
+            f.write(tail)
+        print("---- pytest tail\n" + tail[-1500:], flush=True)
+
+    print(f"\nprep {prep_ms:.2f} ms; H3 {flop / 1e12:.1f} TFLOP; base spread vs model (b2h3s77 seeds) "
+          f"min {min(spread):.4f} max {max(spread):.4f}")
+    print(f"{'variant':26s} {'ms':>7s} {'min':>7s} {'TFLOP/s':>8s} {'+prep':>7s}  {'h3 vs base':>10s}  "
+          f"{'small: model rel-RMS (max)':>26s} bitw det")
+    for n in names:
+        r = res[n]
+        if "error" in r:
+            print(f"{n:26s} ERROR {r['error'][:150]}")
+            continue
+        sm = r.get("small", {})
+        mx = max((x["rel_rms_model"] for x in sm.values()), default=float("nan"))
+        bw = all(x["bitwise_base"] for x in sm.values()) and r.get("h3", {}).get("bitwise_base", False)
+        det = all(x["deterministic"] and x["finite"] for x in sm.values()) and r.get("h3", {}).get("finite", False)
+        h3 = r.get("h3", {})
+        print(f"{n:26s} {r.get('ms_median', float('nan')):7.2f} {r.get('ms_min', float('nan')):7.2f} "
+              f"{r.get('tflops', float('nan')):8.1f} {r.get('ms_median', float('nan')) + prep_ms:7.2f}  "
+              f"{h3.get('rel_rms_base', float('nan')):10.2e}  {mx:26.4f} {str(bw)[0]:>4s} {str(det)[0]:>3s}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
