@@ -176,7 +176,7 @@ def main() -> int:
 
     rc = 0
     if args.pytest:
-        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-x", "-p", "no:cacheprovider",
+        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                str(ROOT / "tests" / "test_fp8_sm90_gpu.py")]
         try:
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.pytest_timeout)
