@@ -1,0 +1,851 @@
+"""``ditprof validate``: is "N x one block" the time of N real blocks?
+
+Runs N *distinct* blocks chained (each block's output is the next block's hidden states, with its own
+weights) and times the chain the same way the harness times one block (CUDA events on a GPU, the host clock
+on CPU), then compares it with the one-block extrapolation N x (median one-block time).
+
+Weights:
+
+* presets: distinct synthetic weights per block, generated from (seed, tensor name) -- the tensor name
+  holds the block index, so block i is the same on every run -- directly on the target device (h3 x 50
+  blocks is 77 GB: nothing is written to disk). On CPU the values are bit-identical to the block of a
+  synthetic checkpoint (``model_blocks.synthetic.init_tensor``); on CUDA they come from a CUDA generator
+  with the same scales.
+* checkpoints: the real shards, loaded block by block (only the shards holding block i are opened).
+
+Memory: when N blocks + activations fit the device (or the ``--gpu-memory`` budget), all blocks stay
+resident. Otherwise the blocks are kept in host memory and streamed, one at a time, into a working block on
+the device; only the compute is timed (per-block events around the forward, copies left out) and the
+report says so. A budget that cannot hold one block plus its activations is an error naming the amount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import math
+import statistics
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ditprof.errors import DitprofError
+from ditprof.harness import atomic, backends, swap
+from ditprof.harness.environment import environment
+from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
+from ditprof.harness.session import time_block
+
+SCHEMA = "ditprof.validate/1"
+GOAL_PCT = 3.0  # |error| goal of the extrapolation on the H200 (issue 6)
+CHUNK = 1 << 24  # elements drawn per randn call on a GPU: bounds the fp32 scratch
+CPU_DEFAULT_BLOCKS = 4
+
+
+# --------------------------------------------------------------------------- synthetic weights on device
+
+def _init_scale(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(std, offset) of a synthetic tensor: the rule of ``model_blocks.synthetic.init_tensor``."""
+    numel = math.prod(shape)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "scale_shift_table":
+        return shape[-1] ** -0.5, 0.0
+    if len(shape) >= 2:
+        return (numel // shape[0]) ** -0.5, 0.0
+    if leaf == "weight":  # 1-D weights are norm scales
+        return 0.02, 1.0
+    return 0.02, 0.0
+
+
+def synth_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """Deterministic synthetic tensor, generated on ``device`` from (seed, name) alone."""
+    from ditprof.model_blocks.synthetic import init_tensor, tensor_seed
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return init_tensor(name, tuple(shape), seed, dtype)  # bit-identical to the synthetic checkpoint
+    gen = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
+    std, offset = _init_scale(name, tuple(shape))
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    flat = out.view(-1)
+    for start in range(0, flat.numel(), CHUNK):
+        n = min(CHUNK, flat.numel() - start)
+        chunk = torch.randn(n, generator=gen, device=device, dtype=torch.float32)
+        flat[start:start + n] = chunk.mul_(std).add_(offset)
+        del chunk
+    return out
+
+
+def _dtype_for(family, local_name: str, dtype: torch.dtype) -> torch.dtype:
+    from ditprof.model_blocks.loading import keeps_fp32
+
+    return torch.float32 if keeps_fp32(family, local_name) else dtype
+
+
+def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """Block ``index`` of a preset with synthetic weights made on ``device`` (nothing read or written).
+
+    Returns a ``model_blocks.LoadedBlock``. fp32-kept parameters (diffusers' ``_keep_in_fp32_modules``)
+    stay fp32, as the loader keeps them.
+    """
+    from ditprof.model_blocks import LoadedBlock, get_preset
+    from ditprof.model_blocks.loading import module_bytes
+    from ditprof.model_blocks.presets import block_on_meta
+
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    t0 = time.perf_counter()
+    device = torch.device(device)
+    family = preset.adapter
+    kind_name = family.kind(kind or preset.kind).name
+    n_blocks = family.n_blocks(preset.config, kind_name)
+    if not 0 <= index < n_blocks:
+        raise DitprofError(f"block index {index} out of range: {preset.name} {kind_name} stack has {n_blocks} blocks")
+    prefix = family.prefix(kind_name, index)
+    module = block_on_meta(family, preset.config, kind_name)
+    state = {
+        k: synth_tensor(prefix + k, tuple(t.shape), seed, _dtype_for(family, k, dtype), device)
+        for k, t in module.state_dict().items()
+    }
+    module.load_state_dict(state, strict=True, assign=True)
+    del state
+    leftovers = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if leftovers:
+        raise DitprofError(f"synthetic block has tensors with no generator rule: {', '.join(leftovers[:5])}")
+    module.eval().requires_grad_(False)
+    params, nbytes = module_bytes(module)
+    heads, head_dim = family.heads(preset.config)
+    return LoadedBlock(
+        module=module, family=family, kind=kind_name, index=index, n_blocks=n_blocks, config=preset.config,
+        source=preset.name, params=params, bytes=nbytes, heads=heads, head_dim=head_dim,
+        load_s=time.perf_counter() - t0, device=device, dtype=dtype, preset=preset,
+    )
+
+
+def block_bytes_of(family, config: dict, kind: str, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """(params, bytes) of one block as loaded (fp32-kept tensors at 4 bytes), from a meta build."""
+    from ditprof.model_blocks.presets import block_on_meta
+
+    block = block_on_meta(family, config, kind)
+    size = torch.finfo(dtype).bits // 8
+    params = sum(p.numel() for p in block.parameters())
+    nbytes = sum(t.numel() * (4 if _dtype_for(family, n, dtype) == torch.float32 else size)
+                 for n, t in block.state_dict().items())
+    return params, nbytes
+
+
+# --------------------------------------------------------------------------- activation estimate
+
+class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Tracks the bytes of live tensors created inside the mode (by storage) and their peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                key = t.untyped_storage()._cdata
+                if key in self.live:
+                    continue
+                self.live[key] = t.untyped_storage().nbytes()
+                self.current += self.live[key]
+                self.peak = max(self.peak, self.current)
+                weakref.finalize(t, self._free, key)
+        return out
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_nbytes(o) for o in obj.values())
+    return 0
+
+
+def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtype: torch.dtype = torch.bfloat16,
+                           **input_args) -> dict:
+    """Inputs and peak activation bytes of one forward, traced on the meta device (no memory, no compute).
+
+    Every tensor the block creates is tracked while it is alive; attention is replaced by a stand-in that
+    only allocates its output (a flash-style kernel: no S x S scores). An estimate: the CUDA caching
+    allocator's rounding and a kernel's workspace are not in it.
+    """
+    from ditprof.model_blocks import LoadedBlock, make_inputs
+    from ditprof.model_blocks.presets import block_on_meta
+
+    module = block_on_meta(family, config, kind)
+    for n, p in list(module.named_parameters()):
+        p.data = p.data.to(_dtype_for(family, n, dtype))
+    heads, head_dim = family.heads(config)
+    meta = LoadedBlock(module=module, family=family, kind=kind, index=0, n_blocks=family.n_blocks(config, kind),
+                       config=config, source="meta", params=0, bytes=0, heads=heads, head_dim=head_dim, load_s=0.0,
+                       device=torch.device("meta"), dtype=dtype, preset=preset)
+    inputs = make_inputs(meta, device="meta", dtype=dtype, **input_args)
+
+    def flash_stand_in(q, k, v, *, scale=None, attn_mask=None):
+        return torch.empty_like(q)
+
+    mode = _LiveBytes()
+    with torch.inference_mode(), swap.swapped(module, "meta-estimate", flash_stand_in,
+                                              uses_dispatcher=family.uses_dispatcher):
+        with mode:
+            out = inputs.run(module)
+        del out
+    return {"input_bytes": _nbytes(inputs.args) + _nbytes(inputs.kwargs), "activation_bytes": int(mode.peak),
+            "tokens": inputs.tokens, "text_tokens": inputs.text_tokens,
+            "method": "meta-device trace of live tensors, attention as a flash-style kernel (output only)"}
+
+
+# --------------------------------------------------------------------------- chaining
+
+def _hidden_slot(inputs) -> tuple[str, Any]:
+    return ("kw", "hidden_states") if "hidden_states" in inputs.kwargs else ("arg", 0)
+
+
+def _encoder_slot(inputs) -> tuple[str, Any] | None:
+    if "encoder_hidden_states" in inputs.kwargs:
+        return ("kw", "encoder_hidden_states")
+    if len(inputs.args) > 1 and isinstance(inputs.args[1], torch.Tensor):
+        return ("arg", 1)
+    return None
+
+
+class Chain:
+    """Calls blocks one after the other, feeding each block's outputs to the next, like the model does."""
+
+    def __init__(self, inputs):
+        self.inputs = inputs
+        self.h_slot = _hidden_slot(inputs)
+        self.e_slot = _encoder_slot(inputs)
+
+    def _get(self, slot):
+        kind, key = slot
+        return self.inputs.kwargs[key] if kind == "kw" else self.inputs.args[key]
+
+    def start(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._get(self.h_slot), (self._get(self.e_slot) if self.e_slot else None)
+
+    def step(self, module, hidden, encoder):
+        args, kwargs = list(self.inputs.args), dict(self.inputs.kwargs)
+        for slot, value in ((self.h_slot, hidden), (self.e_slot, encoder)):
+            if slot is None or value is None:
+                continue
+            if slot[0] == "kw":
+                kwargs[slot[1]] = value
+            else:
+                args[slot[1]] = value
+        out = module(*args, **kwargs)
+        idx = self.inputs.output_index
+        if idx is None:
+            return out, encoder
+        other = out[1 - idx] if isinstance(out, (tuple, list)) and len(out) == 2 else encoder
+        return out[idx], other
+
+
+# --------------------------------------------------------------------------- spec and sources
+
+@dataclass
+class ValidateSpec:
+    source: str
+    source_kind: str  # "preset" / "checkpoint"
+    kind: str | None
+    blocks: int | None
+    attention: str
+    device: torch.device
+    dtype: torch.dtype = torch.bfloat16
+    tokens: int | None = None
+    height: int | None = None
+    width: int | None = None
+    frames: int | None = None
+    gpu_memory: str | None = None
+    steps: int | None = None
+    cfg: bool = False
+    out: Path | None = None
+    warmup: int | None = None
+    iters: int | None = None  # one-block timed calls
+    chain_iters: int | None = None  # timed chain passes
+    seed: int = 0
+    whole_step: bool = True
+    stream: bool | None = None  # None: decide from memory; True/False: force (tests, debugging)
+
+
+@dataclass
+class Source:
+    """Where blocks come from: a preset (synthetic on device) or a checkpoint (shards)."""
+
+    name: str
+    kind_of_source: str
+    family: Any
+    config: dict
+    kind: str
+    model_blocks: int
+    preset: Any = None
+    layout: Any = None
+    hub: Any = None
+    held: list[int] = field(default_factory=list)
+
+    def block(self, index: int, device: torch.device, dtype: torch.dtype, seed: int):
+        if self.preset is not None:
+            return synthetic_block(self.preset, index, kind=self.kind, device=device, dtype=dtype, seed=seed)
+        from ditprof.model_blocks.loading import load_block_from_layout
+
+        return load_block_from_layout(self.layout, index, kind=self.kind, device=device, dtype=dtype, progress=False,
+                                      fetch_shards=self.hub.fetch_shards if self.hub else None, source=self.name)
+
+    def host_state(self, index: int, device: torch.device, dtype: torch.dtype, seed: int,
+                   to_host: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Block ``index``'s tensors in host memory, holding at most one tensor on ``device`` at a time
+        (presets: generated on the device, so the values match a resident run)."""
+        if self.preset is None:
+            lb = self.block(index, torch.device("cpu"), dtype, seed)
+            return {k: to_host(v) for k, v in lb.module.state_dict().items()}
+        from ditprof.model_blocks.presets import block_on_meta
+
+        prefix = self.family.prefix(self.kind, index)
+        out = {}
+        for k, t in block_on_meta(self.family, self.config, self.kind).state_dict().items():
+            out[k] = to_host(synth_tensor(prefix + k, tuple(t.shape), seed, _dtype_for(self.family, k, dtype),
+                                          device))
+        return out
+
+
+def open_source(source: str, source_kind: str, kind: str | None) -> Source:
+    from ditprof.model_blocks import get_preset
+
+    if source_kind == "preset":
+        preset = get_preset(source)
+        family = preset.adapter
+        k = family.kind(kind or preset.kind).name
+        n = family.n_blocks(preset.config, k)
+        return Source(source, "preset", family, preset.config, k, n, preset=preset, held=list(range(n)))
+    from ditprof.model_blocks import family_for_config
+    from ditprof.model_blocks.checkpoint import read_layout
+
+    path = Path(source).expanduser()
+    hub = None
+    if path.exists() or source.startswith((".", "/", "~")):
+        layout = read_layout(path)
+    else:
+        from ditprof.model_blocks.hub import HubCheckpoint, looks_like_repo_id
+
+        if not looks_like_repo_id(source):
+            raise DitprofError(f"--checkpoint {source!r} is not a folder or a Hugging Face repo id")
+        hub = HubCheckpoint(source)
+        layout = read_layout(hub.folder)
+    family = family_for_config(layout.config)
+    k = family.kind(kind).name
+    n = family.n_blocks(layout.config, k)
+    stack = family.kind(k).attribute + "."
+    held = sorted({int(name[len(stack):].split(".")[0]) for name in layout.weight_map if name.startswith(stack)})
+    return Source(source, "checkpoint", family, layout.config, k, n, layout=layout, hub=hub, held=held)
+
+
+def _ranges(ids: list[int]) -> str:
+    out, start, prev = [], None, None
+    for i in ids + [None]:
+        if start is None:
+            start = prev = i
+        elif i is not None and i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    return ", ".join(out) if ids else "none"
+
+
+def check_blocks(src: Source, n: int) -> None:
+    if n < 1:
+        raise DitprofError(f"--blocks must be >= 1 (got {n})")
+    what = f"preset {src.name}" if src.preset is not None else f"checkpoint {src.name}"
+    if n > src.model_blocks:
+        raise DitprofError(f"--blocks {n} is larger than the {what}'s block count "
+                           f"({src.model_blocks} {src.kind} blocks)")
+    missing = sorted(set(range(n)) - set(src.held))
+    if missing:
+        raise DitprofError(f"--blocks {n} needs blocks 0-{n - 1}, but {what} holds only blocks "
+                           f"{_ranges(src.held)} of {src.model_blocks} (missing {_ranges(missing)})")
+
+
+# --------------------------------------------------------------------------- memory plan
+
+def host_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class MemoryPlan:
+    mode: str  # "resident" / "streamed"
+    budget_bytes: int | None
+    budget_source: str
+    block_bytes: int
+    input_bytes: int
+    activation_bytes: int
+    one_block_need_bytes: int
+    resident_need_bytes: int
+    host_need_bytes: int
+    note: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def plan_memory(spec: ValidateSpec, n: int, block_bytes: int, est: dict, nonblock_bytes: int = 0) -> MemoryPlan:
+    act, inp = est["activation_bytes"], est["input_bytes"]
+    one = block_bytes + inp + act
+    resident = n * block_bytes + inp + act
+    if spec.gpu_memory is not None:
+        budget, budget_src = parse_size(spec.gpu_memory), f"--gpu-memory {spec.gpu_memory}"
+        if spec.device.type != "cuda":
+            budget_src += " (CPU: plans residency only, no allocator cap)"
+    elif spec.device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(spec.device)
+        budget, budget_src = int(free), "free device memory (torch.cuda.mem_get_info)"
+    else:
+        budget, budget_src = host_available_bytes(), "available host memory (/proc/meminfo)"
+    if budget is not None and one > budget:
+        raise DitprofError(
+            f"{budget_src.split(' (')[0]} ({fmt_bytes(budget)}) is too small to hold one block: it needs "
+            f"{fmt_bytes(block_bytes)} of weights + ~{fmt_bytes(act + inp)} of activations and inputs "
+            f"= ~{fmt_bytes(one)}"
+        )
+    if spec.stream is not None:
+        mode = "streamed" if spec.stream else "resident"
+    else:
+        mode = "resident" if budget is None or resident <= budget else "streamed"
+    host_need = n * block_bytes if mode == "streamed" and spec.device.type == "cuda" else 0
+    if mode == "streamed" and spec.device.type == "cuda":
+        avail = host_available_bytes()
+        if avail is not None and host_need > avail:
+            raise DitprofError(
+                f"{n} blocks ({fmt_bytes(resident)} with activations) do not fit {budget_src.split(' (')[0]} "
+                f"({fmt_bytes(budget)}), and streaming them from host memory needs {fmt_bytes(host_need)} of "
+                f"host memory ({fmt_bytes(avail)} available); use fewer --blocks"
+            )
+    if mode == "resident":
+        note = f"all {n} blocks resident on {spec.device.type}"
+    else:
+        note = (f"{n} blocks ({fmt_bytes(resident)} with activations) do not fit {fmt_bytes(budget)}: blocks are "
+                f"kept in host memory and streamed into one working block on {spec.device.type}; "
+                f"compute only is timed (copies left out)")
+    return MemoryPlan(mode, budget, budget_src, block_bytes, inp, act, one, resident, host_need, note)
+
+
+# --------------------------------------------------------------------------- timing
+
+class _Clock:
+    """Marks on the device timeline (CUDA events) or the host clock; elapsed in ms."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def elapsed(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
+
+    def wait(self, m) -> None:
+        if self.cuda:
+            m.synchronize()
+
+
+def _stats(samples: list[float]) -> dict:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "samples": samples}
+
+
+class _Streamer:
+    """Host copies of every block's weights; ``load(i)`` copies block i into the working block."""
+
+    def __init__(self, working: torch.nn.Module):
+        self.working = working
+        self.targets = dict(working.state_dict())
+        self.host: list[dict[str, torch.Tensor]] = []
+        self.pinned: bool | None = None
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu":
+            return t.detach().clone()
+        if self.pinned is not False:
+            try:
+                h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                self.pinned = True
+                return h.copy_(t)
+            except RuntimeError:  # locked-memory limit: pageable copies (only copies get slower; untimed)
+                self.pinned = False
+        return t.to("cpu")
+
+    def add(self, state: dict[str, torch.Tensor]) -> None:
+        self.host.append(state)
+
+    def load(self, i: int) -> None:
+        for k, t in self.targets.items():
+            t.copy_(self.host[i][k], non_blocking=True)
+
+
+def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: _Clock, *,
+              streamer: _Streamer | None = None, n: int) -> tuple[float, list[float], torch.Tensor]:
+    """One pass over N blocks. Returns (chain ms, per-block ms, final hidden states).
+
+    Resident: marks at every block boundary (no sync in between), chain = first to last mark.
+    Streamed: the weights of block i are copied into the working block before its start mark, so the
+    per-block times hold compute only; chain = their sum.
+    """
+    hidden, encoder = chain.start()
+    per: list[float] = []
+    if streamer is None:
+        marks = [clock.mark()]
+        for m in modules:
+            hidden, encoder = chain.step(m, hidden, encoder)
+            marks.append(clock.mark())
+        clock.wait(marks[-1])
+        per = [clock.elapsed(a, b) for a, b in zip(marks, marks[1:])]
+        return clock.elapsed(marks[0], marks[-1]), per, hidden
+    pairs = []
+    for i in range(n):
+        streamer.load(i)
+        a = clock.mark()
+        hidden, encoder = chain.step(streamer.working, hidden, encoder)
+        pairs.append((a, clock.mark()))
+    clock.wait(pairs[-1][1])
+    per = [clock.elapsed(a, b) for a, b in pairs]
+    return sum(per), per, hidden
+
+
+# --------------------------------------------------------------------------- the command
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmup: int, iters: int,
+             chain_iters: int, input_args: dict, console) -> dict:
+    """Build the N blocks (resident or host copies), then time one block and the chain, interleaved."""
+    from ditprof.model_blocks import make_inputs
+
+    dev = spec.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    clock = _Clock(dev)
+    modules: list[torch.nn.Module] = []
+    streamer = None
+    t_build = time.perf_counter()
+    with _progress(console) as progress:
+        verb = "generating" if src.preset is not None else "loading"
+        task = progress.add_task(f"{verb} {n} blocks" + (" into host memory" if plan.mode == "streamed" else ""),
+                                 total=n)
+        first = src.block(0, dev, spec.dtype, spec.seed)
+        if plan.mode == "resident":
+            modules.append(first.module)
+        else:
+            streamer = _Streamer(first.module)
+            streamer.add({k: streamer.to_host(v) for k, v in first.module.state_dict().items()})
+        progress.advance(task)
+        for i in range(1, n):
+            if plan.mode == "resident":
+                modules.append(src.block(i, dev, spec.dtype, spec.seed).module)
+            else:
+                streamer.add(src.host_state(i, dev, spec.dtype, spec.seed, streamer.to_host))
+            progress.advance(task)
+    build_s = time.perf_counter() - t_build
+    working = modules if plan.mode == "resident" else [streamer.working]
+    inputs = make_inputs(first, device=dev, dtype=spec.dtype, **input_args)
+    chain = Chain(inputs)
+    block0 = working[0]
+
+    def one_block():
+        return inputs.run(block0)
+
+    def load0():
+        if streamer is not None:
+            streamer.load(0)
+
+    with contextlib.ExitStack() as stack, _progress(console) as progress:
+        for m in working:
+            stack.enter_context(swap.swapped(m, b.name, b.fn, uses_dispatcher=src.family.uses_dispatcher))
+        task = progress.add_task(f"warm-up: 1 block x {max(warmup, 1)}, {n} blocks x 1", total=2)
+        load0()
+        for _ in range(max(warmup, 1)):
+            one_block()
+        _sync(dev)
+        progress.advance(task)
+        run_chain(chain, modules, clock, streamer=streamer, n=n)  # every block once
+        progress.advance(task)
+
+        one_samples: list[float] = []
+        chain_samples: list[float] = []
+        per_block: list[list[float]] = []
+        out = None
+        per_round = max(1, math.ceil(iters / chain_iters))
+        task = progress.add_task(f"timing: 1 block x {iters}, {n} blocks x {chain_iters} (interleaved)",
+                                 total=chain_iters)
+        for r in range(chain_iters):  # interleaved rounds: clock drift hits both numbers alike
+            load0()
+            k = iters - len(one_samples) if r == chain_iters - 1 else min(per_round, iters - len(one_samples))
+            if k > 0:
+                one_samples += time_block(one_block, dev, k)[0]
+            ms, per, out = run_chain(chain, modules, clock, streamer=streamer, n=n)
+            chain_samples.append(ms)
+            per_block.append(per)
+            progress.advance(task)
+        finite = bool(torch.isfinite(out).all().item())
+    peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
+    return {"one": one_samples, "chain": chain_samples, "per_block": per_block, "inputs": inputs,
+            "finite": finite, "peak": peak, "build_s": build_s,
+            "pinned": None if streamer is None or dev.type != "cuda" else bool(streamer.pinned)}
+
+
+def validate(spec: ValidateSpec, console=None) -> dict:
+    """Run the validation; returns the report dict (nothing written)."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    b = backends.resolve(spec.attention, spec.device)
+    src = open_source(spec.source, spec.source_kind, spec.kind)
+    n = spec.blocks if spec.blocks is not None else (
+        src.model_blocks if spec.device.type == "cuda" else min(src.model_blocks, CPU_DEFAULT_BLOCKS))
+    check_blocks(src, n)
+    if spec.gpu_memory is not None:
+        parse_size(spec.gpu_memory)
+    warmup = spec.warmup if spec.warmup is not None else (2 if spec.device.type == "cuda" else 1)
+    iters = spec.iters if spec.iters is not None else (10 if spec.device.type == "cuda" else 5)
+    chain_iters = spec.chain_iters if spec.chain_iters is not None else 3
+    if iters < 1 or chain_iters < 1 or warmup < 0:
+        raise DitprofError("--iters and --chain-iters must be >= 1, --warmup >= 0")
+    input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
+
+    params, bbytes = block_bytes_of(src.family, src.config, src.kind, spec.dtype)
+    est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype, **input_args)
+    plan = plan_memory(spec, n, bbytes, est)
+    weights = ("synthetic, distinct per block (seeded by block index), generated on " + spec.device.type
+               if src.preset is not None else "checkpoint shards, loaded block by block")
+    console.print(f"[bold]ditprof validate[/]: {src.kind_of_source} {src.name}, {n} of {src.model_blocks} "
+                  f"{src.kind} blocks, {est['tokens']} tokens, attention {b.name}, {spec.device}; "
+                  f"{fmt_bytes(bbytes)} per block; {plan.note}")
+
+    budget_cm = memory_budget(spec.gpu_memory if spec.device.type == "cuda" else None, spec.device)
+    with budget_cm, torch.inference_mode():
+        res = _measure(spec, src, b, n, plan, warmup, iters, chain_iters, input_args, console)
+    one_samples, chain_samples, per_block = res["one"], res["chain"], res["per_block"]
+    finite, peak, build_s, pinned = res["finite"], res["peak"], res["build_s"], res["pinned"]
+    inputs = res.pop("inputs")
+    tokens, text_tokens, grid = inputs.tokens, inputs.text_tokens, inputs.grid
+    del inputs, res
+    if spec.device.type == "cuda":
+        torch.cuda.empty_cache()
+    one = _stats(one_samples)
+    ch = _stats(chain_samples)
+    extrap = n * one["median"]
+    error_pct = (extrap / ch["median"] - 1.0) * 100.0 if ch["median"] > 0 else float("nan")
+    # Noise-robust variant (busy hosts): best one-block call vs the sum of each block's best call in the chain.
+    best_chain = sum(min(p[i] for p in per_block) for i in range(n))
+    error_best_pct = (n * one["min"] / best_chain - 1.0) * 100.0 if best_chain > 0 else float("nan")
+    mid = per_block[sorted(range(len(chain_samples)), key=lambda i: chain_samples[i])[len(chain_samples) // 2]]
+    rep: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "model": {
+            "preset": src.name if src.preset is not None else None,
+            "checkpoint": src.name if src.preset is None else None,
+            "family": src.family.name, "kind": src.kind, "block_class": src.family.block_class(src.kind).__name__,
+            "model_n_blocks": src.model_blocks, "heads": src.family.heads(src.config)[0],
+            "head_dim": src.family.heads(src.config)[1], "tokens": tokens, "text_tokens": text_tokens,
+            "grid": str(grid), "batch": 1, "dtype": str(spec.dtype).replace("torch.", ""),
+            "block_params": params, "block_bytes": bbytes,
+        },
+        "weights": weights,
+        "attention_backend": b.name,
+        "blocks": n,
+        "mode": plan.mode,
+        "memory": {**plan.as_dict(), "peak_allocated_bytes": peak,
+                   "activation_estimate_method": est["method"],
+                   "streamed_host_pinned": pinned},
+        "timing_source": "cuda_events" if spec.device.type == "cuda" else "host_clock",
+        "timed": "compute only (weight copies left out)" if plan.mode == "streamed" else "whole chain",
+        "one_block_ms": one,
+        "chain_ms": ch,
+        "chain_per_block_ms": {"median": statistics.median(mid), "min": min(mid), "max": max(mid),
+                               "samples": mid},
+        "extrapolated_ms": extrap,
+        "error_pct": error_pct,
+        "abs_error_ms": extrap - ch["median"],
+        "error_best_pct": error_best_pct,
+        "error_best_note": "N x fastest one-block call vs the sum over blocks of each block's fastest call in the "
+                           "chain passes; robust to other processes on a busy host",
+        "goal_pct": GOAL_PCT,
+        "within_goal": abs(error_pct) <= GOAL_PCT,
+        "output_finite": finite,
+        "settings": {"device": str(spec.device), "warmup": warmup, "iters": iters, "chain_iters": chain_iters,
+                     "seed": spec.seed, "gpu_memory": spec.gpu_memory, "steps": spec.steps, "cfg": spec.cfg,
+                     "build_s": build_s, "argv": sys.argv[1:]},
+        "environment": environment(spec.device),
+        "whole_step": None,
+    }
+    if spec.whole_step:
+        from ditprof.harness.whole_step import measure_rest, step_estimate
+
+        rest = measure_rest(src, device=spec.device, dtype=spec.dtype, seed=spec.seed, warmup=warmup,
+                            iters=iters, console=console, tokens=spec.tokens, height=spec.height,
+                            width=spec.width, frames=spec.frames)
+        model_chain_ms = ch["median"] * src.model_blocks / n
+        rep["whole_step"] = {
+            "rest": rest,
+            "extrapolated": step_estimate(one["median"], src.model_blocks, rest["rest_ms"]["median"],
+                                          steps=spec.steps, cfg=spec.cfg),
+            "from_chain": step_estimate(model_chain_ms / src.model_blocks, src.model_blocks,
+                                        rest["rest_ms"]["median"], steps=spec.steps, cfg=spec.cfg),
+            "note": (f"block part = {src.model_blocks} blocks x one-block median ('extrapolated') or the measured "
+                     f"{n}-block chain scaled to {src.model_blocks} blocks ('from_chain'); rest = the model's "
+                     f"non-block modules measured once"),
+        }
+    return rep
+
+
+# --------------------------------------------------------------------------- output
+
+def _ms(x: float) -> str:
+    return f"{x:,.1f} ms" if x >= 100 else f"{x:,.3f} ms"
+
+
+def summary_table(rep: dict):
+    from rich.table import Table
+
+    m = rep["model"]
+    src = m["preset"] or m["checkpoint"]
+    t = Table(title=f"validate: {src}, {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks, "
+                    f"{m['tokens']} tokens, {rep['attention_backend']}, {rep['settings']['device']} "
+                    f"({rep['timing_source'].replace('_', ' ')})", title_justify="left")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("note")
+    one, ch = rep["one_block_ms"], rep["chain_ms"]
+    t.add_row("one block", _ms(one["median"]), f"median of {len(one['samples'])}, "
+              f"{_ms(one['min'])} - {_ms(one['max'])}")
+    t.add_row(f"{rep['blocks']} x one block", _ms(rep["extrapolated_ms"]), "extrapolation")
+    t.add_row(f"{rep['blocks']} blocks chained", _ms(ch["median"]),
+              f"median of {len(ch['samples'])} passes; {rep['timed']}")
+    pb = rep["chain_per_block_ms"]
+    t.add_row("per block in the chain", _ms(pb["median"]), f"{_ms(pb['min'])} - {_ms(pb['max'])}")
+    err = rep["error_pct"]
+    colour = "green" if rep["within_goal"] else "yellow"
+    t.add_row("extrapolation error", f"[{colour}]{err:+.2f} %[/]", f"goal |error| <= {rep['goal_pct']:.0f} % "
+              f"(H3 x 50 on the H200)")
+    t.add_row("error, best calls", f"{rep['error_best_pct']:+.2f} %", "N x fastest call vs sum of each block's "
+              "fastest call in the chain")
+    t.add_row("mode", rep["mode"], rep["memory"]["note"])
+    t.add_row("weights", fmt_bytes(m["block_bytes"]) + " / block", rep["weights"])
+    if rep["memory"]["peak_allocated_bytes"] is not None:
+        t.add_row("peak device memory", fmt_bytes(rep["memory"]["peak_allocated_bytes"]), "max_memory_allocated")
+    if not rep["output_finite"]:
+        t.add_row("output", "[red]non-finite[/]", "the chain's final hidden states hold inf/NaN")
+    ws = rep.get("whole_step")
+    if ws:
+        ex, fc, rest = ws["extrapolated"], ws["from_chain"], ws["rest"]
+        t.add_section()
+        t.add_row(f"block part ({m['model_n_blocks']} blocks)", _ms(ex["block_part_ms"]),
+                  f"from the chain: {_ms(fc['block_part_ms'])}")
+        t.add_row("rest (non-block modules)", _ms(ex["rest_ms"]),
+                  ", ".join(f"{k} {_ms(v)}" for k, v in rest["parts_ms"].items()))
+        t.add_row("per step", _ms(ex["per_step_ms"]), f"block share {ex['block_share'] * 100:.1f} %; "
+                  f"from the chain: {_ms(fc['per_step_ms'])}")
+        if ex["steps"]:
+            t.add_row(f"per video ({ex['steps']} steps{' x 2 CFG' if ex['cfg'] else ''})",
+                      f"{ex['per_video_ms'] / 1000:,.2f} s",
+                      f"blocks {ex['per_video_block_ms'] / 1000:,.2f} s + rest {ex['per_video_rest_ms'] / 1000:,.2f} s;"
+                      f" from the chain: {fc['per_video_ms'] / 1000:,.2f} s")
+    return t
+
+
+def markdown(rep: dict) -> str:
+    m = rep["model"]
+    one, ch = rep["one_block_ms"], rep["chain_ms"]
+    lines = [
+        f"# ditprof validate: {m['preset'] or m['checkpoint']}",
+        "",
+        f"- {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks ({m['block_class']}), {m['tokens']} tokens, "
+        f"attention `{rep['attention_backend']}`, {rep['settings']['device']}, {rep['timing_source']}",
+        f"- weights: {rep['weights']}; {fmt_bytes(m['block_bytes'])} per block",
+        f"- mode: {rep['mode']} — {rep['memory']['note']}",
+        "",
+        "| quantity | ms |",
+        "|---|---:|",
+        f"| one block (median; min–max) | {one['median']:.3f} ({one['min']:.3f}–{one['max']:.3f}) |",
+        f"| {rep['blocks']} × one block (extrapolation) | {rep['extrapolated_ms']:.3f} |",
+        f"| {rep['blocks']} blocks chained (median; min–max) | {ch['median']:.3f} ({ch['min']:.3f}–{ch['max']:.3f}) |",
+        f"| **error** | **{rep['error_pct']:+.2f} %** (goal ±{rep['goal_pct']:.0f} %) |",
+        f"| error, best calls | {rep['error_best_pct']:+.2f} % |",
+    ]
+    ws = rep.get("whole_step")
+    if ws:
+        ex, fc = ws["extrapolated"], ws["from_chain"]
+        lines += [
+            "",
+            "## Whole denoising step",
+            "",
+            "| part | extrapolated (ms) | from the chain (ms) |",
+            "|---|---:|---:|",
+            f"| blocks ({m['model_n_blocks']}) | {ex['block_part_ms']:.3f} | {fc['block_part_ms']:.3f} |",
+            f"| rest (non-block modules) | {ex['rest_ms']:.3f} | {fc['rest_ms']:.3f} |",
+            f"| per step | {ex['per_step_ms']:.3f} | {fc['per_step_ms']:.3f} |",
+        ]
+        if ex["steps"]:
+            lines.append(f"| per video ({ex['passes']} passes) | {ex['per_video_ms']:.1f} | {fc['per_video_ms']:.1f} |")
+        lines += ["", "Rest by module: " + ", ".join(f"`{k}` {v:.3f} ms" for k, v in ws["rest"]["parts_ms"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rep: dict) -> str:
+    def default(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        return str(o)
+
+    return json.dumps(rep, indent=2, default=default) + "\n"
+
+
+def write(rep: dict, out: Path) -> Path:
+    out = atomic.check_writable(out)
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / "validate.md", markdown(rep))
+        atomic.write_text(stage / "validate.json", to_json(rep))
+    return out
+
+
+__all__ = [
+    "Chain", "GOAL_PCT", "MemoryPlan", "SCHEMA", "ValidateSpec", "block_bytes_of", "estimate_forward_bytes",
+    "markdown", "open_source", "plan_memory", "summary_table", "synth_tensor", "synthetic_block", "validate", "write",
+]
+

@@ -1,0 +1,277 @@
+"""The whole denoising step: N blocks + the rest of the model, measured once from the model's own modules.
+
+"The rest" is everything a diffusers transformer's ``forward`` does outside its block stacks: patch embedding,
+timestep / text (/ guidance / pooled) embedders, RoPE, the token refiner (HunyuanVideo), the output norm and
+projection, unpatchify. It is measured by building the model's own class from its config with every block
+stack emptied (``num_layers = 0`` ...) and calling its real ``forward`` on the latent the blocks' token count
+comes from. Weights: synthetic for presets (the same seeded rule as the blocks; on CPU bit-identical to a
+whole-model synthetic checkpoint), the checkpoint's own tensors otherwise.
+
+Per step = n_blocks x block time + rest; per video = per step x steps x (2 with classifier-free guidance,
+one conditional and one unconditional pass).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+from ditprof.errors import DitprofError
+from ditprof.harness.session import time_block
+
+# How each family's pipeline hands over its timestep (in the units the model expects).
+TIMESTEP = {"wan": 500.0, "flux": 0.5, "hunyuan-video": 500.0, "ltx-video": 500.0, "cogvideox": 500}
+
+
+def rest_config(family, config: dict) -> dict:
+    """The model's config with every block stack emptied."""
+    cfg = dict(config)
+    for k in family.kinds:
+        cfg[k.count_key] = 0
+    return cfg
+
+
+def _rest_tensors(src, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
+    from ditprof.harness.validate import _dtype_for, synth_tensor
+
+    names = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    if src.preset is not None:
+        return {k: synth_tensor(k, shape, seed, _dtype_for(src.family, k, dtype), device) for k, shape in names.items()}
+    from ditprof.model_blocks.checkpoint import TensorReader
+
+    wmap = src.layout.weight_map
+    missing = sorted(k for k in names if k not in wmap)
+    if missing:
+        raise DitprofError(f"checkpoint {src.name} lacks {len(missing)} non-block tensor(s) of the model: "
+                           f"{', '.join(missing[:5])}")
+    shards: dict[str, list[str]] = {}
+    for k in names:
+        shards.setdefault(wmap[k], []).append(k)
+    if src.hub is not None:
+        src.hub.fetch_shards(sorted(shards))
+    out = {}
+    for shard, keys in sorted(shards.items()):
+        with TensorReader(src.layout.folder / shard) as reader:
+            for k in keys:
+                t = reader.read(k)
+                if tuple(t.shape) != names[k]:
+                    raise DitprofError(f"shape mismatch for {k} in {shard}: checkpoint {tuple(t.shape)}, "
+                                       f"model expects {names[k]}")
+                out[k] = t.to(device=device, dtype=_dtype_for(src.family, k, dtype))
+    return out
+
+
+def build_rest_model(src, *, device: torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """The model's own class with no blocks, its weights set (synthetic or from the checkpoint)."""
+    device = torch.device(device)
+    cfg = rest_config(src.family, src.config)
+    cls = src.family.model_class
+    with torch.device(device):
+        model = cls.from_config(cfg)  # non-persistent buffers (RoPE tables) computed by the model itself
+    state = _rest_tensors(src, model, device, dtype, seed)
+    model.load_state_dict(state, strict=True, assign=True)
+    del state
+    model.eval().requires_grad_(False)
+    for k, t in model.state_dict().items():  # anything not from the state dict (buffers): compute dtype rule
+        if t.is_floating_point() and t.device != device:
+            raise DitprofError(f"rest model tensor {k} is on {t.device}, not {device}")
+    return model
+
+
+def grid_and_text(src, tokens=None, height=None, width=None, frames=None):
+    """The latent grid and prompt length the blocks see (the rule of ``model_blocks.make_inputs``)."""
+    fam, preset = src.family, src.preset
+    if tokens is None and not (height or width):
+        if preset is not None and preset.tokens is not None:
+            tokens = preset.tokens
+        elif preset is not None:
+            height, width, frames = preset.height, preset.width, preset.frames
+        else:
+            height, width, frames = fam.default_size
+    grid = fam.grid_from_tokens(int(tokens)) if tokens is not None else fam.grid_from_size(src.config, height,
+                                                                                            width, frames)
+    text = preset.text_tokens if preset is not None else fam.default_text_tokens
+    return grid, text
+
+
+def rest_inputs(src, grid, text_tokens: int, *, device, dtype, seed: int = 0, batch: int = 1) -> dict:
+    """Keyword arguments of the model's ``forward`` for a latent of ``grid`` tokens, as its pipeline passes them."""
+    fam, name = src.family, src.family.name
+    a = fam.init_args(src.config)
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    def ts(value):
+        return torch.full((batch,), value, device=device, dtype=torch.float32 if isinstance(value, float)
+                          else torch.long)
+
+    pt, ph, pw = fam.patch_size(src.config)
+    F, H, W = grid.frames, grid.height, grid.width
+    if name == "wan":
+        return dict(hidden_states=randn(batch, a["in_channels"], F * pt, H * ph, W * pw), timestep=ts(TIMESTEP[name]),
+                    encoder_hidden_states=randn(batch, text_tokens, a["text_dim"]), return_dict=False)
+    if name == "flux":
+        img_ids = torch.zeros(H, W, 3, device=device)
+        img_ids[..., 1] += torch.arange(H, device=device)[:, None]
+        img_ids[..., 2] += torch.arange(W, device=device)[None, :]
+        return dict(hidden_states=randn(batch, H * W, a["in_channels"]),
+                    encoder_hidden_states=randn(batch, text_tokens, a["joint_attention_dim"]),
+                    pooled_projections=randn(batch, a["pooled_projection_dim"]), timestep=ts(TIMESTEP[name]),
+                    img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(text_tokens, 3, device=device),
+                    guidance=ts(3.5) if a["guidance_embeds"] else None, return_dict=False)
+    if name == "hunyuan-video":
+        return dict(hidden_states=randn(batch, a["in_channels"], F * pt, H * ph, W * pw), timestep=ts(TIMESTEP[name]),
+                    encoder_hidden_states=randn(batch, text_tokens, a["text_embed_dim"]),
+                    encoder_attention_mask=torch.ones(batch, text_tokens, device=device, dtype=torch.long),
+                    pooled_projections=randn(batch, a["pooled_projection_dim"]),
+                    guidance=ts(6000.0) if a["guidance_embeds"] else None, return_dict=False)
+    if name == "ltx-video":
+        from ditprof.model_blocks.families.ltx import FRAME_RATE
+
+        st, sh, sw = fam.vae_stride
+        return dict(hidden_states=randn(batch, F * H * W, a["in_channels"]),
+                    encoder_hidden_states=randn(batch, text_tokens, a["caption_channels"]),
+                    timestep=ts(TIMESTEP[name]),
+                    encoder_attention_mask=torch.ones(batch, text_tokens, device=device, dtype=torch.long),
+                    num_frames=F, height=H, width=W, rope_interpolation_scale=(st / FRAME_RATE, sh, sw),
+                    return_dict=False)
+    if name == "cogvideox":
+        # RoPE is computed once per video by the pipeline and is only read by the blocks: None here.
+        return dict(hidden_states=randn(batch, F * pt, a["in_channels"], H * ph, W * pw),
+                    encoder_hidden_states=randn(batch, text_tokens, a["text_embed_dim"]),
+                    timestep=ts(TIMESTEP[name]), return_dict=False)
+    raise DitprofError(f"whole-step inputs for family {name!r} are not known")
+
+
+def _parts(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, m) for n, m in model.named_children() if not (isinstance(m, torch.nn.ModuleList) and len(m) == 0)]
+
+
+def modules_run(model: torch.nn.Module, call) -> tuple[list[str], list[str]]:
+    """(modules whose forward ran, modules holding parameters that did not run) in one call."""
+    ran: set[str] = set()
+    handles = [m.register_forward_hook(lambda mod, i, o, n=n: ran.add(n)) for n, m in model.named_modules() if n]
+    try:
+        call()
+    finally:
+        for h in handles:
+            h.remove()
+    not_run = [n for n, m in model.named_modules()
+               if n and any(True for _ in m.parameters(recurse=False)) and not any(n == r or n.startswith(r + ".")
+                                                                                  for r in ran)]
+    return sorted(ran), not_run
+
+
+def time_parts(model: torch.nn.Module, call, device: torch.device, iters: int) -> dict[str, float]:
+    """Median ms per top-level part (forward pre/post hooks with CUDA events or the host clock)."""
+    from ditprof.harness.validate import _Clock
+
+    clock = _Clock(device)
+    marks: dict[str, list] = {}
+    handles = []
+    for n, m in _parts(model):
+        handles.append(m.register_forward_pre_hook(lambda mod, i, n=n: marks.setdefault(n, []).append(["s", clock.mark()])))
+        handles.append(m.register_forward_hook(lambda mod, i, o, n=n: marks[n].append(["e", clock.mark()])))
+    per: dict[str, list[float]] = {}
+    try:
+        for _ in range(iters):
+            marks.clear()
+            call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            for n, seq in marks.items():
+                total, start = 0.0, None
+                for tag, mk in seq:
+                    if tag == "s":
+                        start = mk
+                    elif start is not None:
+                        total += clock.elapsed(start, mk)
+                        start = None
+                per.setdefault(n, []).append(total)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: statistics.median(v) for n, v in per.items()}
+
+
+def measure_rest(src, *, device, dtype=torch.bfloat16, seed: int = 0, warmup: int = 1, iters: int = 5,
+                 console=None, tokens=None, height=None, width=None, frames=None) -> dict:
+    """Time the model's non-block parts once (whole forward with no blocks), plus a per-part breakdown."""
+    from ditprof.harness.validate import _progress
+
+    device = torch.device(device)
+    grid, text = grid_and_text(src, tokens, height, width, frames)
+    with torch.inference_mode():
+        model = build_rest_model(src, device=device, dtype=dtype, seed=seed)
+        kwargs = rest_inputs(src, grid, text, device=device, dtype=dtype, seed=seed)
+        params = sum(p.numel() for p in model.parameters())
+        nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+        def call():
+            return model(**kwargs)[0]
+
+        ran, not_run = modules_run(model, call)
+        ctx = _progress(console) if console is not None else None
+        if ctx is not None:
+            ctx.__enter__()
+            task = ctx.add_task("rest of the model (non-block modules)", total=3)
+        try:
+            for _ in range(max(warmup, 1)):
+                out = call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ctx and ctx.advance(task)
+            samples, source = time_block(call, device, iters)
+            ctx and ctx.advance(task)
+            parts = time_parts(model, call, device, iters)
+            ctx and ctx.advance(task)
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        out_shape = list(out.shape)
+        del model, kwargs, out
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {
+        "rest_ms": {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+                    "samples": samples},
+        "timing_source": source,
+        "parts_ms": parts,
+        "parts_note": "per top-level module (forward hooks); the rest of the forward (reshapes, unpatchify) "
+                      "is the difference to rest_ms",
+        "modules_ran": ran,
+        "modules_not_run": not_run,
+        "params": params,
+        "bytes": nbytes,
+        "model_class": src.family.model_class.__name__,
+        "config_overrides": {k.count_key: 0 for k in src.family.kinds},
+        "grid": str(grid),
+        "text_tokens": text,
+        "output_shape": out_shape,
+    }
+
+
+def step_estimate(block_ms: float, n_blocks: int, rest_ms: float, *, steps: int | None = None,
+                  cfg: bool = False) -> dict:
+    """Per step = n_blocks x block_ms + rest_ms; per video = per step x steps x (2 with CFG)."""
+    if n_blocks < 1:
+        raise DitprofError(f"n_blocks must be >= 1 (got {n_blocks})")
+    if steps is not None and steps < 1:
+        raise DitprofError(f"--steps must be >= 1 (got {steps})")
+    block_part = block_ms * n_blocks
+    per_step = block_part + rest_ms
+    passes = steps * (2 if cfg else 1) if steps else None
+    out: dict[str, Any] = {
+        "block_ms": block_ms, "n_blocks": n_blocks, "block_part_ms": block_part, "rest_ms": rest_ms,
+        "per_step_ms": per_step, "block_share": block_part / per_step if per_step > 0 else float("nan"),
+        "steps": steps, "cfg": bool(cfg), "passes": passes,
+        "per_video_ms": None, "per_video_block_ms": None, "per_video_rest_ms": None,
+    }
+    if passes:
+        out.update(per_video_ms=per_step * passes, per_video_block_ms=block_part * passes,
+                   per_video_rest_ms=rest_ms * passes)
+    return out
