@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "ditprof.model_blocks.commands",
     "ditprof.harness.commands",
     "ditprof.kernels.commands",
+    "ditprof.harness.validate_commands",
 )
 
 
