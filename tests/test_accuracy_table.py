@@ -1,0 +1,60 @@
+"""ditprof accuracy-table: swap accuracy per family on the tiny presets (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ditprof.cli import build_parser, main
+from ditprof.errors import DitprofError
+from ditprof.harness.validate_commands import ACCURACY_SCHEMA, accuracy_table
+
+TINY = ["wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny"]
+
+
+def test_accuracy_table_structure(tmp_path, capsys):
+    out = tmp_path / "acc"
+    assert main(["accuracy-table", "--presets", ",".join(TINY), "--tokens", "48,1031", "--device", "cpu",
+                 "--out", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["schema"] == ACCURACY_SCHEMA and rep["baseline"] == "sdpa" and rep["backends"] == ["fp8-emulated"]
+    assert len(rep["rows"]) == len(TINY) * 2
+    families = {r["family"] for r in rep["rows"]}
+    assert families == {"wan", "flux", "hunyuan-video", "ltx-video", "cogvideox"}  # every family with a preset
+    ok = [r for r in rep["rows"] if r["status"] == "ok"]
+    assert {r["preset"] for r in ok if r["tokens"] == 48} == set(TINY)
+    for r in ok:
+        assert 0 < r["rel_rms"] < 0.2, r
+        assert 0.98 < r["cosine"] <= 1.0 + 1e-9, r
+        assert r["finite"] and r["route"] in ("dispatcher", "processor")
+    assert {r["route"] for r in ok if r["family"] == "cogvideox"} == {"processor"}
+    # 1031 is prime: a Wan grid would need an axis of 1031 > the 1024-long RoPE table -> a skipped row, not a crash
+    wan_1031 = [r for r in rep["rows"] if r["family"] == "wan" and r["tokens"] == 1031]
+    assert wan_1031 and wan_1031[0]["status"] == "skipped" and "1024" in wan_1031[0]["reason"]
+    saved = json.loads((out / "accuracy-table.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(rep["rows"]))
+    md = (out / "accuracy-table.md").read_text()
+    assert "| family | preset |" in md and "fp8-emulated" in md
+
+
+def test_same_inputs_same_backend_is_exact():
+    rep = accuracy_table(["wan-tiny"], [48], torch.device("cpu"), ["sdpa"])
+    (row,) = rep["rows"]
+    assert row["rel_rms"] == 0.0 and row["cosine"] == pytest.approx(1.0)
+
+
+def test_accuracy_table_bad_input(tmp_path):
+    def call(*argv):
+        args = build_parser().parse_args(list(argv))
+        return args.func(args)
+
+    with pytest.raises(DitprofError, match="unknown preset"):
+        call("accuracy-table", "--presets", "nope", "--device", "cpu", "--out", str(tmp_path / "x"))
+    with pytest.raises(DitprofError, match="unknown attention backend"):
+        call("accuracy-table", "--presets", "wan-tiny", "--backends", "nope", "--device", "cpu",
+             "--out", str(tmp_path / "x"))
+    with pytest.raises(DitprofError, match="comma-separated"):
+        call("accuracy-table", "--presets", "wan-tiny", "--tokens", "a,b", "--device", "cpu")
+    assert not (tmp_path / "x").exists()
