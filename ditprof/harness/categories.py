@@ -14,7 +14,11 @@ The category of a piece of time comes from the op that *launched* it, not from i
 Only time inside a ``ditprof::block`` range counts (one range per block call). Anything inside a
 ``ditprof::attention`` range is attention, whatever its name: the harness puts that range around the
 attention call of every backend, baseline included, so an unknown kernel (CuTe DSL, FA4, cuDNN) is still
-attention. Otherwise the first matching rule wins: gemm, then norm, then elementwise, else other.
+attention. Communication comes first, even inside the attention range (the sequence-parallel all-to-alls
+run inside the attention call): collectives (``c10d::``, ``nccl:``, ``gloo:`` ops, NCCL kernels) and the
+``ditprof::all_to_all`` ranges the Ulysses wrapper puts around its regroups (layout copies included); on
+CPU the self time of that range (the wait for the peers, which gloo spends on its own thread) counts too.
+Otherwise the first matching rule wins: gemm, then norm, then elementwise, else other.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-CATEGORIES = ("attention", "gemm", "norm", "elementwise", "other")
+CATEGORIES = ("attention", "gemm", "norm", "elementwise", "other")  # every split has these keys
+COMMUNICATION = "communication"  # a split has this key only when its trace holds communication (--sp runs)
+ALL_CATEGORIES = ("attention", COMMUNICATION, "gemm", "norm", "elementwise", "other")
 BLOCK_RANGE = "ditprof::block"
 ATTENTION_RANGE = "ditprof::attention"
+COMM_RANGE = "ditprof::all_to_all"
+COMM_PREFIXES = ("c10d::", "nccl:", "gloo:")
 NORM_RANGE_PREFIX = "ditprof::norm"
 
 # Host-side events that nest on a thread (record_function ranges, ops, launch calls).
@@ -68,6 +76,7 @@ OTHER_HINT = {"softmax", "_softmax", "sum", "mean", "amax", "max", "min", "var",
 
 # Fallback rules on device-kernel names (only when the launching op cannot be found).
 KERNEL_NAME_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("communication", re.compile(r"^nccl|nccl(Dev)?Kernel|gloo", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|attn|sdpa|_fwd_kernel|softmax_rescale", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cublas|cutlass.*(mma|gemm)|wgmma|hmma|matmul|xmma|s\d+gemm|splitk", re.I)),
     ("norm", re.compile(r"layer_?norm|rms_?norm|group_?norm|batch_?norm|welford", re.I)),
@@ -75,9 +84,15 @@ KERNEL_NAME_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+def is_communication(name: str) -> bool:
+    return name == COMM_RANGE or name.startswith(COMM_RANGE + "/") or name.startswith(COMM_PREFIXES)
+
+
 def category_for_stack(names: Iterable[str]) -> str:
     """Category from the names of the enclosing host ranges/ops, outermost first."""
     names = list(names)
+    if any(is_communication(n) for n in names):
+        return "communication"
     if any(n == ATTENTION_RANGE or n.startswith(ATTENTION_RANGE + "/") for n in names):
         return "attention"
     if any(n in GEMM_OPS for n in names):
@@ -252,7 +267,8 @@ def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]]
     if not used:
         used = [b for b in blocks if b in per_block]
     n = max(len(used), 1)
-    split_ms = {c: sum(per_block[b].get(c, 0.0) for b in used) / 1000.0 / n for c in CATEGORIES}
+    cats = ALL_CATEGORIES if any(per_block[b].get(COMMUNICATION) for b in used) else CATEGORIES
+    split_ms = {c: sum(per_block[b].get(c, 0.0) for b in used) / 1000.0 / n for c in cats}
     total = sum(split_ms.values())
     share = split_ms["attention"] / total if total > 0 else 0.0
     ops: dict[tuple[str, str], float] = defaultdict(float)
@@ -341,6 +357,13 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
         cat = category_for_stack(index.names(i))
         add(b, cat, ATTENTION_RANGE if cat == "attention" else n.name, self_us)
         resolved["cpu_op"] += 1
+    for i, n in enumerate(index.nodes):  # waiting inside the all-to-all ranges (gloo works on its own thread)
+        if n.cat != "user_annotation" or not (n.name == COMM_RANGE or n.name.startswith(COMM_RANGE + "/")):
+            continue
+        b = index.block_of(i)
+        self_us = n.end - n.ts - n.child_time
+        if b >= 0 and self_us > 0:
+            add(b, "communication", f"{n.name} (wait)", self_us)
     spans = {b: index.nodes[b].end - index.nodes[b].ts for b in blocks}
     return _finish("cpu", blocks, per_block, per_block_op, spans, resolved)
 

@@ -9,10 +9,11 @@ import matplotlib
 matplotlib.use("Agg")  # noqa: E402 - headless, set before pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ditprof.harness.categories import CATEGORIES  # noqa: E402
+from ditprof.harness.categories import ALL_CATEGORIES  # noqa: E402
 
 COLORS = {
     "attention": "#d62728",
+    "communication": "#9467bd",
     "gemm": "#1f77b4",
     "norm": "#2ca02c",
     "elementwise": "#ff7f0e",
@@ -31,8 +32,10 @@ def split_png(runs: list[dict], title: str, unit_note: str = "") -> bytes:
     labels = [f"{r['label']}\n{r['attention_backend']}" for r in runs]
     fig, ax = plt.subplots(figsize=(3.2 + 1.6 * len(runs), 4.8), dpi=110)
     bottoms = [0.0] * len(runs)
-    for cat in CATEGORIES:
-        vals = [r["split_ms"][cat] for r in runs]
+    for cat in ALL_CATEGORIES:
+        vals = [r["split_ms"].get(cat, 0.0) for r in runs]
+        if cat == "communication" and not any(vals):
+            continue  # single-device runs: no empty legend entry
         ax.bar(labels, vals, bottom=bottoms, color=COLORS[cat], label=cat, width=0.55)
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     for i, r in enumerate(runs):

@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ditprof.harness.categories import CATEGORIES
+from ditprof.harness.categories import ALL_CATEGORIES
 from ditprof.harness.memory import fmt_bytes
 from ditprof.harness.session import BackendRun
 
@@ -78,9 +78,14 @@ def run_section(run: BackendRun) -> dict:
     }
 
 
-def build(*, command: str, model: dict, environment: dict, settings: dict, baseline: BackendRun,
-          swapped: BackendRun | None, extrapolation: dict, accuracy_section: dict | None,
-          files: list[str], created: str) -> dict:
+def build(*, command: str, model: dict, environment: dict, settings: dict, baseline: BackendRun | dict,
+          swapped: BackendRun | dict | None, extrapolation: dict, accuracy_section: dict | None,
+          files: list[str], created: str, **extra: Any) -> dict:
+    """``baseline``/``swapped``: a run, or an already built section (sequence parallel: the slowest rank's
+    section with per-rank fields). ``extra``: more top-level sections (``sp``)."""
+    def section(run):
+        return run if isinstance(run, dict) or run is None else run_section(run)
+
     return {
         "schema": SCHEMA,
         "command": command,
@@ -88,11 +93,12 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
         "model": model,
         "environment": environment,
         "settings": settings,
-        "baseline": run_section(baseline),
-        "swapped": run_section(swapped) if swapped is not None else None,
+        "baseline": section(baseline),
+        "swapped": section(swapped),
         "extrapolation": extrapolation,
         "accuracy": accuracy_section,
         "files": files,
+        **extra,
     }
 
 
@@ -148,14 +154,38 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
         ("profiler overhead", f"{b['profiler_overhead_pct']:+.1f}%",
          f"{s['profiler_overhead_pct']:+.1f}%" if s else "", ""),
     ]
-    for cat in CATEGORIES:
-        rows.append((f"{cat} ({kind})", _ms(b["split_ms"][cat]), _ms(s["split_ms"][cat]) if s else "",
-                     faster(b["split_ms"][cat], s["split_ms"][cat]) if s else ""))
+    sp = report.get("sp")
+    if sp:
+        rows.append((f"sequence parallel: Ulysses over {sp['degree']} ranks ({sp['process_group_backend']})",
+                     f"slowest: rank {b['rank']}", f"slowest: rank {s['rank']}" if s else "", ""))
+        rows.append(("block, max over ranks per call: median [min–max]", _band(b["block_ms_max_over_ranks"]),
+                     _band(s["block_ms_max_over_ranks"]) if s else "", ""))
+        for i, rb in enumerate(b["ranks"]):
+            rs = s["ranks"][i] if s else None
+
+            def cell(r):
+                return f"{_ms(r['block_ms']['median'])} (comm {_ms(r['split_ms'].get('communication', 0.0))})"
+
+            rows.append((f"rank {rb['rank']}: block median (communication)", cell(rb), cell(rs) if rs else "", ""))
+    for cat in ALL_CATEGORIES:
+        vb, vs = b["split_ms"].get(cat), (s["split_ms"].get(cat) if s else None)
+        if vb is None and vs is None:
+            continue  # communication: only where there is some (sequence-parallel runs)
+        vb, vs = vb or 0.0, vs or 0.0
+        rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "", faster(vb, vs) if s else ""))
     rows.append((f"split total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "",
                  faster(b["split_total_ms"], s["split_total_ms"]) if s else ""))
     rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
     rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "",
                  ""))
+    if sp:
+        def chk(label):
+            c = sp["check"].get(label)
+            return f"{c['block_output_rel_rms']:.2e} " + ("ok" if c["passed"] else "FAILED") if c else ""
+
+        tol = next(iter(sp["check"].values()))["tolerance"] if sp["check"] else float("nan")
+        rows.append((f"gathered SP output vs single device: rel-RMS (tol {tol:.0e})", chk("baseline"),
+                     chk("swapped"), ""))
     if acc:
         rows.append(("output vs baseline: rel-RMS / cosine", "",
                      f"{acc['block_output_rel_rms']:.2e} / {acc['block_output_cosine']:.5f}", ""))

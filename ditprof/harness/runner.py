@@ -47,6 +47,8 @@ class RunSpec:
     warmup: int
     iters: int
     seed: int
+    sp: int | None = None  # --sp P: Ulysses sequence parallelism over P ranks (harness.sequence_parallel)
+    sp_cross: str = "local"  # cross-attention under SP: "local" (no communication) or "heads"
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -93,6 +95,9 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         raise DitprofError(f"--iters must be >= 1 (got {args.iters})")
     if args.warmup is not None and args.warmup < 0:
         raise DitprofError(f"--warmup must be >= 0 (got {args.warmup})")
+    sp = getattr(args, "sp", None)
+    if sp is not None and sp < 1:
+        raise DitprofError(f"--sp must be >= 1 (got {sp})")
     swap_name = None
     if command == "compare":
         baseline = args.baseline or backends.DEFAULT_BASELINE
@@ -109,7 +114,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         gpu_memory=args.gpu_memory, out=out,
         warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
         iters=args.iters if args.iters is not None else (10 if device.type == "cuda" else 5),
-        seed=args.seed,
+        seed=args.seed, sp=sp, sp_cross=getattr(args, "sp_cross", None) or "local",
     )
 
 
@@ -269,7 +274,12 @@ def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] |
     console = Console()
     if not console.is_terminal and console.width < 120:
         console = Console(width=120)
-    rep, out = execute(spec, console)
+    if spec.sp is not None:
+        from ditprof.harness.sequence_parallel import execute_sp
+
+        rep, out = execute_sp(spec, console)
+    else:
+        rep, out = execute(spec, console)
     report.print_summary(rep, str(out), console)
     if on_done:
         on_done(rep, out)
