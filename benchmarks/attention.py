@@ -29,7 +29,7 @@ SHAPES = {
 
 ALL_ENTRIES = [
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "sage", "cudnn-fp8",
-    "prep-torch", "prep-triton", "fp8",
+    "prep-torch", "prep-triton", "fp8", "fp8-sm90", "fp8-sm120",
 ]
 
 
@@ -133,17 +133,24 @@ def make_entries(q, k, v, scale):
             raise Skip(why)
         return lambda: fp8_prepare(q, k, v, backend="triton")
 
-    def ours():
-        try:
-            from ditprof.kernels.interface import fp8_attention
-        except Exception as exc:
-            raise Skip(f"ditprof.kernels.interface.fp8_attention not importable ({type(exc).__name__}: {exc})")
+    def ours(kernel=None):
+        def make():
+            try:
+                from ditprof.kernels.interface import fp8_attention, kernel_name_for_arch, arch_for_capability
+            except Exception as exc:
+                raise Skip(f"ditprof.kernels.interface.fp8_attention not importable ({type(exc).__name__}: {exc})")
+            try:
+                kernel_name_for_arch(arch_for_capability(torch.cuda.get_device_capability(q.device)), kernel)
+            except Exception as exc:
+                raise Skip(str(exc))
 
-        def fn():
-            return fp8_attention(q, k, v, layout="BSHD", scale=scale)
+            def fn():
+                return fp8_attention(q, k, v, layout="BSHD", scale=scale, kernel=kernel)
 
-        fn()  # compiles (cached afterwards)
-        return fn
+            fn()  # compiles (cached afterwards)
+            return fn
+
+        return make
 
     return {
         "sdpa-cudnn": (sdpa("CUDNN_ATTENTION"), "attention", "torch SDPA, cuDNN backend, bf16"),
@@ -155,7 +162,10 @@ def make_entries(q, k, v, scale):
                                                 "kernel only"),
         "prep-torch": (prep_torch, "prep", "fp8_prepare_torch: naive chain of torch ops"),
         "prep-triton": (prep_triton, "prep", "fp8_prepare: fused Triton prep (3 launches + 1 D2H check)"),
-        "fp8": (ours, "attention", "ditprof fp8_attention, prep included"),
+        "fp8": (ours(), "attention", "ditprof fp8_attention (kernel picked by arch), prep included"),
+        "fp8-sm90": (ours("fp8-sm90"), "attention", "ditprof wgmma kernel (sm_90a), prep included"),
+        "fp8-sm120": (ours("fp8-sm120"), "attention", "ditprof mma.sync kernel (native on sm_89/sm_120, "
+                                                       "emulated on sm_90), prep included"),
     }
 
 
