@@ -83,12 +83,13 @@ SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the 
 
 # exp2 on the FMA pipe (``poly_every``): 2^x = 2^j * 2^f, j = round(x) by the 1.5*2^23 trick, f in [-0.5, 0.5],
 # 2^f by a degree-3 polynomial (relative minimax fit, max rel. error 7.5e-5 after fp32 rounding of the
-# coefficients), 2^j added to the exponent bits. x is clamped at -127 so that 2^j never wraps the exponent
-# (x = -inf, the mask, gives +0 or a denormal ~1e-38; P*256 in e4m3 is 0 either way).
+# coefficients), 2^j added to the exponent bits. x is clamped at -126 so that 2^j never wraps the exponent
+# (-127 would: p(0) = 0.99993 has exponent 126, and 126 - 127 < 0 gives a NaN pattern). x = -inf (the mask)
+# gives a denormal ~1e-38: P*256 in e4m3 is 0 and l changes by 1e-38.
 EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
 _EXP2_POLY_ASM = (
     "{\n\t.reg .f32 x, t, j, f, p;\n\t.reg .b32 ti, pi;\n\t"
-    "max.f32 x, $1, 0fC2FE0000;\n\t"  # -127
+    "max.f32 x, $1, 0fC2FC0000;\n\t"  # -126
     "add.rn.f32 t, x, 0f4B400000;\n\t"  # 1.5 * 2^23: t's low mantissa bits = round(x)
     "sub.rn.f32 j, t, 0f4B400000;\n\t"
     "sub.rn.f32 f, x, j;\n\t"
