@@ -249,3 +249,18 @@ def test_regroup_layout_without_a_group(monkeypatch):
         recv = torch.stack([sends[j][r] for j in (0, 1)])
         monkeypatch.setattr(dist, "all_to_all_single", lambda out, send, group=None, rr=recv: out.copy_(rr))
         assert torch.equal(distributed.heads_to_seq(heads[r], 2), shards[r])
+
+
+def test_sp_rank_side_error_is_one_message(tmp_path):
+    """A checkpoint is only inspected inside the ranks: their DitprofError comes back as one message and the
+    run leaves nothing behind."""
+    from ditprof.model_blocks import get_preset, make_checkpoint
+
+    ckpt, _ = make_checkpoint(get_preset("flux-tiny"), tmp_path / "ckpt", blocks=None, progress=False)
+    out = tmp_path / "runs" / "bad"
+    spec = _spec(None, "profile", "--checkpoint", str(ckpt), "--kind", "double", "--device", "cpu", "--sp", "2",
+                 "--iters", "1", "--out", str(out))
+    with pytest.raises(DitprofError) as e:
+        SP.execute_sp(spec)
+    assert "implemented for wan" in str(e.value) and "Traceback" not in str(e.value)
+    assert not out.exists() and not list((tmp_path / "runs").iterdir())

@@ -2,7 +2,8 @@
 
 Two launchers, one rank body:
 
-* ``spawn``: the CLI process starts P ranks with ``torch.multiprocessing`` (start method ``spawn``) and a
+* ``torch.multiprocessing``: the CLI process starts P ranks (start method ``forkserver`` with torch,
+  diffusers and ditprof preloaded in the server; ``DITPROF_SP_START_METHOD=spawn`` for plain spawn) and a
   TCP rendezvous on a free local port; it waits for them and turns a failed rank into one error.
 * ``torchrun``: when ``torchrun --nproc-per-node P -m ditprof compare --sp P`` started the process
   (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set), every process is already a rank (``env://`` rendezvous).

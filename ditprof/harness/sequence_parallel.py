@@ -1,6 +1,6 @@
 """``ditprof profile/compare --sp P``: one block under Ulysses sequence parallelism over P ranks.
 
-What runs on each rank (``torch.multiprocessing`` spawn from the CLI, or torchrun; NCCL on CUDA, gloo on
+What runs on each rank (started by the CLI with ``torch.multiprocessing``, or by torchrun; NCCL on CUDA, gloo on
 CPU -- see ``harness.distributed``):
 
 * the whole block (diffusers' own modules, every weight), on S/P of the video tokens: rank r holds tokens
@@ -56,6 +56,8 @@ from ditprof.harness.memory import memory_budget
 
 SUPPORTED_FAMILIES = ("wan",)
 CROSS_MODES = ("local", "heads")
+_PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "ditprof.model_blocks", "ditprof.kernels",
+            "ditprof.harness.sequence_parallel", "ditprof.harness.runner")
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
 # only the accumulation order inside GEMM / attention kernels may change with the row count, i.e. a few
 # ulp of fp32 per element. fp32: ~1e-7 measured, bound 1e-5. bf16: a changed fp32 partial can flip a bf16
@@ -449,10 +451,10 @@ def _error_file(stage: Path, rank: int) -> Path:
     return stage / f".error-rank{rank}.txt"
 
 
-def _spawn_entry(rank: int, world: int, spec, stage: str, init_method: str, threads: int) -> None:
+def _spawn_entry(rank: int, world: int, spec, stage: str, init_method: str, threads: int, launcher: str) -> None:
     stage_p = Path(stage)
     try:
-        rank_body(rank, world, rank, spec, stage_p, launcher="spawn", init_method=init_method, threads=threads)
+        rank_body(rank, world, rank, spec, stage_p, launcher=launcher, init_method=init_method, threads=threads)
     except DitprofError as exc:
         _error_file(stage_p, rank).write_text(str(exc))
         raise SystemExit(3) from None  # no barrier: the peers may be gone; the parent stops the others
@@ -507,11 +509,18 @@ def execute_sp(spec, console=None) -> tuple[dict, Path]:
     threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // P))
     import torch.multiprocessing as mp
 
+    # forkserver: a clean single-threaded server imports torch/diffusers/ditprof once and forks the ranks
+    # (no CUDA context, no OpenMP pool in it); later runs in the same process reuse the warm server.
+    start = os.environ.get("DITPROF_SP_START_METHOD", "forkserver")
+    if start == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload(list(_PRELOAD))
+
     with atomic.staged_dir(out) as stage, distributed.multicast_off_env():
         init_method = f"tcp://127.0.0.1:{distributed.free_port()}"
         try:
-            mp.start_processes(_spawn_entry, args=(P, spec, str(stage), init_method, threads), nprocs=P,
-                               join=True, start_method="spawn")
+            mp.start_processes(_spawn_entry, args=(P, spec, str(stage), init_method, threads,
+                                                            f"torch.multiprocessing ({start})"), nprocs=P,
+                               join=True, start_method=start)
         except Exception as exc:  # noqa: BLE001 - a rank failed: one message, nothing written
             msg = _first_error(stage, P)
             raise DitprofError(msg or f"--sp {P}: a rank failed ({exc})") from None
