@@ -275,7 +275,18 @@ def markdown(report: dict) -> str:
               f"(baseline: {b['split_iterations_used']} of {b['split_iterations']} used).",
               "- Extrapolation multiplies the block time by the number of blocks"
               " (× steps × 2 with CFG); the Amdahl prediction uses the baseline attention share and the "
-              "attention-only speedup.", "",
+              "attention-only speedup.", ""]
+    sp = report.get("sp")
+    if sp:
+        lines[-1:] = [
+            f"- Sequence parallel (Ulysses, {sp['degree']} ranks, {sp['process_group_backend']}): each rank runs "
+            f"the block on {sp['tokens_per_rank']} tokens; self-attention regroups q/k/v to all tokens × "
+            f"{sp['heads_per_rank']} heads with an all-to-all and back; cross-attention: "
+            f"{sp['cross_attention_note']}. `communication` is the all-to-alls (collective, layout copies and "
+            "waiting for peers). The columns show the slowest rank (largest median block time), which the "
+            "extrapolation uses; every rank's numbers are under `ranks` in report.json, one trace per rank "
+            "(`rank<r>.<run>.trace.json.gz`), and `tb/baseline/`, `tb/swapped/` are one HTA job each.", ""]
+    lines += [
               "## Files", ""]
     lines += [f"- `{f}`" for f in report["files"]]
     lines += ["", "Open the `.trace.json.gz` files in https://ui.perfetto.dev or chrome://tracing; point "
