@@ -8,7 +8,6 @@ inputs. In fp32 the SP run does the same ops on row subsets, so only accumulatio
 import dataclasses
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 import torch

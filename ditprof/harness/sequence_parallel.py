@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
-import math
 import os
 import shutil
 import statistics
@@ -341,7 +340,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ditprof.harness.runner import _model_section, _tensor_bytes, _write
+    from ditprof.harness.runner import _tensor_bytes, _write
     from ditprof.model_blocks import load_block, make_inputs
 
     device = distributed.rank_device(spec.device.type, local_rank)
