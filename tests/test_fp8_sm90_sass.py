@@ -34,7 +34,8 @@ def _compile(tmp_path_factory, head_dim=128, **cfg):
 
 
 CONFIGS = [
-    {},  # the default: tile_n=128, kv_stages=2, overlap, no ping-pong
+    {},  # the default (DEFAULT_OPTIONS)
+    {"tile_n": 128, "kv_stages": 2},
     {"overlap": False},
     {"pingpong": True},
     {"tile_n": 192},
@@ -49,7 +50,7 @@ CONFIGS = [
 def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     r = _compile(tmp_path_factory, **cfg)
     base, full, res = r["base"], r["full"], r["res"]
-    tile_n = cfg.get("tile_n", 128)
+    tile_n = K.options(**cfg)["tile_n"]
     # QK: D/32 k-blocks, PV: tile_n/32 k-blocks; prologue QK + loop QK + loop PV + epilogue PV
     # (overlap=False only changes a wait depth).
     assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32), base
@@ -65,7 +66,7 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     n8, k = tile_n // 8, opts["poly_every"]
     ex2_per_body = 4 * (n8 - (n8 // k if k else 0))  # 64 x tile_n / 128 scores a thread, minus the polynomial ones
     assert base.get("MUFU", 0) >= 2 * ex2_per_body  # two bodies (prologue, loop)
-    if opts["pin_wait"] == "sts":
+    if opts["pin_wait"] == "sts" and opts["overlap"]:
         # every ex2 of the loop body precedes the wait for the PV wgmma: the softmax really overlaps it
         lines = r["sass"].splitlines()
         i1 = next(i for i, line in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in line)
@@ -89,8 +90,10 @@ def test_head_dim_64_compiles(tmp_path_factory):
 
 
 def test_smem_formula():
-    assert K.smem_bytes(128) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
-    assert K.smem_bytes(128) <= 227 * 1024
+    assert K.smem_bytes(128, 128, 2) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
+    o = K.DEFAULT_OPTIONS
+    assert K.smem_bytes(128) == 1024 + 128 * 128 + 2 * o["kv_stages"] * o["tile_n"] * 128
+    assert K.smem_bytes(128, 224, 3) <= 227 * 1024
 
 
 def test_key_order_is_seed_order_and_a_permutation():
