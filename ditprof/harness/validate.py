@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ditprof.errors import DitprofError
 from ditprof.harness import atomic, backends, swap
@@ -142,7 +143,7 @@ def block_bytes_of(family, config: dict, kind: str, dtype: torch.dtype = torch.b
 
 # --------------------------------------------------------------------------- activation estimate
 
-class _LiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
+class _LiveBytes(TorchDispatchMode):
     """Tracks the bytes of live tensors created inside the mode (by storage) and their peak."""
 
     def __init__(self):
