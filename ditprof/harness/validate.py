@@ -435,14 +435,13 @@ def plan_memory(spec: ValidateSpec, n: int, block_bytes: int, est: dict, nonbloc
         mode = "streamed" if spec.stream else "resident"
     else:
         mode = "resident" if budget is None or resident <= budget else "streamed"
-    host_need = n * block_bytes if mode == "streamed" and spec.device.type == "cuda" else 0
-    if mode == "streamed" and spec.device.type == "cuda":
+    host_need = n * block_bytes if mode == "streamed" or spec.device.type == "cpu" else 0
+    if host_need:
         avail = host_available_bytes()
         if avail is not None and host_need > avail:
             raise DitprofError(
-                f"{n} blocks ({fmt_bytes(resident)} with activations) do not fit {budget_src.split(' (')[0]} "
-                f"({fmt_bytes(budget)}), and streaming them from host memory needs {fmt_bytes(host_need)} of "
-                f"host memory ({fmt_bytes(avail)} available); use fewer --blocks"
+                f"{n} blocks need {fmt_bytes(host_need)} of host memory ({fmt_bytes(resident)} with activations), "
+                f"{fmt_bytes(avail)} available; use fewer --blocks"
             )
     if mode == "resident":
         note = f"all {n} blocks resident on {spec.device.type}"
