@@ -41,7 +41,12 @@ def make_qkv(B, Sq, Sk, H, D, dtype, device, seed=0):
     k = torch.randn((B, Sk, H, D), generator=g, device=device) + torch.randn((1, 1, H, D), generator=g,
                                                                               device=device) * 4
     v = torch.randn((B, Sk, H, D), generator=g, device=device) * 0.7
-    return tuple(x.to(dtype) for x in (q, k, v))
+    out = tuple(x.to(dtype) for x in (q, k, v))
+    for i, x in enumerate(out):  # a few exact signed zeros (-0 must quantize to 0x80)
+        flat = x.view(-1)
+        flat[(5 * i) % flat.numel()] = -0.0
+        flat[flat.numel() // 3] = -0.0
+    return out
 
 
 def compare(a, b) -> dict:
@@ -231,31 +236,53 @@ def main(argv=None) -> int:
         B, Sq, Sk, H, D = SHAPES[0]
         q, k, v = make_qkv(B, Sq, Sk, H, D, torch.bfloat16, device)
         nbytes = B * H * D * (Sq + 2 * Sk) * (2 * 2 + 1)
+        big_a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)  # ~1.4 ms of GEMM: "the kernel"
+
+        def with_work(check):
+            res = fp8_prepare(q, k, v, backend="triton", check_finite=check)
+            torch.mm(big_a, big_a)
+            if check == "defer":
+                res.check_finite()
+
+        copy_src = torch.empty(B * Sq * H * D * 4, dtype=torch.bfloat16, device=device).normal_()
         tm = {
             "triton_ms": cuda_time(lambda: fp8_prepare(q, k, v, backend="triton")),
+            "triton_defer_ms": cuda_time(lambda: fp8_prepare(q, k, v, backend="triton",
+                                                             check_finite="defer").check_finite()),
             "triton_no_check_ms": cuda_time(lambda: fp8_prepare(q, k, v, backend="triton", check_finite=False)),
             "triton_raw_no_smooth_ms": cuda_time(lambda: fp8_prepare(q, k, v, smooth_k=False, backend="triton",
                                                                      check_finite=False)),
             "torch_ms": cuda_time(lambda: fp8_prepare_torch(q, k, v), iters=5),
+            "prep_check_then_gemm_ms": cuda_time(lambda: with_work(True)),
+            "prep_defer_gemm_check_ms": cuda_time(lambda: with_work("defer")),
+            "prep_nocheck_gemm_ms": cuda_time(lambda: with_work(False)),
+            "gemm_ms": cuda_time(lambda: torch.mm(big_a, big_a)),
+            "copy_tbps": 2 * copy_src.numel() * 2 / (cuda_time(lambda: copy_src.clone()) * 1e-3) / 1e12,
         }
+        del copy_src, big_a
         tm["triton_gbps_vs_2read_1write"] = nbytes / (tm["triton_no_check_ms"] * 1e-3) / 1e9
         try:
             tm["kernels_ms"] = kernel_split(lambda: fp8_prepare(q, k, v, backend="triton", check_finite=False))
         except Exception as exc:
             tm["kernels_ms"] = f"profiler failed: {exc}"
         report["timing"] = tm
-        print(f"H3 prep: triton {tm['triton_ms']:.3f} ms (no finite check {tm['triton_no_check_ms']:.3f} ms, "
+        print(f"H3 prep: triton {tm['triton_ms']:.3f} ms (deferred check {tm['triton_defer_ms']:.3f} ms, "
+              f"no finite check {tm['triton_no_check_ms']:.3f} ms, "
               f"no smoothing {tm['triton_raw_no_smooth_ms']:.3f} ms, "
               f"{tm['triton_gbps_vs_2read_1write']:.0f} GB/s of 2 reads + 1 write), torch {tm['torch_ms']:.3f} ms"
-              f" — budget 1 ms")
+              f" — budget 1 ms; copy {tm['copy_tbps']:.2f} TB/s (read + write)")
+        print(f"  prep + 8192^3 GEMM: eager check {tm['prep_check_then_gemm_ms']:.3f} ms, deferred "
+              f"{tm['prep_defer_gemm_check_ms']:.3f} ms, no check {tm['prep_nocheck_gemm_ms']:.3f} ms "
+              f"(GEMM alone {tm['gemm_ms']:.3f} ms)")
         print(f"  per kernel (ms/call): {tm['kernels_ms']}")
         if not args.no_sweep:
             qs, ks, vs = q, k, v
             base = prep_triton.prepare_triton(qs, ks, vs, True)
             srows = []
-            configs = [dict(quant_block=qb, quant_warps=qw) for qb in (32, 64, 128) for qw in (4, 8)]
-            configs += [dict(stats_chunk=c, stats_block=b, stats_warps=w)
-                        for c, b, w in ((256, 16, 4), (1024, 16, 4), (512, 32, 8), (1024, 32, 8), (2048, 32, 8))]
+            configs = [dict(quant_block=qb, quant_warps=qw) for qb, qw in ((16, 4), (64, 4), (64, 8))]
+            configs += [dict(fast_div=False)]
+            configs += [dict(stats_chunk=c, stats_r=r, stats_warps=w)
+                        for c, r, w in ((256, 8, 4), (1024, 8, 4), (512, 4, 4), (512, 16, 4), (1024, 16, 8))]
             for cfg in configs:
                 try:
                     got = prep_triton.prepare_triton(qs, ks, vs, True, **cfg)
@@ -269,7 +296,7 @@ def main(argv=None) -> int:
                     srows.append([str(cfg), None, None, f"{type(exc).__name__}: {exc}"[:100]])
             print_table("launch-config sweep at H3 (whole prep, no finite check; defaults: quant_block "
                         f"{prep_triton.QUANT_BLOCK}/{prep_triton.QUANT_WARPS} warps, stats chunk "
-                        f"{prep_triton.STATS_CHUNK}/block {prep_triton.STATS_BLOCK}/{prep_triton.STATS_WARPS} warps)",
+                        f"{prep_triton.STATS_CHUNK}/R {prep_triton.STATS_R}/{prep_triton.STATS_WARPS} warps)",
                         ["config", "ms", "same bytes", "error"], srows)
 
     report["failures"] = failures

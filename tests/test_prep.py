@@ -33,6 +33,20 @@ def make_qkv(B, Sq, Sk, H, D, dtype=torch.bfloat16, seed=0, device="cpu", k_bias
     return tuple(x.to(dtype=dtype) for x in (q, k, v))
 
 
+def with_signed_zeros(*xs):
+    """Copies with a few exact +0 and -0 elements (the quantized sign of zero must survive: 0x00 vs 0x80)."""
+    out = []
+    for i, x in enumerate(xs):
+        x = x.clone()
+        flat = x.view(-1)
+        n = flat.numel()
+        flat[(7 * i) % n] = -0.0
+        flat[(7 * i + 3) % n] = 0.0
+        flat[n // 2] = -0.0
+        out.append(x)
+    return tuple(out)
+
+
 # ------------------------------------------------------------------ direct float64 computation of the contract
 
 def e4m3_rne_f64(y: torch.Tensor) -> torch.Tensor:
@@ -289,10 +303,15 @@ def test_interpreter_inner(shape):
         res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out)
         _assert_same_bytes(res, ref)
         check_against_contract(res, q, k, v, smooth_k)
-    # BHSD input, non-contiguous K/V, fp16, non-finite detection
-    q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=torch.float16, seed=2)
+    # BHSD input, non-contiguous K/V, fp16, signed zeros, non-finite detection
+    q, k, v = with_signed_zeros(*make_qkv(B, Sq, Sk, H, D, dtype=torch.float16, seed=2))
     res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton")
     _assert_same_bytes(res, fp8_prepare_torch(q, k, v))
+    # several stats chunks, each with full tiles and a ragged tail (chunk 40 rows, tiles of 2 * W rows)
+    q, k, v = with_signed_zeros(*make_qkv(B, Sq, Sk, H, D, seed=3))
+    ref = fp8_prepare_torch(q, k, v)
+    got = prep_triton.prepare_triton(q, k, v, True, stats_chunk=40, stats_r=2, quant_block=16)
+    _assert_same_bytes(Fp8Prepared(*got[:4], Sq, Sk, got[4]), ref)
     if shape != INTERP_SHAPES[0]:
         return
     for which in "qkv":
@@ -321,7 +340,7 @@ GPU_SHAPES = [
 @pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "raw"])
 def test_gpu_triton_matches_torch_bit_exactly(shape, smooth_k):
     B, Sq, Sk, H, D = shape
-    q, k, v = make_qkv(B, Sq, Sk, H, D, seed=Sq % 97, device="cuda")
+    q, k, v = with_signed_zeros(*make_qkv(B, Sq, Sk, H, D, seed=Sq % 97, device="cuda"))
     ref = fp8_prepare_torch(q, k, v, smooth_k=smooth_k)
     out = _poisoned_like(ref)
     res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out)
@@ -351,6 +370,93 @@ def test_gpu_layouts_dtypes_and_errors():
                     fp8_prepare(qq, kk, vv, smooth_k=smooth_k)
 
 
+@pytest.mark.gpu
+def test_gpu_deferred_finite_check():
+    q, k, v = make_qkv(1, 300, 200, 3, 128, seed=6, device="cuda")
+    ref = fp8_prepare_torch(q, k, v)
+    res = fp8_prepare(q, k, v, check_finite="defer")
+    res.check_finite()  # finite: no error
+    res.check_finite()  # nothing pending any more: a no-op
+    _assert_same_bytes(res, ref)
+    for which in "qkv":
+        qq, kk, vv = (x.clone() for x in (q, k, v))
+        {"q": qq, "k": kk, "v": vv}[which][0, 150, 1, 3] = float("nan")
+        res = fp8_prepare(qq, kk, vv, check_finite="defer")  # returns without waiting
+        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+            res.check_finite()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [dict(stats_chunk=40, stats_r=2), dict(stats_r=16, stats_warps=8),
+                                 dict(quant_block=64, quant_warps=8), dict(fast_div=False)], ids=str)
+def test_gpu_launch_configs_give_the_same_bytes(cfg):
+    from ditprof.kernels import prep_triton
+
+    q, k, v = with_signed_zeros(*make_qkv(2, 1000, 777, 3, 128, seed=8, device="cuda"))
+    ref = fp8_prepare_torch(q, k, v)
+    got = prep_triton.prepare_triton(q, k, v, True, **cfg)
+    _assert_same_bytes(Fp8Prepared(*got[:4], 1000, 777, got[4]), ref)
+
+
+def test_check_finite_argument():
+    q, k, v = make_qkv(1, 16, 16, 2, 64)
+    with pytest.raises(DitprofError, match="check_finite"):
+        fp8_prepare(q, k, v, check_finite="later")
+    q[0, 3, 1, 5] = float("nan")
+    with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):  # CPU: "defer" checks at once
+        fp8_prepare(q, k, v, check_finite="defer")
+
+
+# ------------------------------------------------------------------ CPU: the division without a divide
+
+
+def _fma32(a, b, c):
+    """RN32(a * b + c) for float32 arrays, exactly: the float64 product is exact, the float64 sum is corrected by
+    its TwoSum error where it lands exactly on a float32 midpoint (elsewhere RN32(RN64(s)) = RN32(s))."""
+    import numpy as np
+
+    a, b, c = (np.asarray(t, np.float32).astype(np.float64) for t in (a, b, c))
+    p = a * b
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    mid = (s.view(np.uint64) & np.uint64((1 << 29) - 1)) == np.uint64(1 << 28)
+    s = np.where(mid & (err != 0), np.nextafter(s, s + err), s)
+    return s.astype(np.float32)
+
+
+def test_markstein_division_is_the_ieee_quotient():
+    """prep_triton._div_by_descale's sequence (inv = RN(1/ds), q = RN(x*inv), two fma corrections, sign of x) equals
+    RN32(x / ds) on every finite bf16 and fp16 value and on random fp32 values (K - mean), for varied descales
+    (the kernel takes this path for ds >= 1e-26)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    bf = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
+    fp = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    allx = np.concatenate([bf, fp])
+    allx = allx[np.isfinite(allx)]
+    for i in range(60):
+        m = [rng.uniform(1, 2), 2 - rng.integers(1, 64) * 2.0**-23, 1 + rng.integers(0, 64) * 2.0**-23][i % 3]
+        ds = np.float32(m * 2.0 ** rng.integers(-86, 40))
+        x = allx[np.abs(allx) <= np.float32(ds) * np.float32(448.5)]
+        x = np.concatenate([x, (rng.uniform(-448, 448, 50000) * np.float64(ds)).astype(np.float32),
+                            np.array([0.0, -0.0], np.float32)])
+        inv = (np.float64(1.0) / np.float64(ds)).astype(np.float32)
+        q = (x.astype(np.float64) * np.float64(inv)).astype(np.float32)
+        for _ in range(2):
+            q = _fma32(_fma32(-q, ds, x), inv, q)
+        q = (q.view(np.uint32) | (x.view(np.uint32) & np.uint32(0x80000000))).view(np.float32)
+        want = (x.astype(np.float64) / np.float64(ds)).astype(np.float32)  # 53 >= 2*24+2: innocuous
+        # exact where the e4m3 value can depend on it (|quotient| >= 2^-11; below, the remainder may underflow for
+        # tiny x, but every such quotient rounds to a signed e4m3 zero either way)
+        big = np.abs(want) >= 2.0**-11
+        assert np.array_equal(q[big].view(np.uint32), want[big].view(np.uint32)), f"ds={ds!r}"
+        assert (np.abs(q[~big]) < 2.0**-10).all() and np.array_equal(np.signbit(q), np.signbit(want))
+        e4 = [torch.from_numpy(t).clamp(-448, 448).to(F8).view(torch.uint8) for t in (q, want)]
+        assert torch.equal(*e4), f"ds={ds!r}"
+
+
 # ------------------------------------------------------------------ CPU: the kernels compile for real GPUs
 
 
@@ -372,6 +478,7 @@ def test_triton_kernels_compile_offline(arch):
     ks = prep_triton.compile_offline(arch)
     ptx = {name: k.asm["ptx"] for name, k in ks.items()}
     assert "div.full.f32" not in ptx["quant"] and "div.rn.f32" in ptx["quant"]
+    assert "fma.rn.f32" in ptx["quant"]  # the Markstein corrections
     assert "div.rn.f32" in ptx["finalize"]
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx["quant"]
     assert "st.global.b8" not in ptx["quant"], "V^T / q8 / k8 stores must be vectorized"

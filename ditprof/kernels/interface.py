@@ -101,7 +101,8 @@ def _prepare(q, k, v, smooth_k, layout):
         from ditprof.kernels.prep import fp8_prepare
     except ImportError:
         return _prepare_torch(q, k, v, smooth_k, layout)
-    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout)
+    # the finiteness check's device->host sync waits until after the kernel launch (fp8_attention)
+    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, check_finite="defer")
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -255,6 +256,8 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
             out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
         launch_prepared(prep, out, layout, softmax_scale, lse, kernel=kernel)
+        if hasattr(prep, "check_finite"):
+            prep.check_finite()  # deferred: overlaps the kernel; DitprofError "q contains NaN or Inf" etc.
         if not return_lse:
             return out
         k_mean = getattr(prep, "k_mean", None)

@@ -16,6 +16,9 @@ Numerics, identical in both implementations here:
 - descale = fp32(amax / 448) (IEEE division); X8 = e4m3(clamp(fp32(X / descale), -448, 448)), IEEE division,
   round to nearest even (saturation is the clamp);
 - non-finite inputs are detected from the amax (NaN counts as Inf) with one device->host copy: DitprofError.
+  ``check_finite="defer"`` starts that copy (into pinned memory, async) and returns at once; the caller launches
+  more work (the attention kernel) and then calls ``Fp8Prepared.check_finite()``, which waits only for the copy
+  (i.e. for the prep), so the sync no longer stalls the GPU queue. ``interface.fp8_attention`` does this.
 
 ``fp8_prepare`` runs the fused Triton kernels (``prep_triton.py``) on CUDA tensors; ``fp8_prepare_torch`` is the
 naive chain of torch ops (reference for tests, fallback where Triton is missing or the tensors are on the CPU).
@@ -23,8 +26,8 @@ naive chain of torch ops (reference for tests, fallback where Triton is missing 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Union
 
 import torch
 
@@ -45,6 +48,19 @@ class Fp8Prepared:
     sq: int
     sk: int
     k_mean: Optional[torch.Tensor] = None
+    # pending deferred finiteness check (check_finite="defer"): (pinned host copy of the scales, CUDA event)
+    _pending: Optional[tuple] = field(default=None, repr=False, compare=False)
+
+    def check_finite(self) -> None:
+        """Finish a deferred finiteness check (``fp8_prepare(..., check_finite="defer")``): wait for the async
+        copy of the descales, then raise ``DitprofError("q contains NaN or Inf")`` (or k, v) as the eager check
+        would. A no-op when nothing is pending (eager check, ``check_finite=False``, or already checked)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        host, event = pending
+        event.synchronize()
+        _raise_if_nonfinite(host)
 
 
 # ---------------------------------------------------------------- small shared helpers (no numerics)
@@ -105,6 +121,19 @@ def _raise_if_nonfinite(scales: torch.Tensor) -> None:
             raise DitprofError(f"{name} contains NaN or Inf")
 
 
+def _start_finite_check(scales: torch.Tensor) -> Optional[tuple]:
+    """Deferred form of ``_raise_if_nonfinite``: an async copy of the descales into pinned host memory and an event
+    after it, on the current stream; ``Fp8Prepared.check_finite`` waits on the event. None under graph capture."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    flat = scales.detach().reshape(-1)
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    host.copy_(flat, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
 # ---------------------------------------------------------------- Triton availability
 
 _TRITON = None  # module once imported, or the import error string
@@ -146,24 +175,28 @@ def fp8_prepare(
     layout: str = "BSHD",
     *,
     backend: str = "auto",
-    check_finite: bool = True,
+    check_finite: Union[bool, str] = True,
     out: Optional[Fp8Prepared] = None,
 ) -> Fp8Prepared:
     """Fused FP8 prep. ``backend``: "auto" (Triton where it can run, else the torch chain), "triton", "torch".
 
     ``check_finite=False`` skips the one device->host sync (non-finite inputs then give garbage, not an error).
+    ``check_finite="defer"`` (CUDA): starts the check without waiting; call ``result.check_finite()`` after
+    launching the work that consumes the result (on CPU tensors and the torch backend it checks at once).
     ``out``: an ``Fp8Prepared`` whose q8, k8, v8t, scales (contiguous, right shapes) are written in place and
     returned (buffer reuse, CUDA graphs; tests poison them first).
     """
     if backend not in ("auto", "triton", "torch"):
         raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if check_finite not in (True, False, "defer"):
+        raise DitprofError(f"check_finite must be True, False or 'defer', got {check_finite!r}")
     qs, ks, vs = _check_inputs(q, k, v, layout)
     if backend == "auto":
         ok, _ = triton_available(qs.device)
         backend = "triton" if ok else "torch"
     bufs = _check_out(out, qs, ks) if out is not None else None
     if backend == "torch":
-        res = _prepare_torch(qs, ks, vs, smooth_k, check_finite)
+        res = _prepare_torch(qs, ks, vs, smooth_k, bool(check_finite))
         if bufs is None:
             return res
         for dst, src in zip(bufs, (res.q8, res.k8, res.v8t, res.scales)):
@@ -173,9 +206,12 @@ def fp8_prepare(
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
     q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs)
-    if check_finite:
+    pending = None
+    if check_finite == "defer" and scales.is_cuda:
+        pending = _start_finite_check(scales)
+    elif check_finite:
         _raise_if_nonfinite(scales)
-    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean)
+    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, pending)
 
 
 def _check_out(out, qs, ks):

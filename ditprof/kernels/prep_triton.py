@@ -2,18 +2,35 @@
 
 Three launches, all deterministic (no atomics):
 
-1. ``_stats_kernel``  grid (chunks, B*H): each program reads CHUNK tokens of Q, K and V of one (b, h) and writes
-   partials: amax|Q|, amax|V| (as int32 bits of |x|: an integer max keeps NaN, which sorts above Inf), and per
-   channel of K: sum (float64), max, min (NaN counted as +Inf / -Inf).
+1. ``_stats_kernel``  grid (Q chunks + K chunks + V chunks, B*H): each program reads CHUNK tokens of ONE operand
+   of one (b, h) and writes partials: amax|Q| or amax|V| (as int32 bits of |x|: an integer max keeps NaN, which
+   sorts above Inf), or per channel of K: sum (float64), max and min (fp32; NaN/Inf show up in the sum).
+   Memory parallelism: each iteration loads R sub-tiles of [W, D] (W rows span the CTA once with 16-byte loads),
+   unrolled (``tl.static_range``) and unmasked (only a ragged last iteration clamps its row indices onto the
+   chunk's last row: a duplicate row changes no max/min; the K sum masks it), so all R loads of a thread are in
+   flight together; each is folded elementwise into [W, D] accumulators (no reductions, no shared memory in the
+   loop). Q/V amax runs on the raw 16-bit patterns (signed and unsigned max, 16x2 at a time); K's max/min in
+   fp32 (exact); K's sum in float64.
 2. ``_finalize_kernel`` grid (B*H,): reduces the partials in a fixed order; mean_k = fp32(sum64 / Sk);
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
-   because rounding is monotonic); descales = amax / 448 (1.0 where amax == 0), IEEE division.
+   because rounding is monotonic); a non-finite K sum (K holds a NaN or Inf) makes amax_k NaN;
+   descales = amax / 448 (1.0 where amax == 0), IEEE division.
 3. ``_quant_kernel``  grid (Q tiles + K tiles + V tiles, B*H), one branch per operand, each branch body a jit
    helper (the compiled path type-checks variables across if/else; the interpreter does not):
-   X8 = e4m3(clamp(X / descale, +-448)), IEEE division (``tl.math.div_rn``: a plain ``/`` is div.full.f32),
-   round to nearest even; writes q8 and k8 row-major (pad rows zero) and V transposed: each V program owns BLOCK
-   output positions (whole 16-key groups), gathers the V rows key_order(p) (each row a contiguous D vector, so
-   loads stay coalesced), quantizes, transposes in registers (``tl.trans``) and stores feature-major rows.
+   X8 = e4m3(clamp(X / descale, +-448)), round to nearest even; writes q8 and k8 row-major (pad rows zero) and V
+   transposed: each V program owns BLOCK output positions (whole 16-key groups), gathers the V rows key_order(p)
+   (each row a contiguous D vector, so loads stay coalesced), quantizes, transposes in registers (``tl.trans``)
+   and stores feature-major rows.
+
+The division X / descale is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
+(``_div_by_descale``): inv = RN(1 / descale) once per program, q = RN(x * inv), then two Markstein corrections
+q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within one ulp of x / descale; Markstein's
+theorem (inv within half an ulp of 1/descale, q within an ulp) makes the second exactly RN(x / descale). The
+corrections can turn a -0 quotient into +0, so the sign bit of x is ORed back in (the quotient's sign is x's).
+Valid without underflow of the remainder: for descale < 1e-26 (amax < ~4.5e-24) the program takes
+``tl.math.div_rn`` (a plain ``/`` would be div.full.f32, not IEEE). tests/test_prep.py checks the sequence against
+the exact quotient on every bf16 and fp16 value. The explicit +-448 clamp is left to the conversion on the GPU
+(``cvt.rn.satfinite.e4m3x2.f32`` saturates to 448 exactly as the clamp would).
 
 Why float64 for the K sum: a sum of bf16/fp16 values in float64 is exact (unless a channel spans > ~30 binades),
 so the mean does not depend on the reduction order and the torch reference matches bit for bit.
@@ -34,14 +51,17 @@ import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-# Launch configuration (tunable; benchmarks/prep_check.py sweeps a few). BLOCK values must divide 128 and be
-# multiples of 16 (whole key groups).
+# Launch configuration (tunable; benchmarks/prep_check.py sweeps a few). QUANT_BLOCK must divide 128 and be a
+# multiple of 16 (whole key groups). STATS_R: rows per thread per stats iteration (16-byte loads in flight).
 STATS_CHUNK = 512
-STATS_BLOCK = 16
+STATS_R = 8
 STATS_WARPS = 4
-QUANT_BLOCK = 64
+QUANT_BLOCK = 32
 QUANT_WARPS = 4
 FINALIZE_CB = 16
+FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
+
+_INT_MIN = tl.constexpr(-2147483648)
 
 
 @triton.jit
@@ -62,8 +82,8 @@ def _abs_bits(x):
 
 @triton.jit
 def _to_e4m3(y, MANUAL_RNE: tl.constexpr):
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     if MANUAL_RNE:
+        y = tl.minimum(tl.maximum(y, -448.0), 448.0)
         # round to the e4m3 grid in fp32 (round half to even), then the cast is exact
         neg = y.to(tl.int32, bitcast=True) < 0
         a = tl.abs(y)
@@ -75,7 +95,124 @@ def _to_e4m3(y, MANUAL_RNE: tl.constexpr):
         r = (r + 8388608.0) - 8388608.0  # fp32 add rounds to an integer, half to even
         a = r * ulp
         y = tl.where(neg, -a, a)
+    # on the GPU: cvt.rn.satfinite.e4m3x2.f32 saturates |y| > 448 to 448, which is what the clamp gives
     return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _div_by_descale(x, ds, FAST: tl.constexpr):
+    # RN(x / ds) for fp32 x and a positive per-program scalar ds (see the module docstring)
+    if FAST:
+        if ds >= 1e-26:
+            inv = tl.math.div_rn(1.0, ds)
+            q = x * inv
+            q = tl.fma(tl.fma(-q, ds, x), inv, q)
+            q = tl.fma(tl.fma(-q, ds, x), inv, q)
+            y = (q.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & _INT_MIN)).to(
+                tl.float32, bitcast=True)
+        else:
+            y = tl.math.div_rn(x, ds)
+    else:
+        y = tl.math.div_rn(x, ds)
+    return y
+
+
+# ---------------------------------------------------------------- stats
+
+# (the casts back: triton 3.6 computes a bf16 maximum in fp32; exact, since the result is one of the operands)
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b).to(a.dtype)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b).to(a.dtype)
+
+
+@triton.jit
+def _amax_tile(base, s_s, s_d, acc_s, acc_u, start, i, end, MASKED: tl.constexpr,
+               D: tl.constexpr, R: tl.constexpr, W: tl.constexpr):
+    # R sub-tiles of W rows (unrolled: one basic block, so all R 16-byte loads of a thread issue together).
+    # 16-bit inputs as raw bits: the signed max finds the largest non-negative value (if any), the unsigned max
+    # the largest-magnitude negative one (if any); no per-element masking, and both maxes run on 16x2 pairs
+    d = tl.arange(0, D).to(tl.int64)[None, :]
+    for r in tl.static_range(R):
+        rows = start + i + r * W + tl.arange(0, W)
+        if MASKED:
+            rows = tl.minimum(rows, end - 1)  # a duplicate row changes no max
+        x = tl.load(base + rows.to(tl.int64)[:, None] * s_s + d * s_d)
+        acc_s = _max_combine(acc_s, x.to(tl.int16, bitcast=True))
+        acc_u = _max_combine(acc_u, x.to(tl.uint16, bitcast=True))
+    return acc_s, acc_u
+
+
+@triton.jit
+def _stats_amax(src, s_b, s_s, s_h, s_d, part_ptr, b, h, bh64, c, S, NC,
+                D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr):
+    # amax|x| (stored as fp32 |x| bits: NaN sorts above Inf) over rows [c*CHUNK, min((c+1)*CHUNK, S)) of one (b, h)
+    base = src + b * s_b + h * s_h
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, S)
+    acc_s = tl.full([W, D], -32768, dtype=tl.int16)
+    acc_u = tl.zeros([W, D], dtype=tl.uint16)
+    for i in range(0, CHUNK, R * W):  # constant trip count; tiles at or past `end` are skipped
+        if start + i + R * W <= end:
+            acc_s, acc_u = _amax_tile(base, s_s, s_d, acc_s, acc_u, start, i, end, False, D, R, W)
+        elif start + i < end:
+            acc_s, acc_u = _amax_tile(base, s_s, s_d, acc_s, acc_u, start, i, end, True, D, R, W)
+    ms = tl.reduce(tl.reduce(acc_s, 1, _max_combine), 0, _max_combine)
+    mu = tl.reduce(tl.reduce(acc_u, 1, _max_combine), 0, _max_combine)
+    dt = src.dtype.element_ty
+    a_s = _abs_bits(ms.to(dt, bitcast=True).to(tl.float32))
+    a_u = _abs_bits(mu.to(dt, bitcast=True).to(tl.float32))
+    tl.store(part_ptr + bh64 * NC + c, tl.maximum(a_s, a_u))
+
+
+@triton.jit
+def _k_tile(base, s_s, s_d, acc_sum, acc_max, acc_min, start, i, end, MASKED: tl.constexpr,
+            D: tl.constexpr, R: tl.constexpr, W: tl.constexpr):
+    d = tl.arange(0, D).to(tl.int64)[None, :]
+    for r in tl.static_range(R):
+        rows = start + i + r * W + tl.arange(0, W)
+        if MASKED:
+            rc = tl.minimum(rows, end - 1)  # a duplicate row changes no max/min; the sum masks it
+        else:
+            rc = rows
+        x = tl.load(base + rc.to(tl.int64)[:, None] * s_s + d * s_d).to(tl.float32)
+        # NaN is ignored by the max/min here and caught by the sum in the finalize
+        acc_max = tl.maximum(acc_max, x)
+        acc_min = tl.minimum(acc_min, x)
+        xs = x.to(tl.float64)
+        if MASKED:
+            xs = tl.where((rows < end)[:, None], xs, 0.0)
+        acc_sum += xs
+    return acc_sum, acc_max, acc_min
+
+
+@triton.jit
+def _stats_k(src, s_b, s_s, s_h, s_d, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
+             D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr):
+    # per channel of K over rows [c*CHUNK, min((c+1)*CHUNK, S)): sum (float64: exact, and non-finite iff some
+    # value is), max and min
+    base = src + b * s_b + h * s_h
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, S)
+    acc_sum = tl.zeros([W, D], dtype=tl.float64)
+    acc_max = tl.full([W, D], float("-inf"), dtype=tl.float32)
+    acc_min = tl.full([W, D], float("inf"), dtype=tl.float32)
+    for i in range(0, CHUNK, R * W):
+        if start + i + R * W <= end:
+            acc_sum, acc_max, acc_min = _k_tile(base, s_s, s_d, acc_sum, acc_max, acc_min, start, i, end, False,
+                                                D, R, W)
+        elif start + i < end:
+            acc_sum, acc_max, acc_min = _k_tile(base, s_s, s_d, acc_sum, acc_max, acc_min, start, i, end, True,
+                                                D, R, W)
+    dd = tl.arange(0, D)
+    off = (bh64 * NC + c) * D + dd
+    tl.store(ksum_ptr + off, tl.sum(acc_sum, axis=0))
+    tl.store(kmax_ptr + off, tl.max(acc_max, axis=0))
+    tl.store(kmin_ptr + off, tl.min(acc_min, axis=0))
 
 
 @triton.jit
@@ -85,87 +222,65 @@ def _stats_kernel(
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    H, Sq, Sk, NCHUNK,
-    D: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    H, Sq, Sk, NCQ, NCK,
+    D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
 ):
-    chunk = tl.program_id(0)
+    t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    d = tl.arange(0, D).to(tl.int64)
-    q_base = q_ptr + b * sqb + h * sqh
-    k_base = k_ptr + b * skb + h * skh
-    v_base = v_ptr + b * svb + h * svh
+    bh64 = bh.to(tl.int64)
+    if t < NCQ:
+        _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
+    elif t < NCQ + NCK:
+        _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, Sk, NCK,
+                 D, CHUNK, R, W)
+    else:
+        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, Sk, NCK, D, CHUNK, R, W)
 
-    acc_q = tl.zeros([BLOCK, D], dtype=tl.int32)  # |x| bits, see _abs_bits
-    acc_v = tl.zeros([BLOCK, D], dtype=tl.int32)
-    acc_kmax = tl.full([BLOCK, D], float("-inf"), dtype=tl.float32)
-    acc_kmin = tl.full([BLOCK, D], float("inf"), dtype=tl.float32)
-    acc_ksum = tl.zeros([BLOCK, D], dtype=tl.float64)
 
-    start = chunk * CHUNK
-    for i in range(0, CHUNK, BLOCK):
-        rows = start + i + tl.arange(0, BLOCK)
-        r64 = rows.to(tl.int64)
-
-        mq = (rows < Sq)[:, None]
-        xq = tl.load(q_base + r64[:, None] * sqs + d[None, :] * sqd, mask=mq, other=0.0).to(tl.float32)
-        acc_q = tl.maximum(acc_q, _abs_bits(xq))
-
-        mk = (rows < Sk)[:, None]
-        xk = tl.load(k_base + r64[:, None] * sks + d[None, :] * skd, mask=mk, other=0.0).to(tl.float32)
-        acc_ksum += xk.to(tl.float64)
-        kn = _abs_bits(xk) > 0x7F800000  # NaN: counts as +Inf in the max and -Inf in the min
-        acc_kmax = tl.maximum(acc_kmax, tl.where(mk, tl.where(kn, float("inf"), xk), float("-inf")))
-        acc_kmin = tl.minimum(acc_kmin, tl.where(mk, tl.where(kn, float("-inf"), xk), float("inf")))
-
-        xv = tl.load(v_base + r64[:, None] * svs + d[None, :] * svd, mask=mk, other=0.0).to(tl.float32)
-        acc_v = tl.maximum(acc_v, _abs_bits(xv))
-
-    idx = bh.to(tl.int64) * NCHUNK + chunk
-    tl.store(qpart_ptr + idx, tl.max(tl.max(acc_q, axis=1), axis=0))
-    tl.store(vpart_ptr + idx, tl.max(tl.max(acc_v, axis=1), axis=0))
-    dd = tl.arange(0, D)
-    tl.store(ksum_ptr + idx * D + dd, tl.sum(acc_ksum, axis=0))
-    tl.store(kmax_ptr + idx * D + dd, tl.max(acc_kmax, axis=0))
-    tl.store(kmin_ptr + idx * D + dd, tl.min(acc_kmin, axis=0))
-
+# ---------------------------------------------------------------- finalize
 
 @triton.jit
 def _finalize_kernel(
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     mean_ptr, scales_ptr,
-    Sk, NCHUNK,
+    Sk, NCQ, NCK,
     D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
     c = tl.arange(0, CB)
+    aq = tl.zeros([CB], dtype=tl.int32)
+    for c0 in range(0, NCQ, CB):
+        cc = c0 + c
+        aq = tl.maximum(aq, tl.load(qpart_ptr + bh * NCQ + cc, mask=cc < NCQ, other=0))
     s = tl.zeros([D], dtype=tl.float64)
     mx = tl.full([D], float("-inf"), dtype=tl.float32)
     mn = tl.full([D], float("inf"), dtype=tl.float32)
-    aq = tl.zeros([CB], dtype=tl.int32)
     av = tl.zeros([CB], dtype=tl.int32)
-    for c0 in range(0, NCHUNK, CB):
+    for c0 in range(0, NCK, CB):
         cc = c0 + c
-        m = cc < NCHUNK
-        idx = bh * NCHUNK + cc
-        aq = tl.maximum(aq, tl.load(qpart_ptr + idx, mask=m, other=0))
+        m = cc < NCK
+        idx = bh * NCK + cc
         av = tl.maximum(av, tl.load(vpart_ptr + idx, mask=m, other=0))
         offs = idx[:, None] * D + d[None, :]
         s += tl.sum(tl.load(ksum_ptr + offs, mask=m[:, None], other=0.0), axis=0)
         mx = tl.maximum(mx, tl.max(tl.load(kmax_ptr + offs, mask=m[:, None], other=float("-inf")), axis=0))
         mn = tl.minimum(mn, tl.min(tl.load(kmin_ptr + offs, mask=m[:, None], other=float("inf")), axis=0))
 
+    # the float64 sum of finite 16-bit values is finite: it is not iff K holds a NaN or +-Inf (which the max/min
+    # may have skipped); then amax_k is NaN
+    bad_k = tl.max(((s - s) != 0.0).to(tl.int32), axis=0)
     if SMOOTH:
         mean = (s / Sk).to(tl.float32)
         tl.store(mean_ptr + bh * D + d, mean)
         ak = tl.maximum(mx - mean, mean - mn)
     else:
         ak = tl.maximum(mx, -mn)
-    # a NaN here (a NaN or +-Inf in K made the mean NaN) must not be dropped by the max: as bits it sorts top
     amax_q = tl.max(aq, axis=0).to(tl.float32, bitcast=True)
-    amax_k = tl.max(_abs_bits(ak), axis=0).to(tl.float32, bitcast=True)
+    amax_k_bits = tl.max(_abs_bits(ak), axis=0)
+    amax_k = tl.where(bad_k > 0, 0x7FC00000, amax_k_bits).to(tl.float32, bitcast=True)
     amax_v = tl.max(av, axis=0).to(tl.float32, bitcast=True)
     ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))
     ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 448.0))
@@ -175,9 +290,12 @@ def _finalize_kernel(
     tl.store(scales_ptr + bh * 3 + 2, ds_v)
 
 
+# ---------------------------------------------------------------- quantize
+
 @triton.jit
 def _quant_rows(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, mean_ptr, ds,
-                D: tl.constexpr, BLOCK: tl.constexpr, SUB_MEAN: tl.constexpr, MANUAL_RNE: tl.constexpr):
+                D: tl.constexpr, BLOCK: tl.constexpr, SUB_MEAN: tl.constexpr, MANUAL_RNE: tl.constexpr,
+                FAST: tl.constexpr):
     # rows [t*BLOCK, (t+1)*BLOCK) of one (b, h): dst (B*H, S_pad, D) row-major; rows >= S written as zeros
     rows = t * BLOCK + tl.arange(0, BLOCK)
     r64 = rows.to(tl.int64)
@@ -188,13 +306,13 @@ def _quant_rows(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, mean_ptr,
     if SUB_MEAN:
         mu = tl.load(mean_ptr + bh64 * D + d)
         x = tl.where(m, x - mu[None, :], 0.0)
-    y = _to_e4m3(tl.math.div_rn(x, ds), MANUAL_RNE)
+    y = _to_e4m3(_div_by_descale(x, ds, FAST), MANUAL_RNE)
     tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], y, mask=(rows < S_pad)[:, None])
 
 
 @triton.jit
 def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
-             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr):
+             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr):
     # output positions [t*BLOCK, (t+1)*BLOCK) (whole 16-key groups) of dst (B*H, D, Sk_pad): gather the V rows
     # key_order(p), quantize, transpose in registers, store feature-major
     pos = t * BLOCK + tl.arange(0, BLOCK)
@@ -203,7 +321,7 @@ def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
     d = tl.arange(0, D).to(tl.int64)
     m = (keys < Sk)[:, None]
     x = tl.load(src + b * s_b + h * s_h + k64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
-    y = _to_e4m3(tl.math.div_rn(x.to(tl.float32), ds), MANUAL_RNE)  # [BLOCK positions, D]
+    y = _to_e4m3(_div_by_descale(x.to(tl.float32), ds, FAST), MANUAL_RNE)  # [BLOCK positions, D]
     yt = tl.trans(y)  # [D, BLOCK positions]
     p64 = pos.to(tl.int64)
     tl.store(dst + (bh64 * D + d)[:, None] * Sk_pad + p64[None, :], yt, mask=(pos < Sk_pad)[None, :])
@@ -218,6 +336,7 @@ def _quant_kernel(
     q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr,
     H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -226,17 +345,22 @@ def _quant_kernel(
     bh64 = bh.to(tl.int64)
     if t < NQ:
         _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
-                    tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE)
+                    tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
     elif t < NQ + NK:
         _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
-                    tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE)
+                    tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
     else:
         _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
-                 tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE)
+                 tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def stats_rows_per_warp(D: int) -> int:
+    """Rows of D elements one warp covers with 16-byte (8-element) loads."""
+    return max(1, 256 // D)
 
 
 def prepare_triton(
@@ -248,8 +372,9 @@ def prepare_triton(
     quant_block: int | None = None,
     quant_warps: int | None = None,
     stats_chunk: int | None = None,
-    stats_block: int | None = None,
+    stats_r: int | None = None,
     stats_warps: int | None = None,
+    fast_div: bool | None = None,
     out=None,
 ):
     """Run the three kernels on (B, S, H, D)-indexed views (any strides). Returns (q8, k8, v8t, scales, k_mean).
@@ -260,12 +385,16 @@ def prepare_triton(
     quant_block = quant_block or QUANT_BLOCK
     quant_warps = quant_warps or QUANT_WARPS
     stats_chunk = stats_chunk or STATS_CHUNK
-    stats_block = stats_block or STATS_BLOCK
+    stats_r = stats_r or STATS_R
     stats_warps = stats_warps or STATS_WARPS
+    fast_div = FAST_DIV if fast_div is None else bool(fast_div)
     if 128 % quant_block or quant_block % 16:
         raise ValueError(f"quant_block must divide 128 and be a multiple of 16, got {quant_block}")
-    if stats_chunk % stats_block:
-        raise ValueError(f"stats_chunk {stats_chunk} must be a multiple of stats_block {stats_block}")
+    for name, val in (("stats_r", stats_r), ("stats_warps", stats_warps)):
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two, got {val}")
+    if stats_chunk < 1:
+        raise ValueError(f"stats_chunk must be positive, got {stats_chunk}")
 
     B, Sq, H, D = q.shape
     Sk = k.shape[1]
@@ -284,12 +413,13 @@ def prepare_triton(
     # written by the finalize kernel when smoothing; otherwise never touched (a 1-element placeholder)
     k_mean = torch.empty((B, H, D) if smooth_k else (1,), dtype=torch.float32, device=dev)
 
-    nchunk = _cdiv(max(Sq, Sk), stats_chunk)
-    qpart = torch.empty((BH, nchunk), dtype=torch.int32, device=dev)  # amax as |x| bits
-    vpart = torch.empty((BH, nchunk), dtype=torch.int32, device=dev)
-    ksum = torch.empty((BH, nchunk, D), dtype=torch.float64, device=dev)
-    kmax = torch.empty((BH, nchunk, D), dtype=torch.float32, device=dev)
-    kmin = torch.empty((BH, nchunk, D), dtype=torch.float32, device=dev)
+    ncq = _cdiv(Sq, stats_chunk)
+    nck = _cdiv(Sk, stats_chunk)
+    qpart = torch.empty((BH, ncq), dtype=torch.int32, device=dev)  # amax as |x| bits
+    vpart = torch.empty((BH, nck), dtype=torch.int32, device=dev)
+    ksum = torch.empty((BH, nck, D), dtype=torch.float64, device=dev)
+    kmax = torch.empty((BH, nck, D), dtype=torch.float32, device=dev)
+    kmin = torch.empty((BH, nck, D), dtype=torch.float32, device=dev)
 
     nq = Sq_pad // quant_block
     nk = _cdiv(Sk_pad, quant_block)
@@ -300,22 +430,23 @@ def prepare_triton(
 
     ctx = torch.cuda.device(dev) if dev.type == "cuda" else _NullCtx()
     with ctx:
-        _stats_kernel[(nchunk, BH)](
+        _stats_kernel[(ncq + 2 * nck, BH)](
             q, k, v, *sq_, *sk_, *sv_,
             qpart, vpart, ksum, kmax, kmin,
-            H, Sq, Sk, nchunk,
-            D=D, CHUNK=stats_chunk, BLOCK=stats_block, num_warps=stats_warps,
+            H, Sq, Sk, ncq, nck,
+            D=D, CHUNK=stats_chunk, R=stats_r, W=stats_warps * stats_rows_per_warp(D), num_warps=stats_warps,
         )
         _finalize_kernel[(BH,)](
             qpart, vpart, ksum, kmax, kmin, k_mean, scales,
-            Sk, nchunk,
+            Sk, ncq, nck,
             D=D, CB=FINALIZE_CB, SMOOTH=bool(smooth_k), num_warps=4,
         )
         _quant_kernel[(nq + 2 * nk, BH)](
             q, k, v, *sq_, *sk_, *sv_,
             q8, k8, v8t, k_mean, scales,
             H, Sq, Sk, Sq_pad, Sk_pad, nq, nk,
-            D=D, BLOCK=quant_block, SMOOTH=bool(smooth_k), MANUAL_RNE=INTERPRET, num_warps=quant_warps,
+            D=D, BLOCK=quant_block, SMOOTH=bool(smooth_k), MANUAL_RNE=INTERPRET, FAST=fast_div,
+            num_warps=quant_warps,
         )
     return q8, k8, v8t, scales, (k_mean if smooth_k else None)
 
@@ -329,7 +460,9 @@ class _NullCtx:
 
 
 def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128, smooth_k: bool = True,
-                    quant_block: int | None = None, quant_warps: int | None = None):
+                    quant_block: int | None = None, quant_warps: int | None = None,
+                    stats_chunk: int | None = None, stats_r: int | None = None, stats_warps: int | None = None,
+                    fast_div: bool | None = None):
     """Compile the three kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas), with the
     specializations a real launch gets (16-divisible pointers, strides and padded lengths; unit feature stride).
     Returns {kernel name: CompiledKernel} (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``). For tests and
@@ -364,9 +497,12 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
         return triton.compile(src, target=target, options={"num_warps": num_warps, "enable_fp_fusion": True})
 
+    sw = stats_warps or STATS_WARPS
+    fast = FAST_DIV if fast_div is None else bool(fast_div)
     return {
-        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": STATS_CHUNK, "BLOCK": STATS_BLOCK}, STATS_WARPS),
+        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
+                                       "W": sw * stats_rows_per_warp(head_dim)}, sw),
         "finalize": build(_finalize_kernel, {"D": head_dim, "CB": FINALIZE_CB, "SMOOTH": smooth_k}, 4),
         "quant": build(_quant_kernel, {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k,
-                                       "MANUAL_RNE": False}, quant_warps or QUANT_WARPS),
+                                       "MANUAL_RNE": False, "FAST": fast}, quant_warps or QUANT_WARPS),
     }
