@@ -74,8 +74,11 @@ def build_rest_model(src, *, device: torch.device, dtype: torch.dtype = torch.bf
     model.load_state_dict(state, strict=True, assign=True)
     del state
     model.eval().requires_grad_(False)
+    want = torch.device(device)
+    if want.type == "cuda" and want.index is None:  # "cuda" means the current device; tensors say cuda:N
+        want = torch.device("cuda", torch.cuda.current_device())
     for k, t in model.state_dict().items():  # anything not from the state dict (buffers): compute dtype rule
-        if t.is_floating_point() and t.device != device:
+        if t.is_floating_point() and t.device != want:
             raise DitprofError(f"rest model tensor {k} is on {t.device}, not {device}")
     return model
 
