@@ -19,6 +19,13 @@ IDS = ["h3", "b2h3s77", "s1", "cross4096x512"]
 GAUSSIAN_REL_RMS = 0.055  # issue 4's goal for Gaussian inputs (the seed reports 5.4% vs cuDNN BF16)
 
 
+@pytest.fixture(autouse=True)
+def _force_mma_sync_kernel(monkeypatch):
+    """These tests pin the mma.sync kernel (fp8-sm120), whose numerics the 32-key-strip emulation mirrors.
+    On Hopper ``auto`` would pick the wgmma kernel (its own tests: test_fp8_sm90_gpu.py)."""
+    monkeypatch.setenv("DITPROF_FP8_KERNEL", "fp8-sm120")
+
+
 def _rel_rms(x, ref):
     x, ref = x.double(), ref.double()
     return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
