@@ -508,9 +508,10 @@ def execute_sp(spec, console=None) -> tuple[dict, Path]:
     threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // P))
     import torch.multiprocessing as mp
 
-    # forkserver: a clean single-threaded server imports torch/diffusers/ditprof once and forks the ranks
-    # (no CUDA context, no OpenMP pool in it); later runs in the same process reuse the warm server.
-    start = os.environ.get("DITPROF_SP_START_METHOD", "forkserver")
+    # CPU: forkserver, a clean single-threaded server imports torch/diffusers/ditprof once and forks the ranks
+    # (no OpenMP pool in it); later runs in the same process reuse the warm server. CUDA: spawn, because a
+    # preloaded module may touch CUDA in the server and a forked child cannot re-initialise it (seen on the H200).
+    start = os.environ.get("DITPROF_SP_START_METHOD") or ("spawn" if spec.device.type == "cuda" else "forkserver")
     if start == "forkserver":
         mp.get_context("forkserver").set_forkserver_preload(list(_PRELOAD))
 
