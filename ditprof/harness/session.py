@@ -9,9 +9,13 @@ shows the profiler's overhead. The trace is exported with ``tensorboard_trace_ha
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
 import shutil
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +53,32 @@ class BackendRun:
         med = self.block_ms["median"]
         return (self.profiled_block_ms / med - 1.0) * 100.0 if med > 0 else 0.0
 
+
+
+@contextlib.contextmanager
+def _without_kineto_chatter():
+    """Kineto prints a 'USDT: ... profiler_start/stop' line to fd 2 at every profiler cycle (no switch turns it
+    off). Send fd 2 to a temp file for the profiled window, then pass every other line on to the real stderr."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # captured/replaced stderr (pytest): nothing to filter
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            for line in tmp.read().decode(errors="replace").splitlines(keepends=True):
+                if not line.startswith(("USDT:", "INFO:")):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -152,7 +182,7 @@ def measure(
             profile_memory=device.type == "cpu",  # CUDA peak comes from the caching allocator instead
             record_shapes=False,
         )
-        with prof:
+        with _without_kineto_chatter(), prof:
             for i in range(iters + 1):
                 call()
                 _sync(device)
