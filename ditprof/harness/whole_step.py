@@ -85,18 +85,9 @@ def build_rest_model(src, *, device: torch.device, dtype: torch.dtype = torch.bf
 
 def grid_and_text(src, tokens=None, height=None, width=None, frames=None):
     """The latent grid and prompt length the blocks see (the rule of ``model_blocks.make_inputs``)."""
-    fam, preset = src.family, src.preset
-    if tokens is None and not (height or width):
-        if preset is not None and preset.tokens is not None:
-            tokens = preset.tokens
-        elif preset is not None:
-            height, width, frames = preset.height, preset.width, preset.frames
-        else:
-            height, width, frames = fam.default_size
-    grid = fam.grid_from_tokens(int(tokens)) if tokens is not None else fam.grid_from_size(src.config, height,
-                                                                                            width, frames)
-    text = preset.text_tokens if preset is not None else fam.default_text_tokens
-    return grid, text
+    from ditprof.model_blocks.inputs import resolve_grid
+
+    return resolve_grid(src.family, src.config, src.preset, tokens, height, width, frames)
 
 
 def rest_inputs(src, grid, text_tokens: int, *, device, dtype, seed: int = 0, batch: int = 1) -> dict:

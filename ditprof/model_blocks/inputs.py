@@ -27,6 +27,28 @@ class BlockInputs:
         return out if self.output_index is None else out[self.output_index]
 
 
+def resolve_grid(family, config, preset, tokens=None, height=None, width=None, frames=None):
+    """The latent grid and prompt length the blocks see: ``tokens`` or ``height``/``width`` (+ ``frames``);
+    with neither, the preset's default size (or the family's pipeline default)."""
+    if tokens is not None and (height or width):
+        raise DitprofError("give tokens or height/width, not both")
+    if tokens is None and not (height or width):
+        if preset is not None and preset.tokens is not None:
+            tokens = preset.tokens
+        elif preset is not None:
+            height, width, frames = preset.height, preset.width, preset.frames
+        else:
+            height, width, frames = family.default_size
+    if tokens is not None:
+        grid = family.grid_from_tokens(int(tokens))
+    else:
+        if not (height and width):
+            raise DitprofError("give both height and width")
+        grid = family.grid_from_size(config, int(height), int(width), frames)
+    text = preset.text_tokens if preset is not None else family.default_text_tokens
+    return grid, text
+
+
 def make_inputs(
     loaded: LoadedBlock,
     *,
@@ -46,24 +68,9 @@ def make_inputs(
     preset's default (or the family's pipeline default size) is used.
     """
     family, config = loaded.family, loaded.config
-    preset = loaded.preset
-    if tokens is not None and (height or width):
-        raise DitprofError("give tokens or height/width, not both")
-    if tokens is None and not (height or width):
-        if preset is not None and preset.tokens is not None:
-            tokens = preset.tokens
-        elif preset is not None:
-            height, width, frames = preset.height, preset.width, preset.frames
-        else:
-            height, width, frames = family.default_size
-    if tokens is not None:
-        grid = family.grid_from_tokens(int(tokens))
-    else:
-        if not (height and width):
-            raise DitprofError("give both height and width")
-        grid = family.grid_from_size(config, int(height), int(width), frames)
+    grid, default_text = resolve_grid(family, config, loaded.preset, tokens, height, width, frames)
     if text_tokens is None:
-        text_tokens = preset.text_tokens if preset is not None else family.default_text_tokens
+        text_tokens = default_text
     if batch < 1 or text_tokens < 1:
         raise DitprofError(f"batch and text_tokens must be positive (got {batch}, {text_tokens})")
     device = torch.device(device) if device is not None else loaded.device
