@@ -162,7 +162,8 @@ def _fp8_available(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-@register("fp8", description="our FP8 FlashAttention kernels (CuTe DSL): wgmma fp8-sm90 on Hopper, mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available)
+@register("fp8", description="our FP8 FlashAttention kernels (CuTe DSL): wgmma fp8-sm90 on Hopper, "
+                             "mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available)
 def fp8(q, k, v, *, scale=None):
     from ditprof.kernels.interface import fp8_attention  # lazy: importing it pulls in CuTe DSL
 
