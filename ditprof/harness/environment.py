@@ -42,10 +42,16 @@ def environment(device: torch.device | str | None = None) -> dict:
         "gpu_capability": capability,
         "nvidia_cutlass_dsl": _dist_version("nvidia-cutlass-dsl"),
         "diffusers": _dist_version("diffusers"),
-        "ditprof": _dist_version("ditprof"),
+        "ditprof": _dist_version("ditprof") or _own_version(),  # run from a checkout (PYTHONPATH): no dist
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device) if device is not None else ("cuda" if cuda_ok else "cpu"),
     }
+
+
+def _own_version() -> str:
+    from ditprof import __version__
+
+    return __version__
