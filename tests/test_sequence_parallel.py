@@ -263,3 +263,28 @@ def test_sp_rank_side_error_is_one_message(tmp_path):
         SP.execute_sp(spec)
     assert "implemented for wan" in str(e.value) and "Traceback" not in str(e.value)
     assert not out.exists() and not list((tmp_path / "runs").iterdir())
+
+
+# --------------------------------------------------------------------------- other families
+
+def _family_run(tmp_path, preset, *extra, attention="sdpa"):
+    out = tmp_path / preset
+    spec = _spec(None, "profile", "--preset", preset, "--device", "cpu", "--sp", "2", "--attention", attention,
+                 "--iters", "1", "--warmup", "1", "--out", str(out), *extra)
+    spec = dataclasses.replace(spec, dtype=torch.float32)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rep, _ = SP.execute_sp(spec)
+    finally:
+        torch.set_num_threads(n)
+    chk = rep["sp"]["check"]["baseline"]
+    assert chk["tolerance"] == 1e-5 and chk["block_output_rel_rms"] <= 1e-5 and chk["passed"], chk
+    assert rep["sp"]["tokens_per_rank"] * 2 == rep["model"]["tokens"]
+    return rep
+
+
+def test_sp_ltx_video(tmp_path):
+    """LTX-Video: video tokens and the matching (B, S, D) cos/sin rows sharded, text and temb replicated."""
+    rep = _family_run(tmp_path, "ltx-video-tiny")
+    assert rep["baseline"]["attention_modules"] == {"attn1": "ulysses-sdpa", "attn2": "sdpa"}

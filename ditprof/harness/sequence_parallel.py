@@ -53,9 +53,10 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.memory import memory_budget
 
-SUPPORTED_FAMILIES = ("wan",)
+SUPPORTED_FAMILIES = ("wan", "ltx-video")
 CROSS_MODES = ("local", "heads")
-_PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "ditprof.model_blocks", "ditprof.kernels",
+_PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
+            "ditprof.model_blocks", "ditprof.kernels",
             "ditprof.harness.sequence_parallel", "ditprof.harness.runner")
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
 # only the accumulation order inside GEMM / attention kernels may change with the row count, i.e. a few
@@ -209,6 +210,11 @@ def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
             raise DitprofError(f"--sp: expected {S} tokens on dim 1, got shape {tuple(t.shape)}")
         return t[:, lo:hi].contiguous()
 
+    if fam == "ltx-video":  # kwargs; rotary is (cos, sin), each (B, S, D); temb (B, 1, 6D) and text replicated
+        kw = dict(inputs.kwargs)
+        kw["hidden_states"] = part(kw["hidden_states"])
+        kw["image_rotary_emb"] = tuple(part(t) for t in kw["image_rotary_emb"])
+        return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
     hidden, text, temb, rotary = inputs.args
     if temb.ndim == 4:  # Wan 2.2 TI2V: per-token modulation (B, S, 6, D)
         temb = part(temb)
