@@ -153,7 +153,7 @@ def test_sp_cross_heads_is_exact_for_fp8(tmp_path):
     (["--preset", "h3-mini", "--sp", "3"], ["head count 4 is not divisible by 3", "token count 2048"]),
     (["--preset", "h3-mini", "--sp", "8", "--tokens", "1024"], ["head count 4 is not divisible by 8"]),
     (["--preset", "wan-tiny", "--sp", "2", "--tokens", "49"], ["token count 49 is not divisible by 2"]),
-    (["--preset", "flux-tiny", "--sp", "2"], ["implemented for wan", "flux"]),
+    (["--preset", "cogvideox-tiny", "--sp", "2"], ["implemented for wan", "cogvideox"]),
     (["--preset", "wan-tiny", "--sp", "2", "--attention", "nope"], ["unknown attention backend 'nope'"]),
 ])
 def test_sp_bad_input(tmp_path, argv, words):
@@ -255,9 +255,9 @@ def test_sp_rank_side_error_is_one_message(tmp_path):
     run leaves nothing behind."""
     from ditprof.model_blocks import get_preset, make_checkpoint
 
-    ckpt, _ = make_checkpoint(get_preset("flux-tiny"), tmp_path / "ckpt", blocks=None, progress=False)
+    ckpt, _ = make_checkpoint(get_preset("cogvideox-tiny"), tmp_path / "ckpt", blocks=None, progress=False)
     out = tmp_path / "runs" / "bad"
-    spec = _spec(None, "profile", "--checkpoint", str(ckpt), "--kind", "double", "--device", "cpu", "--sp", "2",
+    spec = _spec(None, "profile", "--checkpoint", str(ckpt), "--device", "cpu", "--sp", "2",
                  "--iters", "1", "--out", str(out))
     with pytest.raises(DitprofError) as e:
         SP.execute_sp(spec)
@@ -288,3 +288,27 @@ def test_sp_ltx_video(tmp_path):
     """LTX-Video: video tokens and the matching (B, S, D) cos/sin rows sharded, text and temb replicated."""
     rep = _family_run(tmp_path, "ltx-video-tiny")
     assert rep["baseline"]["attention_modules"] == {"attn1": "ulysses-sdpa", "attn2": "sdpa"}
+
+
+@pytest.mark.parametrize("kind, attention", [("double", "fp8-emulated"), ("single", "sdpa")])
+def test_sp_flux_joint(tmp_path, kind, attention):
+    """Flux: image tokens sharded, text replicated; joint attention regroups only the image part (per-head
+    FP8 scales see all T + S tokens of their heads, so even fp8-emulated is exact vs one device)."""
+    rep = _family_run(tmp_path, "flux-tiny", "--kind", kind, attention=attention)
+    assert rep["baseline"]["attention_modules"] == {"attn": f"ulysses-joint-{attention}"}
+
+
+def test_joint_wrapper_world_one(tmp_path):
+    import torch.distributed as dist
+
+    from ditprof.kernels import registry
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 24, 4, 8, generator=g) for _ in range(3))
+        inner = registry.get("sdpa").fn
+        for first in (True, False):
+            assert torch.equal(SP.joint_ulysses_backend(inner, 1, 0, 5, first)(q, k, v), inner(q, k, v))
+    finally:
+        dist.destroy_process_group()

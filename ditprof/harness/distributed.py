@@ -139,3 +139,13 @@ def all_gather_tokens(x: torch.Tensor, world: int, device: torch.device, dim: in
     parts = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(parts, local)
     return torch.cat([p.to("cpu") for p in parts], dim=dim)
+
+
+def all_gather_heads(x: torch.Tensor, world: int, group=None) -> torch.Tensor:
+    """(B, T, H/P, D) this rank's heads of replicated tokens -> (B, T, H, D) all heads (rank order)."""
+    if world == 1:
+        return x
+    local = x.contiguous()
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local, group=group)
+    return torch.cat(parts, dim=2)

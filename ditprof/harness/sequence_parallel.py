@@ -53,10 +53,12 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.memory import memory_budget
 
-SUPPORTED_FAMILIES = ("wan", "ltx-video")
+SUPPORTED_FAMILIES = ("wan", "ltx-video", "flux")
+# Joint attention over [text, image] (Flux) or [image, text] (HunyuanVideo): the text tokens are replicated.
+JOINT_TEXT_FIRST = {"flux": True, "hunyuan-video": False}
 CROSS_MODES = ("local", "heads")
 _PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
-            "ditprof.model_blocks", "ditprof.kernels",
+            "diffusers.models.transformers.transformer_flux",             "ditprof.model_blocks", "ditprof.kernels",
             "ditprof.harness.sequence_parallel", "ditprof.harness.runner")
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
 # only the accumulation order inside GEMM / attention kernels may change with the row count, i.e. a few
@@ -111,8 +113,8 @@ def check_family(name: str) -> None:
     if name not in SUPPORTED_FAMILIES:
         raise DitprofError(
             f"--sp: sequence parallelism is implemented for {', '.join(SUPPORTED_FAMILIES)} blocks "
-            f"(self-attention over video tokens + cross-attention to replicated text); {name} blocks attend "
-            f"jointly over text and video tokens, which needs a text-replicated Ulysses variant not built yet")
+            f"(self-attention over video tokens + cross-attention to replicated text, or joint text + image "
+            f"attention with the text replicated); {name} blocks are not wired up for it yet")
 
 
 # --------------------------------------------------------------------------- attention wrappers
@@ -128,6 +130,38 @@ def ulysses_backend(inner: Callable, world: int, group=None) -> Callable:
             return distributed.heads_to_seq(o, world, group)
 
     return ulysses
+
+
+def joint_ulysses_backend(inner: Callable, world: int, rank: int, text_tokens: int, text_first: bool = True,
+                          group=None) -> Callable:
+    """Joint attention over replicated text + local image tokens (Flux, HunyuanVideo): only the image part
+    of q, k, v goes through the all-to-all; the full text part is sliced to this rank's heads locally and
+    concatenated (in the block's order) -> ``inner`` on H/P heads over all T + S tokens -> the image output
+    goes back by the inverse all-to-all, the text output (every rank needs all of it: the text stream is
+    replicated) by an all-gather over heads."""
+    T = text_tokens
+
+    def split(x):  # (text, image) along the sequence
+        n = x.shape[1]
+        return (x[:, :T], x[:, T:]) if text_first else (x[:, n - T:], x[:, :n - T])
+
+    def join(t, i):
+        return torch.cat([t, i] if text_first else [i, t], dim=1)
+
+    def joint(q, k, v, *, scale=None):
+        parts = [split(x) for x in (q, k, v)]
+        with torch.profiler.record_function(COMM_RANGE + "/qkv"):
+            img = distributed.seq_to_heads([p[1] for p in parts], world, group)
+        hp = q.shape[2] // world
+        txt = [p[0][:, :, rank * hp:(rank + 1) * hp] for p in parts]
+        qh, kh, vh = (join(t, i).contiguous() for t, i in zip(txt, img))
+        ot, oi = split(inner(qh, kh, vh, scale=scale))
+        with torch.profiler.record_function(COMM_RANGE + "/out"):
+            oi = distributed.heads_to_seq(oi.contiguous(), world, group)
+            ot = distributed.all_gather_heads(ot, world, group)
+        return join(ot, oi)
+
+    return joint
 
 
 def cross_heads_backend(inner: Callable, world: int, rank: int, group=None) -> Callable:
@@ -156,7 +190,8 @@ def is_cross_attention(name: str, module: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def sp_swapped(module: torch.nn.Module, b: backends.BackendInfo, *, world: int, rank: int, cross: str = "local",
-               uses_dispatcher: bool | None = None, group=None) -> Iterator[dict]:
+               uses_dispatcher: bool | None = None, group=None,
+               joint: tuple[int, bool] | None = None) -> Iterator[dict]:
     """Install the Ulysses wrapper around ``b`` on the self-attention modules and ``b`` (local) or the
     head-split wrapper on the cross-attention modules, through ``swap.install``; restore on exit."""
     if cross not in CROSS_MODES:
@@ -168,7 +203,11 @@ def sp_swapped(module: torch.nn.Module, b: backends.BackendInfo, *, world: int, 
         raise DitprofError(f"--sp: no self-attention module found in {type(module).__name__}")
     states: list[swap.SwapState] = []
     info: dict[str, Any] = {"modules": {}, "routes": set(), "masks": {}, "diffusers_backends": {}}
-    plan = [(self_mods, f"ulysses-{b.name}", ulysses_backend(b.fn, world, group))]
+    if joint is not None:  # (text tokens, text first): the joint variant on the joint-attention modules
+        plan = [(self_mods, f"ulysses-joint-{b.name}",
+                 joint_ulysses_backend(b.fn, world, rank, joint[0], joint[1], group))]
+    else:
+        plan = [(self_mods, f"ulysses-{b.name}", ulysses_backend(b.fn, world, group))]
     if cross == "local":
         plan.append((cross_mods, b.name, b.fn))
     else:
@@ -214,6 +253,13 @@ def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
         kw = dict(inputs.kwargs)
         kw["hidden_states"] = part(kw["hidden_states"])
         kw["image_rotary_emb"] = tuple(part(t) for t in kw["image_rotary_emb"])
+        return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
+    if fam == "flux":  # kwargs; rotary is (cos, sin), each (T + S, D), text rows first: keep them all
+        kw = dict(inputs.kwargs)
+        T = inputs.text_tokens
+        kw["hidden_states"] = part(kw["hidden_states"])
+        kw["image_rotary_emb"] = tuple(torch.cat([t[:T], t[T + lo:T + hi]]).contiguous()
+                                       for t in kw["image_rotary_emb"])
         return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
     hidden, text, temb, rotary = inputs.args
     if temb.ndim == 4:  # Wan 2.2 TI2V: per-token modulation (B, S, 6, D)
@@ -269,7 +315,10 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
     work = stage / f".rank{rank}-{label}"
     name = f"rank{rank}.{label}"
-    with sp_swapped(loaded.module, b, world=world, rank=rank, cross=spec.sp_cross, uses_dispatcher=uses) as st, \
+    fam = getattr(getattr(loaded, "family", None), "name", None)
+    joint = (local.text_tokens, JOINT_TEXT_FIRST[fam]) if fam in JOINT_TEXT_FIRST else None
+    with sp_swapped(loaded.module, b, world=world, rank=rank, cross=spec.sp_cross, uses_dispatcher=uses,
+                    joint=joint) as st, \
             swap.norm_ranges(loaded.module):
         dist.barrier()
         run = measure(lambda: local.run(loaded.module), label=name, backend=b.name, device=device, workdir=work,
