@@ -290,11 +290,13 @@ def test_sp_ltx_video(tmp_path):
     assert rep["baseline"]["attention_modules"] == {"attn1": "ulysses-sdpa", "attn2": "sdpa"}
 
 
+@pytest.mark.parametrize("preset", ["flux-tiny", "hunyuan-video-tiny"])
 @pytest.mark.parametrize("kind, attention", [("double", "fp8-emulated"), ("single", "sdpa")])
-def test_sp_flux_joint(tmp_path, kind, attention):
-    """Flux: image tokens sharded, text replicated; joint attention regroups only the image part (per-head
-    FP8 scales see all T + S tokens of their heads, so even fp8-emulated is exact vs one device)."""
-    rep = _family_run(tmp_path, "flux-tiny", "--kind", kind, attention=attention)
+def test_sp_joint_attention(tmp_path, preset, kind, attention):
+    """Flux ([text, image]) and HunyuanVideo ([image, text], bool mask): image tokens sharded, text
+    replicated; joint attention regroups only the image part (per-head FP8 scales see all T + S tokens of
+    their heads, so even fp8-emulated matches one device)."""
+    rep = _family_run(tmp_path, preset, "--kind", kind, attention=attention)
     assert rep["baseline"]["attention_modules"] == {"attn": f"ulysses-joint-{attention}"}
 
 

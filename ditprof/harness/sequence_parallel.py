@@ -19,6 +19,12 @@ CPU -- see ``harness.distributed``):
   names (all-to-all of the queries only, the replicated K/V sliced to this rank's heads locally, inverse
   all-to-all of the output), kept to measure what it would cost.
 
+Families: Wan and LTX-Video (self-attention + cross-attention to text, as above); Flux and HunyuanVideo
+double/single blocks (joint attention over text + image): the image tokens (and their RoPE rows) are
+sharded, the text is replicated; ``joint_ulysses_backend`` regroups only the image part of q, k, v, slices
+the full text part to this rank's heads locally, and after the backend sends the image output back by the
+inverse all-to-all and all-gathers the text output over heads (every rank carries the whole text stream).
+
 Per-head FP8 scaling survives the split exactly: after the all-to-all a rank holds *all* tokens of its heads,
 so the per-(batch, head) amax -- and with it every e4m3 rounding -- is the single-device one.
 
@@ -53,12 +59,13 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.memory import memory_budget
 
-SUPPORTED_FAMILIES = ("wan", "ltx-video", "flux")
+SUPPORTED_FAMILIES = ("wan", "ltx-video", "flux", "hunyuan-video")
 # Joint attention over [text, image] (Flux) or [image, text] (HunyuanVideo): the text tokens are replicated.
 JOINT_TEXT_FIRST = {"flux": True, "hunyuan-video": False}
 CROSS_MODES = ("local", "heads")
 _PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
-            "diffusers.models.transformers.transformer_flux",             "ditprof.model_blocks", "ditprof.kernels",
+            "diffusers.models.transformers.transformer_flux",
+            "diffusers.models.transformers.transformer_hunyuan_video",             "ditprof.model_blocks", "ditprof.kernels",
             "ditprof.harness.sequence_parallel", "ditprof.harness.runner")
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
 # only the accumulation order inside GEMM / attention kernels may change with the row count, i.e. a few
@@ -261,6 +268,13 @@ def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
         kw["image_rotary_emb"] = tuple(torch.cat([t[:T], t[T + lo:T + hi]]).contiguous()
                                        for t in kw["image_rotary_emb"])
         return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
+    if fam == "hunyuan-video":  # (hidden, text, temb, mask over [video, text], rotary (cos, sin) each (S, D))
+        hidden, text, temb, mask, rotary = inputs.args
+        if mask is not None:
+            mask = torch.cat([mask[..., lo:hi], mask[..., S:]], dim=-1).contiguous()
+        rotary = tuple(t[lo:hi].contiguous() if t.shape[0] == S else part(t) for t in rotary)
+        return dataclasses.replace(inputs, args=(part(hidden), text, temb, mask, rotary),
+                                   kwargs=dict(inputs.kwargs), tokens=s)
     hidden, text, temb, rotary = inputs.args
     if temb.ndim == 4:  # Wan 2.2 TI2V: per-token modulation (B, S, 6, D)
         temb = part(temb)
