@@ -153,7 +153,7 @@ def test_sp_cross_heads_is_exact_for_fp8(tmp_path):
     (["--preset", "h3-mini", "--sp", "3"], ["head count 4 is not divisible by 3", "token count 2048"]),
     (["--preset", "h3-mini", "--sp", "8", "--tokens", "1024"], ["head count 4 is not divisible by 8"]),
     (["--preset", "wan-tiny", "--sp", "2", "--tokens", "49"], ["token count 49 is not divisible by 2"]),
-    (["--preset", "cogvideox-tiny", "--sp", "2"], ["implemented for wan", "cogvideox"]),
+    (["--preset", "cogvideox-tiny", "--sp", "4"], ["head count 2 is not divisible by 4"]),
     (["--preset", "wan-tiny", "--sp", "2", "--attention", "nope"], ["unknown attention backend 'nope'"]),
 ])
 def test_sp_bad_input(tmp_path, argv, words):
@@ -257,11 +257,11 @@ def test_sp_rank_side_error_is_one_message(tmp_path):
 
     ckpt, _ = make_checkpoint(get_preset("cogvideox-tiny"), tmp_path / "ckpt", blocks=None, progress=False)
     out = tmp_path / "runs" / "bad"
-    spec = _spec(None, "profile", "--checkpoint", str(ckpt), "--device", "cpu", "--sp", "2",
+    spec = _spec(None, "profile", "--checkpoint", str(ckpt), "--device", "cpu", "--sp", "2", "--tokens", "47",
                  "--iters", "1", "--out", str(out))
     with pytest.raises(DitprofError) as e:
         SP.execute_sp(spec)
-    assert "implemented for wan" in str(e.value) and "Traceback" not in str(e.value)
+    assert "token count 47 is not divisible by 2" in str(e.value) and "Traceback" not in str(e.value)
     assert not out.exists() and not list((tmp_path / "runs").iterdir())
 
 
@@ -298,6 +298,14 @@ def test_sp_joint_attention(tmp_path, preset, kind, attention):
     their heads, so even fp8-emulated matches one device)."""
     rep = _family_run(tmp_path, preset, "--kind", kind, attention=attention)
     assert rep["baseline"]["attention_modules"] == {"attn": f"ulysses-joint-{attention}"}
+
+
+def test_sp_cogvideox(tmp_path):
+    """CogVideoX ([text, video] joint attention, processor calls SDPA itself): video tokens and their RoPE
+    rows sharded, text replicated; the joint wrapper goes in by processor replacement."""
+    rep = _family_run(tmp_path, "cogvideox-tiny")
+    assert rep["baseline"]["attention_modules"] == {"attn1": "ulysses-joint-sdpa"}
+    assert rep["baseline"]["route"] == "processor"
 
 
 def test_joint_wrapper_world_one(tmp_path):

@@ -20,7 +20,8 @@ CPU -- see ``harness.distributed``):
   all-to-all of the output), kept to measure what it would cost.
 
 Families: Wan and LTX-Video (self-attention + cross-attention to text, as above); Flux and HunyuanVideo
-double/single blocks (joint attention over text + image): the image tokens (and their RoPE rows) are
+double/single blocks and CogVideoX blocks (joint attention over text + image; CogVideoX's processor calls SDPA
+itself, so the wrapper is installed by processor replacement with SDPA redirected, text first): the image tokens (and their RoPE rows) are
 sharded, the text is replicated; ``joint_ulysses_backend`` regroups only the image part of q, k, v, slices
 the full text part to this rank's heads locally, and after the backend sends the image output back by the
 inverse all-to-all and all-gathers the text output over heads (every rank carries the whole text stream).
@@ -59,13 +60,16 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.memory import memory_budget
 
-SUPPORTED_FAMILIES = ("wan", "ltx-video", "flux", "hunyuan-video")
-# Joint attention over [text, image] (Flux) or [image, text] (HunyuanVideo): the text tokens are replicated.
-JOINT_TEXT_FIRST = {"flux": True, "hunyuan-video": False}
+SUPPORTED_FAMILIES = ("wan", "ltx-video", "flux", "hunyuan-video", "cogvideox")
+# Joint attention over [text, image] (Flux, CogVideoX) or [image, text] (HunyuanVideo): the text tokens are
+# replicated. CogVideoX's processor calls F.scaled_dot_product_attention itself, so the joint wrapper goes in
+# through swap's processor-replacement route (SDPA redirected) instead of a dispatcher backend.
+JOINT_TEXT_FIRST = {"flux": True, "hunyuan-video": False, "cogvideox": True}
 CROSS_MODES = ("local", "heads")
 _PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
             "diffusers.models.transformers.transformer_flux",
-            "diffusers.models.transformers.transformer_hunyuan_video",             "ditprof.model_blocks", "ditprof.kernels",
+            "diffusers.models.transformers.transformer_hunyuan_video",
+            "diffusers.models.transformers.cogvideox_transformer_3d", "ditprof.model_blocks", "ditprof.kernels",
             "ditprof.harness.sequence_parallel", "ditprof.harness.runner")
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
 # only the accumulation order inside GEMM / attention kernels may change with the row count, i.e. a few
@@ -267,6 +271,13 @@ def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
         kw["hidden_states"] = part(kw["hidden_states"])
         kw["image_rotary_emb"] = tuple(torch.cat([t[:T], t[T + lo:T + hi]]).contiguous()
                                        for t in kw["image_rotary_emb"])
+        return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
+    if fam == "cogvideox":  # kwargs; rotary (cos, sin) each (S, D) over the video tokens only, or None
+        kw = dict(inputs.kwargs)
+        kw["hidden_states"] = part(kw["hidden_states"])
+        rotary = kw.get("image_rotary_emb")
+        if rotary is not None:
+            kw["image_rotary_emb"] = tuple(t[lo:hi].contiguous() if t.shape[0] == S else part(t) for t in rotary)
         return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
     if fam == "hunyuan-video":  # (hidden, text, temb, mask over [video, text], rotary (cos, sin) each (S, D))
         hidden, text, temb, mask, rotary = inputs.args
