@@ -41,6 +41,7 @@ from ditprof.harness import atomic, backends, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.session import time_block
+from ditprof.model_blocks.memory import tensor_bytes
 
 SCHEMA = "ditprof.validate/1"
 GOAL_PCT = 3.0  # |error| goal of the extrapolation on the H200 (issue 6)
@@ -169,16 +170,6 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(o) for o in obj)
-    if isinstance(obj, dict):
-        return sum(_nbytes(o) for o in obj.values())
-    return 0
-
-
 def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtype: torch.dtype = torch.bfloat16,
                            **input_args) -> dict:
     """Inputs and peak activation bytes of one forward, traced on the meta device (no memory, no compute).
@@ -208,7 +199,7 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
         with mode:
             out = inputs.run(module)
         del out
-    return {"input_bytes": _nbytes(inputs.args) + _nbytes(inputs.kwargs), "activation_bytes": int(mode.peak),
+    return {"input_bytes": tensor_bytes(inputs.args) + tensor_bytes(inputs.kwargs), "activation_bytes": int(mode.peak),
             "tokens": inputs.tokens, "text_tokens": inputs.text_tokens,
             "method": "meta-device trace of live tensors, attention as a flash-style kernel (output only)"}
 

@@ -23,13 +23,14 @@ class MemoryReport:
         return asdict(self)
 
 
-def _tensor_bytes(obj) -> int:
+def tensor_bytes(obj) -> int:
+    """Bytes of every tensor in a nest of tuples/lists/dicts (numel x element size: meta tensors count too)."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, (tuple, list)):
-        return sum(_tensor_bytes(o) for o in obj)
+        return sum(tensor_bytes(o) for o in obj)
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(o) for o in obj.values())
+        return sum(tensor_bytes(o) for o in obj.values())
     return 0
 
 
@@ -61,7 +62,7 @@ def measure_load_and_forward(
         torch.cuda.synchronize(device)
         report.peak_load_bytes = torch.cuda.max_memory_allocated(device) - base
     inputs = make_inputs(loaded, device=device, **input_args)
-    report.input_bytes = _tensor_bytes(inputs.args) + _tensor_bytes(inputs.kwargs)
+    report.input_bytes = tensor_bytes(inputs.args) + tensor_bytes(inputs.kwargs)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     with torch.inference_mode():
