@@ -8,15 +8,9 @@ import torch
 
 from ditprof.errors import DitprofError
 
-# (B, H, Sq, Sk, D)
-SHAPES = [
-    (1, 56, 30272, 30272, 128),  # H3 self-attention
-    (2, 3, 77, 77, 128),  # batch > 1, ragged length
-    (1, 1, 1, 1, 128),  # one query, one key
-    (1, 8, 4096, 512, 128),  # cross-attention: 4096 queries x 512 keys
-]
-IDS = ["h3", "b2h3s77", "s1", "cross4096x512"]
-GAUSSIAN_REL_RMS = 0.055  # issue 4's goal for Gaussian inputs (the seed reports 5.4% vs cuDNN BF16)
+from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES
+from fp8_gpu_cases import gaussian_inputs as _inputs
+from fp8_gpu_cases import rel_rms as _rel_rms
 
 
 @pytest.fixture(autouse=True)
@@ -24,19 +18,6 @@ def _force_mma_sync_kernel(monkeypatch):
     """These tests pin the mma.sync kernel (fp8-sm120), whose numerics the 32-key-strip emulation mirrors.
     On Hopper ``auto`` would pick the wgmma kernel (its own tests: test_fp8_sm90_gpu.py)."""
     monkeypatch.setenv("DITPROF_FP8_KERNEL", "fp8-sm120")
-
-
-def _rel_rms(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
-def _inputs(B, H, Sq, Sk, D, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn((B, Sq, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
-    k = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
-    v = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
-    return q, k, v
 
 
 def _run_poisoned(q, k, v, layout="BSHD", scale=None, smooth_k=True):

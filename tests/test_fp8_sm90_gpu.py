@@ -10,15 +10,9 @@ import math
 import pytest
 import torch
 
-# (B, H, Sq, Sk, D)
-SHAPES = [
-    (1, 56, 30272, 30272, 128),  # H3 self-attention
-    (2, 3, 77, 77, 128),  # batch > 1, ragged length
-    (1, 1, 1, 1, 128),  # one query, one key
-    (1, 8, 4096, 512, 128),  # cross-attention: 4096 queries x 512 keys
-]
-IDS = ["h3", "b2h3s77", "s1", "cross4096x512"]
-GAUSSIAN_REL_RMS = 0.055
+from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES
+from fp8_gpu_cases import gaussian_inputs as _inputs
+from fp8_gpu_cases import rel_rms as _rel_rms
 TILE_N = 192  # == fp8_fwd_sm90.DEFAULT_OPTIONS['tile_n'] (checked in test_tile_n_matches_default)
 # Kernel vs its exact torch model: the model computes S = Q8 K8^T in fp32, but Hopper's FP8 wgmma adds the
 # 32-term partial products with ~14-bit alignment (the precision DeepSeek-V3 reports for H800 FP8 GEMMs), so
@@ -40,21 +34,8 @@ def _need_sm90():
         pytest.skip("needs an sm_90 GPU (H100/H200)")
 
 
-def _rel_rms(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
 def _cos(x, ref):
     return torch.nn.functional.cosine_similarity(x.double().flatten(), ref.double().flatten(), dim=0).item()
-
-
-def _inputs(B, H, Sq, Sk, D, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn((B, Sq, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
-    k = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
-    v = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
-    return q, k, v
 
 
 def _run(prep, scale, dtype=torch.bfloat16, **cfg):

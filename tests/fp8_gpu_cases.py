@@ -1,0 +1,27 @@
+"""Shapes, bounds and helpers shared by the GPU tests of both FP8 kernels (fp8-sm120 and fp8-sm90)."""
+
+import torch
+
+# (B, H, Sq, Sk, D): issue 4's required GPU shapes
+SHAPES = [
+    (1, 56, 30272, 30272, 128),  # H3 self-attention
+    (2, 3, 77, 77, 128),  # batch > 1, ragged length
+    (1, 1, 1, 1, 128),  # one query, one key
+    (1, 8, 4096, 512, 128),  # cross-attention: 4096 queries x 512 keys
+]
+IDS = ["h3", "b2h3s77", "s1", "cross4096x512"]
+GAUSSIAN_REL_RMS = 0.055  # issue 4's goal for Gaussian inputs (the seed reports 5.4% vs cuDNN BF16)
+
+
+def rel_rms(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def gaussian_inputs(B, H, Sq, Sk, D, dtype=torch.bfloat16, seed=0):
+    """Fresh (B, S, H, D) q, k, v on the GPU, drawn in fp32 from a seeded generator."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn((B, Sq, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    k = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    v = torch.randn((B, Sk, H, D), generator=g, device="cuda", dtype=torch.float32).to(dtype)
+    return q, k, v
