@@ -3,6 +3,8 @@
 # Usage (repo root, after `source install-bundle.sh .gpu-bundle` on a host without a package index):
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh main    # default `ditprof compare` (h3, fp8) + validate 50 blocks
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh extra   # attention benchmark, kernel accuracy, --sp 1, 16 GiB, GPU tests
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh diag    # sm90 kernel: option sweep + ncu (stall reasons per SASS line)
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -25,6 +27,23 @@ extra)
   step sp1-nccl 60 python -m ditprof compare --preset h3-mini --device cuda --sp 1 --out "$out/sp1"
   step compare-16g 120 python -m ditprof compare --preset h3 --gpu-memory 16GiB --iters 5 --out "$out/compare-h3-16g"
   step gpu-tests 150 python -m pytest -q -x -m gpu -p no:cacheprovider tests/test_fp8_kernel_gpu.py tests/test_validate.py tests/test_fp8_emulation.py
+  ;;
+diag)
+  step sweep 330 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
+  for v in ${NCU_VARIANTS:-default}; do
+    step "ncu-$v" 150 ncu --clock-control none --set full --import-source no -k regex:Sm90Fp8 --launch-skip 1 \
+      --launch-count 1 -f -o "$out/ncu-$v" python benchmarks/sm90_sweep.py --ncu-child "$v"
+    ncu -i "$out/ncu-$v.ncu-rep" --page details --csv > "$out/ncu-$v-details.csv" 2>&1
+    ncu -i "$out/ncu-$v.ncu-rep" --page source --csv --print-source sass > "$out/ncu-$v-sass.csv" 2>&1
+    ncu -i "$out/ncu-$v.ncu-rep" --page raw --csv > "$out/ncu-$v-raw.csv" 2>&1
+    rm -f "$out/ncu-$v.ncu-rep"
+  done
+  mkdir -p "$out/ncu" && mv "$out"/ncu-*.csv "$out/ncu/" 2>/dev/null
+  ;;
+issue6)
+  step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
+  step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"
+  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
   ;;
 esac
 # at most 8 files come back: pack the folders and the logs

@@ -178,7 +178,8 @@ def test_sm90_variants_vs_emulation(cfg, shape):
 # the wrong place) or a wrong row max shows up here as a difference, at any size of the error.
 SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin_wait": "none"},
                  {"skip_rescale": False}, {"pingpong": True, "kv_stages": 2},
-                 {"pin_wait": "none", "skip_rescale": False, "kv_stages": 2}]
+                 {"pin_wait": "none", "skip_rescale": False, "kv_stages": 2}, {"serial_pv": True},
+                 {"consumer_wgs": 3, "kv_stages": 2}, {"consumer_wgs": 3, "serial_pv": True, "kv_stages": 2}]
 
 
 @pytest.mark.gpu
@@ -196,3 +197,41 @@ def test_sm90_schedule_options_bitwise(cfg, shape):
     o0, l0 = _run(prep, scale)
     o, lse = _run(prep, scale, **cfg)
     assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq,sk", [(1000, 33), (385, 300), (30271, 1000)])
+def test_sm90_three_consumers_odd_lengths(sq, sk):
+    """3 consumer warpgroups (192 query rows per CTA): the last CTA's Q boxes can start past the 128-padded
+    length (e.g. sq=1000: rows 1024..1151), which the TMA unit zero-fills; rows >= sq must stay unwritten."""
+    _need_sm90()
+    from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.reference import attention_reference
+
+    q, k, v = _inputs(1, 3, sq, sk, 128, seed=5)
+    scale = 1.0 / math.sqrt(128)
+    prep = fp8_prepare(q, k, v, smooth_k=True)
+    o, lse = _run(prep, scale, consumer_wgs=3, tile_n=128, serial_pv=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert _rel_rms(o, attention_reference(q, k, v, scale)) <= GAUSSIAN_REL_RMS
+    o2, l2 = _run(prep, scale, tile_n=128)  # same key tiling, 2 consumer warpgroups: identical arithmetic
+    assert torch.equal(o, o2) and torch.equal(lse, l2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 4096, 4096, 64), (2, 3, 77, 300, 64)], ids=["s4096", "b2s77x300"])
+def test_sm90_head_dim_64_vs_float64(shape):
+    """LTX-Video and CogVideoX use 64-wide heads."""
+    _need_sm90()
+    from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.reference import attention_reference
+
+    B, H, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Sq, Sk, D, seed=6)
+    scale = 1.0 / math.sqrt(D)
+    prep = fp8_prepare(q, k, v, smooth_k=True)
+    o, lse = _run(prep, scale)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    ref = attention_reference(q, k, v, scale)
+    assert _rel_rms(o, ref) <= GAUSSIAN_REL_RMS, _rel_rms(o, ref)
+    assert _cos(o, ref) >= 0.998

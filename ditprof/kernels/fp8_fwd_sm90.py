@@ -86,10 +86,11 @@ LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 TILE_M_WG = 64  # query rows per consumer warpgroup (wgmma M)
-NUM_MMA_WG = 2
-TILE_M = TILE_M_WG * NUM_MMA_WG  # 128 query rows per CTA (== the prep's Sq padding)
+NUM_MMA_WG = 2  # default number of consumer warpgroups (option ``consumer_wgs``)
+TILE_M = TILE_M_WG * NUM_MMA_WG  # 128 query rows per CTA by default (== the prep's Sq padding)
 REGS_PRODUCER = 24
-REGS_CONSUMER = 240
+# setmaxnreg budgets per consumer count: 128 * (24 + n * R) must fit the 64K-register file
+REGS_CONSUMER = {2: 240, 3: 160}
 SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the consumer warpgroups (0 = syncthreads)
 
 # exp2 on the FMA pipe (``poly_every``): 2^x = 2^j * 2^f, j = round(x) by the 1.5*2^23 trick, f in [-0.5, 0.5],
@@ -146,6 +147,8 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     pin_wait="sts",  # "sts": keep the PV wait after the softmax in SASS (see kernel); "none": ptxas hoists it
     skip_rescale=True,  # skip O *= alpha when no row of the warp changed its max (warp vote; exact)
     poly_every=0,  # k > 0: every k-th 8-column group of S uses exp2_poly (FMA pipe) instead of MUFU.EX2
+    consumer_wgs=2,  # consumer warpgroups per CTA (64 query rows each); 3 = more warps per scheduler, 160 regs
+    serial_pv=False,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
 )
 
 
@@ -172,6 +175,10 @@ class Sm90Fp8Attention:
             raise ValueError(f"pin_wait must be 'none' or 'sts', not {opts['pin_wait']!r}")
         if not 0 <= opts["poly_every"] <= opts["tile_n"] // 8:
             raise ValueError("poly_every must be in [0, tile_n / 8]")
+        if opts["consumer_wgs"] not in REGS_CONSUMER:
+            raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
+        if opts["pingpong"] and opts["consumer_wgs"] != 2:
+            raise ValueError("pingpong needs exactly 2 consumer warpgroups")
         self.head_dim = head_dim
         self.dtype_out = dtype_out
         self.opts = opts
@@ -182,7 +189,11 @@ class Sm90Fp8Attention:
         self.pin_wait = opts["pin_wait"]
         self.skip_rescale = opts["skip_rescale"]
         self.poly_every = opts["poly_every"]
-        self.threads = 128 * (1 + NUM_MMA_WG)
+        self.serial_pv = opts["serial_pv"]
+        self.num_wg = opts["consumer_wgs"]
+        self.tile_m = TILE_M_WG * self.num_wg
+        self.regs_consumer = REGS_CONSUMER[self.num_wg]
+        self.threads = 128 * (1 + self.num_wg)
 
     # ------------------------------------------------------------------ host side (traced at compile)
     @cute.jit
@@ -231,7 +242,7 @@ class Sm90Fp8Attention:
 
         qk_tiler = (TILE_M_WG, self.tile_n, D)
         pv_tiler = (TILE_M_WG, D, self.tile_n)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, f8, NUM_MMA_WG)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, f8, self.num_wg)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, f8, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, pv_tiler, f8, self.kv_stages)
 
@@ -242,7 +253,7 @@ class Sm90Fp8Attention:
             g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, D))
         tma_v, mV_tma = cpasync.make_tiled_tma_atom(
             g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (D, self.tile_n))
-        self.q_bytes = TILE_M_WG * D * NUM_MMA_WG
+        self.q_bytes = TILE_M_WG * D * self.num_wg
         self.kv_bytes = self.tile_n * D
 
         @cute.struct
@@ -250,7 +261,7 @@ class Sm90Fp8Attention:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
-            pin: cute.struct.MemRange[Float32, 8]  # pin_wait scratch (fits in the barriers' 1024-byte block)
+            pin: cute.struct.MemRange[Float32, 16]  # pin_wait scratch (fits in the barriers' 1024-byte block)
             sQ: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sV_layout)], 1024]
@@ -258,7 +269,7 @@ class Sm90Fp8Attention:
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
-        grid = (cute.ceil_div(sq, TILE_M), heads, batch)
+        grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
         self.kernel(
             qk_mma, qk_mma_zero, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
             mScales, mO, mLSE, sq, sk, softmax_scale * LOG2E,
@@ -299,7 +310,7 @@ class Sm90Fp8Attention:
         storage = smem.allocate(self.shared_storage)
 
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NUM_MMA_WG)  # one arrive per warp
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_wg)  # one arrive per warp
         q_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one,
             consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
@@ -340,8 +351,9 @@ class Sm90Fp8Attention:
 
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 q_pipe.producer_acquire(q_state)
-                for w in cutlass.range_constexpr(NUM_MMA_WG):
-                    cute.copy(tma_q, tQgQ[(None, m_block * NUM_MMA_WG + w, 0, head, bat)], tQsQ[(None, w)],
+                for w in cutlass.range_constexpr(self.num_wg):
+                    # boxes past the padded length (3 consumer warpgroups) are zero-filled by the TMA unit
+                    cute.copy(tma_q, tQgQ[(None, m_block * self.num_wg + w, 0, head, bat)], tQsQ[(None, w)],
                               tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
 
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
@@ -355,7 +367,7 @@ class Sm90Fp8Attention:
                     kv_state.advance()
         else:
             # ======================= consumer warpgroups =======================
-            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            cute.arch.setmaxregister_increase(self.regs_consumer)
             qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
             qk_mma.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -364,7 +376,7 @@ class Sm90Fp8Attention:
             qk_thr = qk_mma.get_slice(wg_tidx)
             pv_thr = pv_mma.get_slice(wg_tidx)
 
-            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/32, NUM_MMA_WG)
+            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/32, consumer_wgs)
             tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, 1, D/32, stages)
             tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/32, stages)
 
@@ -410,35 +422,58 @@ class Sm90Fp8Attention:
             v_state = kv_state.clone()
             kv_state.advance()
             for j in cutlass.range(1, n_tiles, unroll=1):
-                # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
-                k_pipe.consumer_wait(kv_state)
-                if const_expr(self.pingpong):  # wait for our turn on the tensor cores
-                    cute.arch.barrier(barrier_id=SCHED_BARRIER0 + wg, number_of_threads=2 * 128)
-                self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
-                v_pipe.consumer_wait(v_state)
-                self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
-                if const_expr(self.pingpong):  # our GEMMs are issued: the other warpgroup's turn
-                    cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER0 + 1 - wg, number_of_threads=2 * 128)
-                # overlap: only S_j must be done, PV_{j-1} keeps running under the softmax below
-                warpgroup.wait_group(1 if self.overlap else 0)
-                k_pipe.consumer_release(kv_state)
-                if j == n_tiles - 1:
-                    self.mask_tile(acc_S, j, sk, quad)
-                alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
-                if const_expr(self.pin_wait == "sts"):
-                    # a shared store of a value that needs every exp of this tile: ptxas keeps the PV wait after it
-                    sPin[warp_idx % 8] = row_sum[0] + row_sum[1]
-                warpgroup.wait_group(0)
-                v_pipe.consumer_release(v_state)
-                P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                if const_expr(self.skip_rescale):
-                    # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
-                    if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+                if const_expr(self.serial_pv):
+                    # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
+                    # 3 consumer warpgroups fit 160 registers at tile 128; the overlap comes from the other warpgroups
+                    v_pipe.consumer_wait(v_state)
+                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(v_state)
+                    k_pipe.consumer_wait(kv_state)
+                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+                    warpgroup.wait_group(0)
+                    k_pipe.consumer_release(kv_state)
+                    if j == n_tiles - 1:
+                        self.mask_tile(acc_S, j, sk, quad)
+                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                    if const_expr(self.skip_rescale):
+                        if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+                            self.rescale_o(acc_O, alpha)
+                    else:
                         self.rescale_o(acc_O, alpha)
+                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    v_state.advance()
+                    kv_state.advance()
                 else:
-                    self.rescale_o(acc_O, alpha)
-                v_state.advance()
-                kv_state.advance()
+                    # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
+                    k_pipe.consumer_wait(kv_state)
+                    if const_expr(self.pingpong):  # wait for our turn on the tensor cores
+                        cute.arch.barrier(barrier_id=SCHED_BARRIER0 + wg, number_of_threads=2 * 128)
+                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+                    v_pipe.consumer_wait(v_state)
+                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                    if const_expr(self.pingpong):  # our GEMMs are issued: the other warpgroup's turn
+                        cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER0 + 1 - wg, number_of_threads=2 * 128)
+                    # overlap: only S_j must be done, PV_{j-1} keeps running under the softmax below
+                    warpgroup.wait_group(1 if self.overlap else 0)
+                    k_pipe.consumer_release(kv_state)
+                    if j == n_tiles - 1:
+                        self.mask_tile(acc_S, j, sk, quad)
+                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                    if const_expr(self.pin_wait == "sts"):
+                        # a shared store of a value that needs every exp of this tile: ptxas keeps the PV wait after it
+                        sPin[warp_idx % 16] = row_sum[0] + row_sum[1]
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(v_state)
+                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    if const_expr(self.skip_rescale):
+                        # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
+                        if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+                            self.rescale_o(acc_O, alpha)
+                    else:
+                        self.rescale_o(acc_O, alpha)
+                    v_state.advance()
+                    kv_state.advance()
             # epilogue PV
             v_pipe.consumer_wait(v_state)
             self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
@@ -446,7 +481,7 @@ class Sm90Fp8Attention:
             v_pipe.consumer_release(v_state)
 
             self.epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq,
-                          m_block * TILE_M + wg * TILE_M_WG, head, bat, wg_tidx)
+                          m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx)
 
     # ------------------------------------------------------------------ consumer helpers
     @cute.jit
@@ -548,13 +583,15 @@ class Sm90Fp8Attention:
 _CACHE: Dict[Tuple[Any, ...], Any] = {}
 
 
-def smem_bytes(head_dim: int = 128, tile_n: int | None = None, kv_stages: int | None = None) -> int:
+def smem_bytes(head_dim: int = 128, tile_n: int | None = None, kv_stages: int | None = None,
+               consumer_wgs: int | None = None) -> int:
     """Dynamic shared memory per CTA: mbarriers (padded to the 1024-byte alignment of the tiles),
-    Q (2 x 64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each). None: the default option."""
+    Q (consumer_wgs x 64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each). None: the default option."""
     tile_n = DEFAULT_OPTIONS["tile_n"] if tile_n is None else tile_n
     kv_stages = DEFAULT_OPTIONS["kv_stages"] if kv_stages is None else kv_stages
+    consumer_wgs = DEFAULT_OPTIONS["consumer_wgs"] if consumer_wgs is None else consumer_wgs
     barriers = (2 + 4 * kv_stages) * 8
-    return -(-barriers // 1024) * 1024 + TILE_M * head_dim + 2 * kv_stages * tile_n * head_dim
+    return -(-barriers // 1024) * 1024 + TILE_M_WG * consumer_wgs * head_dim + 2 * kv_stages * tile_n * head_dim
 
 
 def _out_dtype(dtype_out):
@@ -596,7 +633,7 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     old_arch = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
     opts = options(**opts)
-    tile_n, kv_stages = opts["tile_n"], opts["kv_stages"]
+    tile_n, kv_stages, n_wg = opts["tile_n"], opts["kv_stages"], opts["consumer_wgs"]
     kern = Sm90Fp8Attention(head_dim, dtype_out, **opts)
     if fake:
         stream = cute.runtime.make_fake_stream()
@@ -612,8 +649,8 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
             os.environ.pop("CUTE_DSL_ARCH", None)
         else:
             os.environ["CUTE_DSL_ARCH"] = old_arch
-    if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages):  # keep the formula honest
-        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages)} != {kern.smem_bytes}")
+    if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages, n_wg):  # keep the formula honest
+        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages, n_wg)} != {kern.smem_bytes}")
     return fn
 
 
@@ -625,7 +662,7 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
 
     B, H, sq_pad, D = q8.shape
     sk_pad = k8.shape[2]
-    if sq_pad % TILE_M or sk_pad % 32 or sq > sq_pad or sk > sk_pad or sk < 1 or sq < 1:
+    if sq_pad % TILE_M_WG or sk_pad % 32 or sq > sq_pad or sk > sk_pad or sk < 1 or sq < 1:
         raise ValueError(f"bad padded lengths: sq={sq} sq_pad={sq_pad} sk={sk} sk_pad={sk_pad}")
     if tuple(v8t.shape) != (B, H, D, sk_pad) or tuple(k8.shape) != (B, H, sk_pad, D):
         raise ValueError("k8/v8t shapes do not match q8")
