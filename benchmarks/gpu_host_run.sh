@@ -4,6 +4,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh main    # default `ditprof compare` (h3, fp8) + validate 50 blocks
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh extra   # attention benchmark, kernel accuracy, --sp 1, 16 GiB, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh diag    # sm90 kernel: option sweep + ncu (stall reasons per SASS line)
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep2  # sweep, then the attention table with the sweep's best options
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -39,6 +40,12 @@ diag)
     rm -f "$out/ncu-$v.ncu-rep"
   done
   mkdir -p "$out/ncu" && mv "$out"/ncu-*.csv "$out/ncu/" 2>/dev/null
+  ;;
+sweep2)
+  step sweep 240 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
+  best=$(cat "$out/best_options.txt" 2>/dev/null)
+  step attention-bench 240 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,cudnn-fp8,sage,prep-triton,fp8 \
+    ${best:+--sm90-options $best} --json "$out/attention.json"
   ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"

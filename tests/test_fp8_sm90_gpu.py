@@ -179,7 +179,9 @@ def test_sm90_variants_vs_emulation(cfg, shape):
 SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin_wait": "none"},
                  {"skip_rescale": False}, {"pingpong": True, "kv_stages": 2},
                  {"pin_wait": "none", "skip_rescale": False, "kv_stages": 2}, {"serial_pv": True},
-                 {"consumer_wgs": 3, "kv_stages": 2}, {"consumer_wgs": 3, "serial_pv": True, "kv_stages": 2}]
+                 {"consumer_wgs": 3, "kv_stages": 2}, {"consumer_wgs": 3, "serial_pv": True, "kv_stages": 2},
+                 {"exp_turns": True}, {"exp_turns": True, "pingpong": True}, {"exp_turns": True, "serial_pv": True},
+                 {"exp_turns": True, "consumer_wgs": 3, "serial_pv": True}]
 
 
 @pytest.mark.gpu

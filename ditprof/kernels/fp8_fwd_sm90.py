@@ -91,6 +91,8 @@ TILE_M = TILE_M_WG * NUM_MMA_WG  # 128 query rows per CTA by default (== the pre
 REGS_PRODUCER = 24
 # setmaxnreg budgets per consumer count: 128 * (24 + n * R) must fit the 64K-register file
 REGS_CONSUMER = {2: 240, 3: 160}
+PIN_ZERO_SLOT = 16  # smem scratch slot holding 0.0 (slots 0..15: per-warp pin stores)
+EXP_BARRIER0 = 3  # named barriers 3..5: exp turns of the consumer warpgroups (option exp_turns)
 SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the consumer warpgroups (0 = syncthreads)
 
 # exp2 on the FMA pipe (``poly_every``): 2^x = 2^j * 2^f, j = round(x) by the 1.5*2^23 trick, f in [-0.5, 0.5],
@@ -149,6 +151,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     poly_every=0,  # k > 0: every k-th 8-column group of S uses exp2_poly (FMA pipe) instead of MUFU.EX2
     consumer_wgs=2,  # consumer warpgroups per CTA (64 query rows each); 3 = more warps per scheduler, 160 regs
     serial_pv=False,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
+    exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
 )
 
 
@@ -190,6 +193,7 @@ class Sm90Fp8Attention:
         self.skip_rescale = opts["skip_rescale"]
         self.poly_every = opts["poly_every"]
         self.serial_pv = opts["serial_pv"]
+        self.exp_turns = opts["exp_turns"]
         self.num_wg = opts["consumer_wgs"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
@@ -261,7 +265,7 @@ class Sm90Fp8Attention:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
             k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
-            pin: cute.struct.MemRange[Float32, 16]  # pin_wait scratch (fits in the barriers' 1024-byte block)
+            pin: cute.struct.MemRange[Float32, 32]  # pin_wait scratch (fits in the barriers' 1024-byte block)
             sQ: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sV_layout)], 1024]
@@ -324,10 +328,12 @@ class Sm90Fp8Attention:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sPin = storage.pin.get_tensor(cute.make_layout(8))
+        sPin = storage.pin.get_tensor(cute.make_layout(32))
 
         n_tiles = cute.ceil_div(sk, tile_n)
 
+        if tidx == 0:
+            sPin[PIN_ZERO_SLOT] = Float32(0.0)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -409,6 +415,10 @@ class Sm90Fp8Attention:
                 # the first consumer warpgroup pre-arrives on its own scheduler barrier: its first turn is free
                 if wg == 0:
                     cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER0, number_of_threads=2 * 128)
+            if const_expr(self.exp_turns):
+                # the last consumer warpgroup hands the first exp turn to warpgroup 0
+                if wg == self.num_wg - 1:
+                    cute.arch.barrier_arrive(barrier_id=EXP_BARRIER0, number_of_threads=2 * 128)
 
             # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
             k_pipe.consumer_wait(kv_state)
@@ -417,7 +427,7 @@ class Sm90Fp8Attention:
             k_pipe.consumer_release(kv_state)
             if n_tiles == 1:
                 self.mask_tile(acc_S, 0, sk, quad)
-            self.softmax(acc_S, row_max, row_sum, acc_O, qk_scale, True)
+            self.softmax(acc_S, row_max, row_sum, acc_O, qk_scale, True, wg, n_tiles == 1, sPin, warp_idx)
             P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
             v_state = kv_state.clone()
             kv_state.advance()
@@ -435,7 +445,7 @@ class Sm90Fp8Attention:
                     k_pipe.consumer_release(kv_state)
                     if j == n_tiles - 1:
                         self.mask_tile(acc_S, j, sk, quad)
-                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
                     if const_expr(self.skip_rescale):
                         if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
                             self.rescale_o(acc_O, alpha)
@@ -459,7 +469,7 @@ class Sm90Fp8Attention:
                     k_pipe.consumer_release(kv_state)
                     if j == n_tiles - 1:
                         self.mask_tile(acc_S, j, sk, quad)
-                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
                     if const_expr(self.pin_wait == "sts"):
                         # a shared store of a value that needs every exp of this tile: ptxas keeps the PV wait after it
                         sPin[warp_idx % 16] = row_sum[0] + row_sum[1]
@@ -512,43 +522,85 @@ class Sm90Fp8Attention:
 
     @cute.jit
     def softmax_stats(self, acc_S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                      qk_scale: Float32) -> cute.Tensor:
-        """Online-softmax update for one tile: acc_S <- P*256 (fp32); returns alpha per row."""
+                      qk_scale: Float32, wg: Int32, last_tile, sPin: cute.Tensor, warp_idx: Int32) -> cute.Tensor:
+        """Online-softmax update for one tile: acc_S <- P*256 (fp32); returns alpha per row.
+
+        ``exp_turns``: both rows' maxima first, then the exps inside this warpgroup's turn (named barrier
+        EXP_BARRIER0 + wg, released to the next warpgroup afterwards), so that the consumer warpgroups take turns
+        on the MUFU pipe instead of all exponentiating at the same time."""
         n8 = self.tile_n // 8
         alpha = cute.make_rmem_tensor((2,), Float32)
+        bias = cute.make_rmem_tensor((2,), Float32)
         part = cute.make_rmem_tensor((4,), Float32)  # 4 independent chains: shorter dependency latency
         for r in cutlass.range_constexpr(2):
-            for i in cutlass.range_constexpr(4):
-                part[i] = acc_S[i % 2 + 2 * r + 4 * (i // 2)]
-            for j in cutlass.range_constexpr(2, n8):
-                for c in cutlass.range_constexpr(2):
-                    i = 2 * (j % 2) + c
-                    part[i] = cute.arch.fmax(part[i], acc_S[c + 2 * r + 4 * j])
-            m_tile = cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
-            m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
-            m_new = cute.arch.fmax(row_max[r], m_tile)
-            alpha[r] = cute.math.exp2((row_max[r] - m_new) * qk_scale, fastmath=True)
-            row_max[r] = m_new
-            bias = m_new * qk_scale - 8.0  # exp2(+8) = the x256 of P
-            for j in cutlass.range_constexpr(n8):
-                for c in cutlass.range_constexpr(2):
-                    v = c + 2 * r + 4 * j
-                    if const_expr(self.poly_every > 0 and j % self.poly_every == self.poly_every - 1):
-                        p = exp2_poly(acc_S[v] * qk_scale - bias)  # FMA pipe: unloads MUFU
-                    else:
-                        p = cute.arch.exp2(acc_S[v] * qk_scale - bias)  # side-effect asm: LLVM cannot sink or clone it
-                    acc_S[v] = p
-                    i = 2 * (j % 2) + c
-                    if const_expr(j < 2):
-                        part[i] = p
-                    else:
-                        part[i] = part[i] + p
-            row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+            if const_expr(self.exp_turns and r == 1):
+                pass
+            else:
+                self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, r)
+            if const_expr(self.exp_turns):
+                if const_expr(r == 0):
+                    self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, 1)
+                    # ptxas moves pure arithmetic across BAR freely; a shared store of values that need the maxima
+                    # (stores cannot sink below a barrier) keeps the max phase before our turn starts
+                    sPin[warp_idx % 16] = bias[0] + bias[1]
+                    cute.arch.barrier(barrier_id=EXP_BARRIER0 + wg, number_of_threads=2 * 128)
+                    # ... and MUFU is free to move up across BAR too: make every exp depend on a shared load
+                    # (loads cannot rise above a barrier) of a slot that holds 0.0
+                    zero = sPin[PIN_ZERO_SLOT]
+                    bias[0] = bias[0] + zero
+                    bias[1] = bias[1] + zero
+            self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, r)
+        if const_expr(self.exp_turns):
+            nxt = wg + 1
+            if nxt == self.num_wg:
+                nxt = 0
+            # the last warpgroup's last turn has no successor: an unmatched arrive would be left pending
+            # likewise a store of the row sums (needs every exp) keeps the hand-over after the last MUFU
+            sPin[warp_idx % 16] = row_sum[0] + row_sum[1]
+            if not (last_tile and wg == self.num_wg - 1):
+                cute.arch.barrier_arrive(barrier_id=EXP_BARRIER0 + nxt, number_of_threads=2 * 128)
         return alpha
 
     @cute.jit
-    def softmax(self, acc_S, row_max, row_sum, acc_O, qk_scale: Float32, first: cutlass.Constexpr):
-        alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+    def row_max_update(self, acc_S: cute.Tensor, row_max: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
+                       part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
+        n8 = self.tile_n // 8
+        for i in cutlass.range_constexpr(4):
+            part[i] = acc_S[i % 2 + 2 * r + 4 * (i // 2)]
+        for j in cutlass.range_constexpr(2, n8):
+            for c in cutlass.range_constexpr(2):
+                i = 2 * (j % 2) + c
+                part[i] = cute.arch.fmax(part[i], acc_S[c + 2 * r + 4 * j])
+        m_tile = cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
+        m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
+        m_new = cute.arch.fmax(row_max[r], m_tile)
+        alpha[r] = cute.math.exp2((row_max[r] - m_new) * qk_scale, fastmath=True)
+        row_max[r] = m_new
+        bias[r] = m_new * qk_scale - 8.0  # exp2(+8) = the x256 of P
+
+    @cute.jit
+    def row_exp_sum(self, acc_S: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
+                    part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
+        n8 = self.tile_n // 8
+        for j in cutlass.range_constexpr(n8):
+            for c in cutlass.range_constexpr(2):
+                v = c + 2 * r + 4 * j
+                if const_expr(self.poly_every > 0 and j % self.poly_every == self.poly_every - 1):
+                    p = exp2_poly(acc_S[v] * qk_scale - bias[r])  # FMA pipe: unloads MUFU
+                else:
+                    p = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink or clone it
+                acc_S[v] = p
+                i = 2 * (j % 2) + c
+                if const_expr(j < 2):
+                    part[i] = p
+                else:
+                    part[i] = part[i] + p
+        row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+
+    @cute.jit
+    def softmax(self, acc_S, row_max, row_sum, acc_O, qk_scale: Float32, first: cutlass.Constexpr, wg: Int32,
+                last_tile, sPin: cute.Tensor, warp_idx: Int32):
+        alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, last_tile, sPin, warp_idx)
         if const_expr(not first):
             self.rescale_o(acc_O, alpha)
 
