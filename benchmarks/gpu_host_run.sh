@@ -47,6 +47,18 @@ sweep2)
   step attention-bench 240 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,cudnn-fp8,sage,prep-triton,fp8 \
     ${best:+--sm90-options $best} --json "$out/attention.json"
   ;;
+promote)
+  step sweep 300 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
+  for opts in "" "serial_pv=True,pv_promote=True" "tile_n=128,pv_promote=True"; do
+    tag=${opts:-default}; tag=${tag//[=,]/_}
+    step "acc-$tag" 150 python -c "import sys
+from benchmarks.attention import parse_options
+from ditprof.kernels import fp8_fwd_sm90 as K
+K.DEFAULT_OPTIONS.update(K.options(**parse_options('$opts')))
+from ditprof.cli import main
+sys.exit(main(['accuracy-table', '--device', 'cuda', '--presets', 'flux.1-dev,cogvideox-5b,h3', '--tokens', '16384', '--backends', 'fp8', '--out', '$out/acc-$tag']))"
+  done
+  ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
   step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"

@@ -152,6 +152,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     consumer_wgs=2,  # consumer warpgroups per CTA (64 query rows each); 3 = more warps per scheduler, 160 regs
     serial_pv=False,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
+    pv_promote=False,  # P V of each tile into a fresh accumulator, added to O in FP32 on the CUDA cores
 )
 
 
@@ -194,6 +195,7 @@ class Sm90Fp8Attention:
         self.poly_every = opts["poly_every"]
         self.serial_pv = opts["serial_pv"]
         self.exp_turns = opts["exp_turns"]
+        self.pv_promote = opts["pv_promote"]
         self.num_wg = opts["consumer_wgs"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
@@ -243,6 +245,8 @@ class Sm90Fp8Attention:
             f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, self.tile_n))
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
+        pv_mma_zero = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
 
         qk_tiler = (TILE_M_WG, self.tile_n, D)
         pv_tiler = (TILE_M_WG, D, self.tile_n)
@@ -275,7 +279,7 @@ class Sm90Fp8Attention:
 
         grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
         self.kernel(
-            qk_mma, qk_mma_zero, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
+            qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
             mScales, mO, mLSE, sq, sk, softmax_scale * LOG2E,
             sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -287,6 +291,7 @@ class Sm90Fp8Attention:
         qk_mma: cute.TiledMma,
         qk_mma_zero: cute.TiledMma,
         pv_mma: cute.TiledMma,
+        pv_mma_zero: cute.TiledMma,
         tma_q: cute.CopyAtom,
         mQ: cute.Tensor,
         tma_k: cute.CopyAtom,
@@ -377,6 +382,7 @@ class Sm90Fp8Attention:
             qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
             qk_mma.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
             wg = wg_idx - 1
             wg_tidx = tidx % 128
             qk_thr = qk_mma.get_slice(wg_tidx)
@@ -390,6 +396,11 @@ class Sm90Fp8Attention:
             acc_O = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
             tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M_WG, tile_n)), Float8E4M3FN)
             acc_O.fill(0.0)
+            # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
+            # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
+            # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
+            acc_Ot = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
+            alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
 
             # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
             n_kb = tile_n // 32
@@ -427,7 +438,9 @@ class Sm90Fp8Attention:
             k_pipe.consumer_release(kv_state)
             if n_tiles == 1:
                 self.mask_tile(acc_S, 0, sk, quad)
-            self.softmax(acc_S, row_max, row_sum, acc_O, qk_scale, True, wg, n_tiles == 1, sPin, warp_idx)
+            alpha0 = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, n_tiles == 1, sPin, warp_idx)
+            alpha_keep[0] = alpha0[0]
+            alpha_keep[1] = alpha0[1]
             P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
             v_state = kv_state.clone()
             kv_state.advance()
@@ -436,9 +449,14 @@ class Sm90Fp8Attention:
                     # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
                     # 3 consumer warpgroups fit 160 registers at tile 128; the overlap comes from the other warpgroups
                     v_pipe.consumer_wait(v_state)
-                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                    if const_expr(self.pv_promote):
+                        self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
+                    else:
+                        self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(v_state)
+                    if const_expr(self.pv_promote):
+                        self.merge_o(acc_O, acc_Ot, alpha_keep)
                     k_pipe.consumer_wait(kv_state)
                     self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
                     warpgroup.wait_group(0)
@@ -446,7 +464,10 @@ class Sm90Fp8Attention:
                     if j == n_tiles - 1:
                         self.mask_tile(acc_S, j, sk, quad)
                     alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
-                    if const_expr(self.skip_rescale):
+                    if const_expr(self.pv_promote):
+                        alpha_keep[0] = alpha[0]
+                        alpha_keep[1] = alpha[1]
+                    elif const_expr(self.skip_rescale):
                         if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
                             self.rescale_o(acc_O, alpha)
                     else:
@@ -461,7 +482,10 @@ class Sm90Fp8Attention:
                         cute.arch.barrier(barrier_id=SCHED_BARRIER0 + wg, number_of_threads=2 * 128)
                     self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
                     v_pipe.consumer_wait(v_state)
-                    self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                    if const_expr(self.pv_promote):
+                        self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
+                    else:
+                        self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
                     if const_expr(self.pingpong):  # our GEMMs are issued: the other warpgroup's turn
                         cute.arch.barrier_arrive(barrier_id=SCHED_BARRIER0 + 1 - wg, number_of_threads=2 * 128)
                     # overlap: only S_j must be done, PV_{j-1} keeps running under the softmax below
@@ -476,7 +500,11 @@ class Sm90Fp8Attention:
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(v_state)
                     P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                    if const_expr(self.skip_rescale):
+                    if const_expr(self.pv_promote):
+                        self.merge_o(acc_O, acc_Ot, alpha_keep)  # alpha of tile j-1, whose P V just finished
+                        alpha_keep[0] = alpha[0]
+                        alpha_keep[1] = alpha[1]
+                    elif const_expr(self.skip_rescale):
                         # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
                         if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
                             self.rescale_o(acc_O, alpha)
@@ -486,9 +514,14 @@ class Sm90Fp8Attention:
                     kv_state.advance()
             # epilogue PV
             v_pipe.consumer_wait(v_state)
-            self.gemm_pv(pv_mma, acc_O, tOrP, tOrV, v_state.index)
+            if const_expr(self.pv_promote):
+                self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
+            else:
+                self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(v_state)
+            if const_expr(self.pv_promote):
+                self.merge_o(acc_O, acc_Ot, alpha_keep)
 
             self.epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq,
                           m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx)
@@ -503,11 +536,12 @@ class Sm90Fp8Attention:
         warpgroup.commit_group()
 
     @cute.jit
-    def gemm_pv(self, pv_mma: cute.TiledMma, acc_O: cute.Tensor, tOrP: cute.Tensor, tOrV: cute.Tensor,
-                stage: Int32):
+    def gemm_pv(self, pv_mma_first: cute.TiledMma, pv_mma: cute.TiledMma, acc_O: cute.Tensor, tOrP: cute.Tensor,
+                tOrV: cute.Tensor, stage: Int32):
         warpgroup.fence()
         for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            cute.gemm(pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_O)
+            cute.gemm(pv_mma_first if kb == 0 else pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, stage],
+                      acc_O)
         warpgroup.commit_group()
 
     @cute.jit
@@ -603,6 +637,14 @@ class Sm90Fp8Attention:
         alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, last_tile, sPin, warp_idx)
         if const_expr(not first):
             self.rescale_o(acc_O, alpha)
+
+    @cute.jit
+    def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor):
+        for j in cutlass.range_constexpr(self.head_dim // 8):
+            for r in cutlass.range_constexpr(2):
+                for c in cutlass.range_constexpr(2):
+                    v = c + 2 * r + 4 * j
+                    acc_O[v] = acc_O[v] * alpha[r] + acc_Ot[v]
 
     @cute.jit
     def rescale_o(self, acc_O: cute.Tensor, alpha: cute.Tensor):
