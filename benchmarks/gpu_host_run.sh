@@ -59,6 +59,16 @@ from ditprof.cli import main
 sys.exit(main(['accuracy-table', '--device', 'cuda', '--presets', 'flux.1-dev,cogvideox-5b,h3', '--tokens', '16384', '--backends', 'fp8', '--out', '$out/acc-$tag']))"
   done
   ;;
+final1)
+  step sweep 150 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6
+  step attention-bench 150 python benchmarks/attention.py --shapes h3 --iters 5 --json "$out/attention.json"
+  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  ;;
+final2)
+  step accuracy-table 200 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
+  step compare-h3 200 python -m ditprof compare --out "$out/compare-h3"
+  step kernels-accuracy 90 python -m ditprof kernels accuracy --device cuda --json
+  ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
   step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"

@@ -34,15 +34,20 @@ def _compile(tmp_path_factory, head_dim=128, **cfg):
 
 
 CONFIGS = [
-    {},  # the default (DEFAULT_OPTIONS)
+    {},  # the default (DEFAULT_OPTIONS: tile 128, pv_promote)
     {"tile_n": 128, "kv_stages": 2},
     {"overlap": False},
     {"pingpong": True},
-    {"tile_n": 192},
-    {"tile_n": 192, "pingpong": True, "kv_stages": 3},
-    {"pin_wait": "none", "skip_rescale": False, "poly_every": 0},  # v1
-    {"pin_wait": "sts", "skip_rescale": True, "poly_every": 4},
-    {"tile_n": 192, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pingpong": True},
+    {"exp_turns": True},
+    {"tile_n": 192, "serial_pv": True},  # promote at tile 192 fits only without the intra-warpgroup overlap
+    # the configurations without pv_promote measured in benchmarks/NOTES.md (v3 = tile 192, 3 stages)
+    {"tile_n": 192, "pv_promote": False},
+    {"tile_n": 192, "pingpong": True, "kv_stages": 3, "pv_promote": False},
+    {"pin_wait": "none", "skip_rescale": False, "poly_every": 0, "pv_promote": False},  # v1
+    {"pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pv_promote": False},
+    {"tile_n": 192, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pingpong": True, "pv_promote": False},
+    {"consumer_wgs": 3, "serial_pv": True, "pv_promote": False},
+    {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "pv_promote": False, "exp_turns": True},
 ]
 
 
@@ -59,20 +64,21 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     assert base.get("HMMA", 0) == 0 and base.get("QMMA", 0) == 0  # no emulation, no mma.sync
     assert base.get("STL", 0) == 0 and base.get("LDL", 0) == 0
     assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0
-    assert res["registers"] is not None and 0 < res["registers"] <= 168  # 384 threads, setmaxnreg 24/240
+    threads = 128 * (1 + K.options(**cfg)["consumer_wgs"])
+    assert res["registers"] is not None and 0 < res["registers"] <= 65536 // threads  # launch budget (setmaxnreg)
     assert base.get("UTMALDG", 0) >= 3  # Q, K, V TMA loads
     assert base.get("SYNCS", 0) > 0  # mbarrier traffic
     opts = K.options(**cfg)
     n8, k = tile_n // 8, opts["poly_every"]
     ex2_per_body = 4 * (n8 - (n8 // k if k else 0))  # 64 x tile_n / 128 scores a thread, minus the polynomial ones
     assert base.get("MUFU", 0) >= 2 * ex2_per_body  # two bodies (prologue, loop)
-    if opts["pin_wait"] == "sts" and opts["overlap"]:
+    if opts["pin_wait"] == "sts" and opts["overlap"] and not opts["serial_pv"]:
         # every ex2 of the loop body precedes the wait for the PV wgmma: the softmax really overlaps it
         lines = r["sass"].splitlines()
         i1 = next(i for i, line in enumerate(lines) if "DEPBAR.LE gsb0, 0x1" in line)
         i0 = next(i for i in range(i1, len(lines)) if "DEPBAR.LE gsb0, 0x0" in lines[i])
         assert sum("MUFU.EX2" in line for line in lines[i1:i0]) >= ex2_per_body
-    if cfg.get("pingpong"):
+    if cfg.get("pingpong") or cfg.get("exp_turns"):
         assert "BAR.ARV" in r["sass"]
 
 
