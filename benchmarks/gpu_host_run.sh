@@ -61,7 +61,7 @@ sys.exit(main(['accuracy-table', '--device', 'cuda', '--presets', 'flux.1-dev,co
   ;;
 final1)
   step sweep 150 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6
-  step attention-bench 150 python benchmarks/attention.py --shapes h3 --iters 5 --json "$out/attention.json"
+  step attention-bench 150 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,sage,cudnn-fp8,prep-triton,fp8 --json "$out/attention.json"
   step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
   ;;
 final2)
