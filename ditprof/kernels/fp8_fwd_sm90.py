@@ -5,19 +5,24 @@ Design (issue 5, part 1)
 CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
 
 * warpgroup 0 — producer. ``setmaxnreg`` down to ``REGS_PRODUCER``; its first warp issues every TMA load:
-  Q once (two 64-row boxes, one per consumer warpgroup, on one mbarrier), then K and V tiles of ``tile_n``
-  (192 by default) keys into ``kv_stages``-deep smem rings (separate K and V ``PipelineTmaAsync`` pipelines so the
+  Q once (one 64-row box per consumer warpgroup, on one mbarrier), then K and V tiles of ``tile_n``
+  (128 by default) keys into ``kv_stages``-deep smem rings (separate K and V ``PipelineTmaAsync`` pipelines so the
   consumers can ask for K[j+1] before V[j]).
-* warpgroups 1 and 2 — consumers, ``setmaxnreg`` up to ``REGS_CONSUMER``. Each owns 64 query rows and runs
+* warpgroups 1 and 2 (and 3 with ``consumer_wgs=3``) — consumers, ``setmaxnreg`` up to ``REGS_CONSUMER``. Each owns 64 query rows and runs
   the whole online-softmax loop for them with ``warpgroup.MmaF8Op`` (e4m3 x e4m3 -> fp32, m64nNk32):
   S = Q K^T with both operands read from swizzled smem (K-major: Q and K rows are D-contiguous), then
   O += P V with P from registers (A operand, K-major by construction) and V^T from smem (the prep stores V
   feature-major, so the key axis — the K axis of this GEMM — is contiguous: K-major as FP8 wgmma requires).
-* Options (compile-cache key, ``DEFAULT_OPTIONS``): ``tile_n`` (keys per tile, 192; 128 and 224 compile clean,
-  256 spills), ``kv_stages`` (3), ``overlap`` (True), ``pingpong`` (False; FA3's warp-scheduler barriers: named
-  barriers 1 and 2 make the two consumer warpgroups take turns issuing their GEMMs), ``pin_wait`` ("sts"),
-  ``skip_rescale`` (True), ``poly_every`` (0). Scheduling-only options (overlap, pingpong, kv_stages, pin_wait,
-  skip_rescale) give bit-identical results (tests/test_fp8_sm90_gpu.py checks it).
+* Options (compile-cache key, ``DEFAULT_OPTIONS``): ``tile_n`` (keys per tile, 128), ``kv_stages`` (3),
+  ``overlap`` (True), ``pingpong`` (False; FA3's warp-scheduler barriers: named barriers 1 and 2 make the two
+  consumer warpgroups take turns issuing their GEMMs), ``pin_wait`` ("sts"), ``skip_rescale`` (True),
+  ``poly_every`` (0), ``consumer_wgs`` (2), ``serial_pv`` (False), ``exp_turns`` (False), ``pv_promote`` (True).
+  Options other than tile_n and poly_every only schedule the same arithmetic and give bit-identical results
+  (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
+* ``pv_promote`` (default): each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
+  O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
+  term once |O| is large (short accumulator alignment): 53 % error on a long key range with a biased V. Costs 64
+  registers: tile 192 with overlap and 3 consumer warpgroups spill with it.
 * Intra-warpgroup overlap (FA3 style, ``overlap=True``): iteration j issues S_j = Q K_j^T and
   O += P_{j-1} V_{j-1} back to back, waits only for S_j, does the softmax of S_j while the PV wgmma runs,
   then waits for it and rescales O. ``overlap=False`` keeps the same code but waits for both wgmma groups
@@ -27,8 +32,12 @@ CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
   l_row0 + l_row1 (needs every exp of the tile) just before the wait keeps the wait after the softmax.
   The exps use the side-effecting inline-asm ``ex2.approx.ftz`` (``cute.arch.exp2``): with ``math.exp2`` LLVM
   cloned/sank them past the wait into the rescale branch.
-* ``skip_rescale``: a warp vote skips O *= alpha when alpha == 1 for all of the warp's rows (max unchanged);
-  multiplying by 1.0 is the identity, so this is exact.
+* ``skip_rescale`` (without pv_promote): a warp vote skips O *= alpha when alpha == 1 for all of the warp's rows
+  (max unchanged); multiplying by 1.0 is the identity, so this is exact.
+* ``consumer_wgs=3`` (192 query rows per CTA, 160 registers each; needs ``serial_pv`` at tile 128 to fit),
+  ``serial_pv`` (PV_{j-1} finished before QK_j is issued), ``exp_turns`` (the consumer warpgroups take turns
+  for their exps on named barriers 3..5, pinned in SASS by a shared store before each arrive and a shared load
+  after each sync): measured, kept as options, none is the default.
 * ``poly_every=k``: every k-th 8-column group of S uses ``exp2_poly`` (FMA pipe) instead of MUFU.EX2 (FA4's
   trick). Correct, but measured slower here: the kernel is latency-bound, not MUFU-bound (benchmarks/NOTES.md).
 
@@ -43,13 +52,13 @@ every 16-key group, storage position p of V holds key
     sm90_key_order_for_positions(p) = g + 8*(e//2) + 2*quad + e%2,   g = p//16*16, quad = (p%16)//4, e = p%4
 
 (identical to ``key_order.key_order_for_positions``; it only permutes inside 16-key groups, so any key tile
-that is a multiple of 16 — ours is 192 by default — works). With it, A value (a, b, r, h) of k-block kb (slot 4q+a+2b+16h)
+that is a multiple of 16 — ours is 128 by default — works). With it, A value (a, b, r, h) of k-block kb (slot 4q+a+2b+16h)
 is accumulator value a + 2r + 4b + 8h + 16kb: a register-only re-indexing (bits b and r swap), no shuffles.
 
 Numerics (ARCHITECTURE.md, "FP8 numerics") with the tiling's differences
 ----------------------------------------------------------------------------
 * qk_scale = descale_q * descale_k * softmax_scale * log2(e) (exp2 domain); descales read in-kernel.
-* The running max is per ``tile_n``-key tile (192 by default), not per 32-key strip: keys in natural order, tiles
+* The running max is per ``tile_n``-key tile (128 by default), not per 32-key strip: keys in natural order, tiles
   processed in increasing key order, keys >= Sk masked to -inf (only the last tile is masked).
   m is kept in the raw (unscaled) accumulator domain: max commutes with the positive qk_scale.
 * P*256 is produced directly: p256 = exp2(S*qk_scale - (m*qk_scale - 8)) (one FFMA + ex2.approx per score),
@@ -630,13 +639,6 @@ class Sm90Fp8Attention:
                 else:
                     part[i] = part[i] + p
         row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
-
-    @cute.jit
-    def softmax(self, acc_S, row_max, row_sum, acc_O, qk_scale: Float32, first: cutlass.Constexpr, wg: Int32,
-                last_tile, sPin: cute.Tensor, warp_idx: Int32):
-        alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, last_tile, sPin, warp_idx)
-        if const_expr(not first):
-            self.rescale_o(acc_O, alpha)
 
     @cute.jit
     def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor):
