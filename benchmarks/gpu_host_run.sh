@@ -69,6 +69,13 @@ final2)
   step compare-h3 200 python -m ditprof compare --out "$out/compare-h3"
   step kernels-accuracy 90 python -m ditprof kernels accuracy --device cuda --json
   ;;
+final3)
+  step sweep 200 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6
+  best=$(cat "$out/best_options.txt" 2>/dev/null)
+  step attention-bench 150 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,cudnn-fp8,prep-triton,fp8 \
+    ${best:+--sm90-options $best} --json "$out/attention.json"
+  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
   step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"

@@ -162,6 +162,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     serial_pv=False,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
     pv_promote=True,  # P V of each tile into a fresh accumulator, added to O in FP32 on the CUDA cores
+    pv_split=1,  # 2: the promoted P V in two head_dim halves (32-register accumulator); needs serial_pv
 )
 
 
@@ -190,6 +191,8 @@ class Sm90Fp8Attention:
             raise ValueError("poly_every must be in [0, tile_n / 8]")
         if opts["consumer_wgs"] not in REGS_CONSUMER:
             raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
+        if opts["pv_split"] not in (1, 2) or (opts["pv_split"] == 2 and not (opts["pv_promote"] and opts["serial_pv"])):
+            raise ValueError("pv_split must be 1, or 2 with pv_promote and serial_pv")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
             raise ValueError("pingpong needs exactly 2 consumer warpgroups")
         self.head_dim = head_dim
@@ -205,6 +208,7 @@ class Sm90Fp8Attention:
         self.serial_pv = opts["serial_pv"]
         self.exp_turns = opts["exp_turns"]
         self.pv_promote = opts["pv_promote"]
+        self.pv_split = opts["pv_split"]
         self.num_wg = opts["consumer_wgs"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
@@ -256,6 +260,11 @@ class Sm90Fp8Attention:
             f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
         pv_mma_zero = sm90_utils.make_trivial_tiled_mma(
             f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
+        # pv_split: P V in head_dim slices of D / pv_split columns (a smaller fresh accumulator to promote)
+        pv_mma_h = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D // self.pv_split), warpgroup.OperandSource.RMEM)
+        pv_mma_h_zero = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D // self.pv_split), warpgroup.OperandSource.RMEM)
 
         qk_tiler = (TILE_M_WG, self.tile_n, D)
         pv_tiler = (TILE_M_WG, D, self.tile_n)
@@ -288,7 +297,7 @@ class Sm90Fp8Attention:
 
         grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
         self.kernel(
-            qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
+            qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
             mScales, mO, mLSE, sq, sk, softmax_scale * LOG2E,
             sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -301,6 +310,8 @@ class Sm90Fp8Attention:
         qk_mma_zero: cute.TiledMma,
         pv_mma: cute.TiledMma,
         pv_mma_zero: cute.TiledMma,
+        pv_mma_h: cute.TiledMma,
+        pv_mma_h_zero: cute.TiledMma,
         tma_q: cute.CopyAtom,
         mQ: cute.Tensor,
         tma_k: cute.CopyAtom,
@@ -392,6 +403,8 @@ class Sm90Fp8Attention:
             qk_mma.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+            pv_mma_h.set(warpgroup.Field.ACCUMULATE, True)
+            pv_mma_h_zero.set(warpgroup.Field.ACCUMULATE, False)
             wg = wg_idx - 1
             wg_tidx = tidx % 128
             qk_thr = qk_mma.get_slice(wg_tidx)
@@ -408,7 +421,13 @@ class Sm90Fp8Attention:
             # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
             # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
             # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
-            acc_Ot = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
+            pvh_thr = pv_mma_h.get_slice(wg_tidx)
+            if const_expr(self.pv_split > 1):
+                # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
+                acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
+                tOrV_h = pvh_thr.make_fragment_B(pvh_thr.partition_B(sV))
+            else:
+                acc_Ot = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
             alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
 
             # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
@@ -458,14 +477,17 @@ class Sm90Fp8Attention:
                     # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
                     # 3 consumer warpgroups fit 160 registers at tile 128; the overlap comes from the other warpgroups
                     v_pipe.consumer_wait(v_state)
-                    if const_expr(self.pv_promote):
+                    if const_expr(self.pv_split > 1):
+                        self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV_h,
+                                       v_state.index)
+                    elif const_expr(self.pv_promote):
                         self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
+                        warpgroup.wait_group(0)
+                        self.merge_o(acc_O, acc_Ot, alpha_keep)
                     else:
                         self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
-                    warpgroup.wait_group(0)
+                        warpgroup.wait_group(0)
                     v_pipe.consumer_release(v_state)
-                    if const_expr(self.pv_promote):
-                        self.merge_o(acc_O, acc_Ot, alpha_keep)
                     k_pipe.consumer_wait(kv_state)
                     self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
                     warpgroup.wait_group(0)
@@ -523,14 +545,17 @@ class Sm90Fp8Attention:
                     kv_state.advance()
             # epilogue PV
             v_pipe.consumer_wait(v_state)
-            if const_expr(self.pv_promote):
-                self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
+            if const_expr(self.pv_split > 1):
+                self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV_h, v_state.index)
             else:
-                self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
-            warpgroup.wait_group(0)
+                if const_expr(self.pv_promote):
+                    self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
+                else:
+                    self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
+                warpgroup.wait_group(0)
+                if const_expr(self.pv_promote):
+                    self.merge_o(acc_O, acc_Ot, alpha_keep)
             v_pipe.consumer_release(v_state)
-            if const_expr(self.pv_promote):
-                self.merge_o(acc_O, acc_Ot, alpha_keep)
 
             self.epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq,
                           m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx)
@@ -639,6 +664,26 @@ class Sm90Fp8Attention:
                 else:
                     part[i] = part[i] + p
         row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+
+    @cute.jit
+    def pv_sliced(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc_O: cute.Tensor,
+                  acc_Ot: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32):
+        """P V one slice of D / pv_split columns at a time, each into the fresh acc_Ot and merged in FP32."""
+        jw = self.head_dim // 8 // self.pv_split  # accumulator column groups per slice
+        for h in cutlass.range_constexpr(self.pv_split):
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                b = tOrV_h[None, h, kb, stage]  # rank 1 after fixing the slice: give it back its N mode
+                b = cute.make_tensor(b.iterator, cute.append_ones(b.layout, up_to_rank=2))
+                cute.gemm(pv_mma_h_zero if kb == 0 else pv_mma_h, acc_Ot, tOrP[None, None, kb], b, acc_Ot)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            for j in cutlass.range_constexpr(jw):
+                for r in cutlass.range_constexpr(2):
+                    for c in cutlass.range_constexpr(2):
+                        v = c + 2 * r + 4 * j
+                        o = v + 4 * jw * h
+                        acc_O[o] = acc_O[o] * alpha[r] + acc_Ot[v]
 
     @cute.jit
     def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor):
