@@ -76,6 +76,10 @@ final3)
     ${best:+--sm90-options $best} --json "$out/attention.json"
   step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
   ;;
+final4)
+  step sweep 200 python benchmarks/sm90_sweep.py --out "$out" --rounds 3 --iters 6
+  step sm90-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "split4 or biased"
+  ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
   step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"

@@ -41,6 +41,8 @@ VARIANTS = {
     "wg3-n128-split": dict(consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=2),
     "wg3-n160-split": dict(consumer_wgs=3, tile_n=160, serial_pv=True, pv_split=2),
     "n192-split": dict(tile_n=192, serial_pv=True, pv_split=2),
+    "wg3-n128-split4": dict(consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=4),
+    "wg3-n160-split4": dict(consumer_wgs=3, tile_n=160, serial_pv=True, pv_split=4),
     "n192-serial-promote": dict(tile_n=192, serial_pv=True),
     "n128-s4": dict(kv_stages=4),
     # without pv_promote: NOT accurate when V has a large mean (see NOTES.md); kept to measure what it cost
@@ -54,7 +56,7 @@ VARIANTS = {
     "v1": dict(tile_n=128, kv_stages=2, pin_wait="none", skip_rescale=False, pv_promote=False),
     "n192-pp": dict(tile_n=192, pingpong=True, pv_promote=False),
 }
-DEFAULT_SWEEP = ["default", "wg3-n96-split", "wg3-n128-split", "wg3-n160-split", "n192-split", "wg3-n128-serial"]
+DEFAULT_SWEEP = ["default", "wg3-n160-split", "wg3-n128-split4", "wg3-n160-split4", "wg3-n128-serial"]
 BASE = "default"
 SMALL = [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128), (1, 2, 1000, 33, 128)]
 H3 = (1, 56, 30272, 30272, 128)

@@ -157,8 +157,10 @@ def test_sm90_deterministic_and_fp16_out():
                                  {"poly_every": 4}, {"poly_every": 2, "pingpong": True},
                                  {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "serial_pv": True, "pv_split": 2},
                                  {"tile_n": 192, "serial_pv": True, "pv_split": 2},
-                                 {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2}],
-                         ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "wg3n96split", "n192split", "wg3n160split"])
+                                 {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2},
+                                 {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4}],
+                         ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "wg3n96split", "n192split", "wg3n160split",
+                              "wg3n128split4"])
 @pytest.mark.parametrize("shape", [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)],
                          ids=["b2h3s77", "cross4096x512", "s3000"])
 def test_sm90_variants_vs_emulation(cfg, shape):
@@ -246,8 +248,9 @@ def test_sm90_head_dim_64_vs_float64(shape):
 @pytest.mark.parametrize("cfg", [{}, {"tile_n": 192, "serial_pv": True},
                                  {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2},
-                                 {"tile_n": 192, "serial_pv": True, "pv_split": 2}],
-                         ids=["default", "n192-serial", "wg3n96split", "wg3n160split", "n192split"])
+                                 {"tile_n": 192, "serial_pv": True, "pv_split": 2},
+                                 {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4}],
+                         ids=["default", "n192-serial", "wg3n96split", "wg3n160split", "n192split", "wg3n128split4"])
 def test_sm90_long_keys_biased_v(cfg):
     """V with a large mean over 32768 keys: |O| grows far above each tile's P V term. The FP8 wgmma adds into its
     accumulator with a short alignment, so accumulating O across tiles inside the wgmma lost the small terms

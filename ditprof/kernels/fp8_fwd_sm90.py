@@ -191,8 +191,8 @@ class Sm90Fp8Attention:
             raise ValueError("poly_every must be in [0, tile_n / 8]")
         if opts["consumer_wgs"] not in REGS_CONSUMER:
             raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
-        if opts["pv_split"] not in (1, 2) or (opts["pv_split"] == 2 and not (opts["pv_promote"] and opts["serial_pv"])):
-            raise ValueError("pv_split must be 1, or 2 with pv_promote and serial_pv")
+        if opts["pv_split"] not in (1, 2, 4) or (opts["pv_split"] > 1 and not (opts["pv_promote"] and opts["serial_pv"])):
+            raise ValueError("pv_split must be 1, or 2 or 4 with pv_promote and serial_pv")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
             raise ValueError("pingpong needs exactly 2 consumer warpgroups")
         self.head_dim = head_dim
