@@ -78,7 +78,7 @@ final3)
   ;;
 final4)
   step sweep 200 python benchmarks/sm90_sweep.py --out "$out" --rounds 3 --iters 6
-  step sm90-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "split4 or biased"
+  step sm90-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "split or serial or biased or three"
   ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"

@@ -56,7 +56,7 @@ VARIANTS = {
     "v1": dict(tile_n=128, kv_stages=2, pin_wait="none", skip_rescale=False, pv_promote=False),
     "n192-pp": dict(tile_n=192, pingpong=True, pv_promote=False),
 }
-DEFAULT_SWEEP = ["default", "wg3-n160-split", "wg3-n128-split4", "wg3-n160-split4", "wg3-n128-serial"]
+DEFAULT_SWEEP = ["default", "wg3-n128-split4", "wg3-n160-split", "wg3-n160-split4"]
 BASE = "default"
 SMALL = [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128), (1, 2, 1000, 33, 128)]
 H3 = (1, 56, 30272, 30272, 128)

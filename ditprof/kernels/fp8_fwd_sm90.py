@@ -438,7 +438,6 @@ class Sm90Fp8Attention:
 
             # per-(b, h) descales folded into two scalars
             qk_scale = mScales[0, head, bat] * mScales[1, head, bat] * scale_log2
-            o_scale = mScales[2, head, bat]
 
             row_max = cute.make_rmem_tensor((2,), Float32)
             row_sum = cute.make_rmem_tensor((2,), Float32)
@@ -488,12 +487,14 @@ class Sm90Fp8Attention:
                         self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
                         warpgroup.wait_group(0)
                     v_pipe.consumer_release(v_state)
-                    k_pipe.consumer_wait(kv_state)
-                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+                    # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
+                    v_state.advance()
+                    k_pipe.consumer_wait(v_state)
+                    self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, v_state.index)
                     warpgroup.wait_group(0)
-                    k_pipe.consumer_release(kv_state)
+                    k_pipe.consumer_release(v_state)
                     if j == n_tiles - 1:
-                        self.mask_tile(acc_S, j, sk, quad)
+                        self.mask_tile(acc_S, j, sk, cute.arch.lane_idx() % 4)
                     alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
                     if const_expr(self.pv_promote):
                         alpha_keep[0] = alpha[0]
@@ -504,8 +505,6 @@ class Sm90Fp8Attention:
                     else:
                         self.rescale_o(acc_O, alpha)
                     P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
-                    v_state.advance()
-                    kv_state.advance()
                 else:
                     # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
                     k_pipe.consumer_wait(kv_state)
@@ -523,7 +522,7 @@ class Sm90Fp8Attention:
                     warpgroup.wait_group(1 if self.overlap else 0)
                     k_pipe.consumer_release(kv_state)
                     if j == n_tiles - 1:
-                        self.mask_tile(acc_S, j, sk, quad)
+                        self.mask_tile(acc_S, j, sk, cute.arch.lane_idx() % 4)
                     alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
                     if const_expr(self.pin_wait == "sts"):
                         # a shared store of a value that needs every exp of this tile: ptxas keeps the PV wait after it
@@ -557,7 +556,8 @@ class Sm90Fp8Attention:
                     self.merge_o(acc_O, acc_Ot, alpha_keep)
             v_pipe.consumer_release(v_state)
 
-            self.epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq,
+            # read only now: one register less across the main loop
+            self.epilogue(acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
                           m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx)
 
     # ------------------------------------------------------------------ consumer helpers
