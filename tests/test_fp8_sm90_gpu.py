@@ -13,13 +13,16 @@ import torch
 from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES
 from fp8_gpu_cases import gaussian_inputs as _inputs
 from fp8_gpu_cases import rel_rms as _rel_rms
-TILE_N = 128  # == fp8_fwd_sm90.DEFAULT_OPTIONS['tile_n'] (checked in test_tile_n_matches_default)
+# v4 (the session-2 default before v5): 2 consumer warpgroups, 128-key tiles, intra-warpgroup overlap, pv_promote.
+# The reference for the bitwise schedule checks (every 128-key-tile variant must reproduce it exactly).
+V4 = dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1, pv_promote=True)
+TILE_N = 160  # == fp8_fwd_sm90.DEFAULT_OPTIONS['tile_n'] (checked in test_tile_n_matches_default)
 # Kernel vs its exact torch model: the model computes S = Q8 K8^T in fp32, but Hopper's FP8 wgmma adds the
 # 32-term partial products with ~14-bit alignment (the precision DeepSeek-V3 reports for H800 FP8 GEMMs), so
 # S*qk_scale differs by ~2^-14 relative; that flips the e4m3 rounding of ~0.3% of the P values (a flip moves
 # that P by 1/16..1/8). Measured on the H200 (default config, seed 4): 0.51% (b2h3s77), 0.49% (cross4096x512),
 # 0.57% (s3000); b2h3s77 over seeds 0..7: 0.34..0.51%. Options that only change scheduling are checked bit for
-# bit against the default instead (test_sm90_schedule_options_bitwise), which catches races at any size.
+# bit against V4 instead (test_sm90_schedule_options_bitwise), which catches races at any size.
 MODEL_REL_RMS = 1e-2
 
 
@@ -153,14 +156,15 @@ def test_sm90_deterministic_and_fp16_out():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{"tile_n": 128, "kv_stages": 2}, {"tile_n": 224}, {"tile_n": 128, "pingpong": True},
-                                 {"poly_every": 4}, {"poly_every": 2, "pingpong": True},
+@pytest.mark.parametrize("cfg", [{**V4, "kv_stages": 2}, {**V4, "tile_n": 224}, {**V4, "pingpong": True},
+                                 {**V4, "poly_every": 4}, {**V4, "poly_every": 2, "pingpong": True},
+                                 {"poly_every": 4},
                                  {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "serial_pv": True, "pv_split": 2},
-                                 {"tile_n": 192, "serial_pv": True, "pv_split": 2},
+                                 {"consumer_wgs": 2, "tile_n": 192, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4}],
-                         ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "wg3n96split", "n192split", "wg3n160split",
-                              "wg3n128split4"])
+                         ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "default-poly4", "wg3n96split", "n192split",
+                              "wg3n160split", "wg3n128split4"])
 @pytest.mark.parametrize("shape", [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)],
                          ids=["b2h3s77", "cross4096x512", "s3000"])
 def test_sm90_variants_vs_emulation(cfg, shape):
@@ -178,15 +182,16 @@ def test_sm90_variants_vs_emulation(cfg, shape):
     assert (lse - el).abs().max().item() < 1e-3
 
 
-# Options that only change scheduling (barriers, wait placement, pipeline depth, skipping O *= 1.0): each must
-# reproduce the default configuration's output bit for bit. A race (a buffer reused too early, a barrier in
+# Options that only change scheduling (barriers, wait placement, pipeline depth, skipping O *= 1.0, warpgroup
+# count, head_dim slicing of the promoted P V): each must reproduce V4's output (same 128-key tiling) bit for bit. A race (a buffer reused too early, a barrier in
 # the wrong place) or a wrong row max shows up here as a difference, at any size of the error.
 SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin_wait": "none"},
                  {"skip_rescale": False}, {"pingpong": True, "kv_stages": 2},
                  {"pin_wait": "none", "skip_rescale": False, "kv_stages": 2}, {"serial_pv": True},
                  {"consumer_wgs": 3, "kv_stages": 2}, {"consumer_wgs": 3, "serial_pv": True, "kv_stages": 2},
                  {"exp_turns": True}, {"exp_turns": True, "pingpong": True}, {"exp_turns": True, "serial_pv": True},
-                 {"exp_turns": True, "consumer_wgs": 3, "serial_pv": True}]
+                 {"exp_turns": True, "consumer_wgs": 3, "serial_pv": True},
+                 {"consumer_wgs": 3, "serial_pv": True, "pv_split": 2}, {"consumer_wgs": 3, "serial_pv": True, "pv_split": 4}]
 
 
 @pytest.mark.gpu
@@ -201,8 +206,8 @@ def test_sm90_schedule_options_bitwise(cfg, shape):
     q, k, v = _inputs(B, H, Sq, Sk, D, seed=4)
     scale = 1.0 / math.sqrt(D)
     prep = fp8_prepare(q, k, v, smooth_k=True)
-    o0, l0 = _run(prep, scale)
-    o, lse = _run(prep, scale, **cfg)
+    o0, l0 = _run(prep, scale, **V4)
+    o, lse = _run(prep, scale, **{**V4, **cfg})
     assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
 
 
@@ -218,10 +223,10 @@ def test_sm90_three_consumers_odd_lengths(sq, sk):
     q, k, v = _inputs(1, 3, sq, sk, 128, seed=5)
     scale = 1.0 / math.sqrt(128)
     prep = fp8_prepare(q, k, v, smooth_k=True)
-    o, lse = _run(prep, scale, consumer_wgs=3, tile_n=128, serial_pv=True)
+    o, lse = _run(prep, scale, consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=4)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     assert _rel_rms(o, attention_reference(q, k, v, scale)) <= GAUSSIAN_REL_RMS
-    o2, l2 = _run(prep, scale, tile_n=128)  # same key tiling, 2 consumer warpgroups: identical arithmetic
+    o2, l2 = _run(prep, scale, **V4)  # same key tiling, 2 consumer warpgroups: identical arithmetic
     assert torch.equal(o, o2) and torch.equal(lse, l2)
 
 
@@ -245,12 +250,11 @@ def test_sm90_head_dim_64_vs_float64(shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [{}, {"tile_n": 192, "serial_pv": True},
+@pytest.mark.parametrize("cfg", [{}, V4, {**V4, "tile_n": 192, "serial_pv": True},
                                  {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "serial_pv": True, "pv_split": 2},
-                                 {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2},
-                                 {"tile_n": 192, "serial_pv": True, "pv_split": 2},
+                                 {**V4, "tile_n": 192, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4}],
-                         ids=["default", "n192-serial", "wg3n96split", "wg3n160split", "n192split", "wg3n128split4"])
+                         ids=["default", "v4", "n192-serial", "wg3n96split", "n192split", "wg3n128split4"])
 def test_sm90_long_keys_biased_v(cfg):
     """V with a large mean over 32768 keys: |O| grows far above each tile's P V term. The FP8 wgmma adds into its
     accumulator with a short alignment, so accumulating O across tiles inside the wgmma lost the small terms

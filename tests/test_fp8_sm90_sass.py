@@ -33,22 +33,35 @@ def _compile(tmp_path_factory, head_dim=128, **cfg):
     return _CACHE[key]
 
 
+# v4: 2 consumer warpgroups, 128-key tiles, intra-warpgroup overlap, pv_promote (the default before v5)
+V4 = dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1, pv_promote=True)
 CONFIGS = [
-    {},  # the default (DEFAULT_OPTIONS: tile 128, pv_promote)
-    {"tile_n": 128, "kv_stages": 2},
-    {"overlap": False},
-    {"pingpong": True},
-    {"exp_turns": True},
-    {"tile_n": 192, "serial_pv": True},  # promote at tile 192 fits only without the intra-warpgroup overlap
+    {},  # the default (DEFAULT_OPTIONS, v5: 3 consumer warpgroups, tile 160, serial, pv_split=2)
+    V4,
+    {**V4, "kv_stages": 2},
+    {**V4, "overlap": False},
+    {**V4, "pingpong": True},
+    {**V4, "exp_turns": True},
+    {**V4, "tile_n": 192, "serial_pv": True},  # promote at tile 192 fits only without the intra-warpgroup overlap
+    {"tile_n": 128, "pv_split": 4},  # 3 warpgroups, tile 128: the fastest spill-free configuration
     # the configurations without pv_promote measured in benchmarks/NOTES.md (v3 = tile 192, 3 stages)
-    {"tile_n": 192, "pv_promote": False},
-    {"tile_n": 192, "pingpong": True, "kv_stages": 3, "pv_promote": False},
-    {"pin_wait": "none", "skip_rescale": False, "poly_every": 0, "pv_promote": False},  # v1
-    {"pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pv_promote": False},
-    {"tile_n": 192, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pingpong": True, "pv_promote": False},
-    {"consumer_wgs": 3, "serial_pv": True, "pv_promote": False},
-    {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "pv_promote": False, "exp_turns": True},
+    {**V4, "tile_n": 192, "pv_promote": False},
+    {**V4, "tile_n": 192, "pingpong": True, "kv_stages": 3, "pv_promote": False},
+    {**V4, "pin_wait": "none", "skip_rescale": False, "poly_every": 0, "pv_promote": False},  # v1
+    {**V4, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pv_promote": False},
+    {**V4, "tile_n": 192, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pingpong": True,
+     "pv_promote": False},
+    {"consumer_wgs": 3, "serial_pv": True, "pv_promote": False, "pv_split": 1, "tile_n": 128},
+    {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "pv_promote": False, "pv_split": 1, "serial_pv": False,
+     "exp_turns": True},
 ]
+# local-memory bytes ptxas may use per configuration; everything else must not spill. The default keeps 3 values
+# in local memory (measured faster than the spill-free {"tile_n": 128, "pv_split": 4}: benchmarks/NOTES.md, v5).
+ALLOWED_SPILL_BYTES = {(): 12}
+
+
+def _key(cfg):
+    return tuple(sorted(cfg.items()))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
@@ -56,14 +69,17 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     r = _compile(tmp_path_factory, **cfg)
     base, full, res = r["base"], r["full"], r["res"]
     tile_n = K.options(**cfg)["tile_n"]
-    # QK: D/32 k-blocks, PV: tile_n/32 k-blocks; prologue QK + loop QK + loop PV + epilogue PV
+    split = K.options(**cfg)["pv_split"]
+    # QK: D/32 k-blocks, PV: tile_n/32 k-blocks per head_dim slice; prologue QK + loop QK + loop PV + epilogue PV
     # (overlap=False only changes a wait depth).
-    assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32), base
+    assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32) * split, base
     assert f"QGMMA.64x{tile_n}x32.F32.E4M3.E4M3" in r["sass"]  # S = Q K^T: m64 n(tile_n) k32, e4m3 -> fp32
-    assert "QGMMA.64x128x32.F32.E4M3.E4M3 R" in r["sass"]  # O += P V with P (A) from registers
+    assert f"QGMMA.64x{128 // split}x32.F32.E4M3.E4M3 R" in r["sass"]  # P V with P (A) from registers
     assert base.get("HMMA", 0) == 0 and base.get("QMMA", 0) == 0  # no emulation, no mma.sync
-    assert base.get("STL", 0) == 0 and base.get("LDL", 0) == 0
-    assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0
+    allowed = ALLOWED_SPILL_BYTES.get(_key(cfg), 0)
+    assert res["stack_frame_bytes"] <= allowed and res["stack_bytes"] <= allowed, (res, allowed)
+    if not allowed:
+        assert base.get("STL", 0) == 0 and base.get("LDL", 0) == 0
     threads = 128 * (1 + K.options(**cfg)["consumer_wgs"])
     assert res["registers"] is not None and 0 < res["registers"] <= 65536 // threads  # launch budget (setmaxnreg)
     assert base.get("UTMALDG", 0) >= 3  # Q, K, V TMA loads
@@ -96,9 +112,10 @@ def test_head_dim_64_compiles(tmp_path_factory):
 
 
 def test_smem_formula():
-    assert K.smem_bytes(128, 128, 2) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
+    assert K.smem_bytes(128, 128, 2, 2) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
     o = K.DEFAULT_OPTIONS
-    assert K.smem_bytes(128) == 1024 + 128 * 128 + 2 * o["kv_stages"] * o["tile_n"] * 128
+    q_rows = 64 * o["consumer_wgs"]
+    assert K.smem_bytes(128) == 1024 + q_rows * 128 + 2 * o["kv_stages"] * o["tile_n"] * 128
     assert K.smem_bytes(128, 224, 3) <= 227 * 1024
 
 

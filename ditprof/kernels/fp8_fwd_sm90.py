@@ -2,27 +2,30 @@
 
 Design (issue 5, part 1)
 ------------------------
-CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
+CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by default), one CTA per
+(64 * consumer_wgs query rows, head, batch):
 
 * warpgroup 0 — producer. ``setmaxnreg`` down to ``REGS_PRODUCER``; its first warp issues every TMA load:
   Q once (one 64-row box per consumer warpgroup, on one mbarrier), then K and V tiles of ``tile_n``
-  (128 by default) keys into ``kv_stages``-deep smem rings (separate K and V ``PipelineTmaAsync`` pipelines so the
+  (160 by default) keys into ``kv_stages``-deep smem rings (separate K and V ``PipelineTmaAsync`` pipelines so the
   consumers can ask for K[j+1] before V[j]).
-* warpgroups 1 and 2 (and 3 with ``consumer_wgs=3``) — consumers, ``setmaxnreg`` up to ``REGS_CONSUMER``. Each owns 64 query rows and runs
+* warpgroups 1 .. consumer_wgs — consumers, ``setmaxnreg`` up to ``REGS_CONSUMER``. Each owns 64 query rows and runs
   the whole online-softmax loop for them with ``warpgroup.MmaF8Op`` (e4m3 x e4m3 -> fp32, m64nNk32):
   S = Q K^T with both operands read from swizzled smem (K-major: Q and K rows are D-contiguous), then
   O += P V with P from registers (A operand, K-major by construction) and V^T from smem (the prep stores V
   feature-major, so the key axis — the K axis of this GEMM — is contiguous: K-major as FP8 wgmma requires).
-* Options (compile-cache key, ``DEFAULT_OPTIONS``): ``tile_n`` (keys per tile, 128), ``kv_stages`` (3),
-  ``overlap`` (True), ``pingpong`` (False; FA3's warp-scheduler barriers: named barriers 1 and 2 make the two
-  consumer warpgroups take turns issuing their GEMMs), ``pin_wait`` ("sts"), ``skip_rescale`` (True),
-  ``poly_every`` (0), ``consumer_wgs`` (2), ``serial_pv`` (False), ``exp_turns`` (False), ``pv_promote`` (True).
+* Options (compile-cache key, ``DEFAULT_OPTIONS``): ``tile_n`` (keys per tile, 160), ``kv_stages`` (3),
+  ``overlap`` (True; used when serial_pv is off), ``pingpong`` (False; FA3's warp-scheduler barriers: named
+  barriers 1 and 2 make two consumer warpgroups take turns issuing their GEMMs), ``pin_wait`` ("sts"),
+  ``skip_rescale`` (True), ``poly_every`` (0), ``consumer_wgs`` (3), ``serial_pv`` (True), ``exp_turns`` (False),
+  ``pv_promote`` (True), ``pv_split`` (2).
   Options other than tile_n and poly_every only schedule the same arithmetic and give bit-identical results
   (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
 * ``pv_promote`` (default): each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
   O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
   term once |O| is large (short accumulator alignment): 53 % error on a long key range with a biased V. Costs 64
-  registers: tile 192 with overlap and 3 consumer warpgroups spill with it.
+  registers: tile 192 with overlap spills with it; ``pv_split`` (with ``serial_pv``) computes P V in head_dim slices
+  into a smaller fresh accumulator, which is what lets 3 consumer warpgroups (160 registers) promote.
 * Intra-warpgroup overlap (FA3 style, ``overlap=True``): iteration j issues S_j = Q K_j^T and
   O += P_{j-1} V_{j-1} back to back, waits only for S_j, does the softmax of S_j while the PV wgmma runs,
   then waits for it and rescales O. ``overlap=False`` keeps the same code but waits for both wgmma groups
@@ -34,10 +37,10 @@ CTA = 3 warpgroups (384 threads), one CTA per (128-query block, head, batch):
   cloned/sank them past the wait into the rescale branch.
 * ``skip_rescale`` (without pv_promote): a warp vote skips O *= alpha when alpha == 1 for all of the warp's rows
   (max unchanged); multiplying by 1.0 is the identity, so this is exact.
-* ``consumer_wgs=3`` (192 query rows per CTA, 160 registers each; needs ``serial_pv`` at tile 128 to fit),
-  ``serial_pv`` (PV_{j-1} finished before QK_j is issued), ``exp_turns`` (the consumer warpgroups take turns
-  for their exps on named barriers 3..5, pinned in SASS by a shared store before each arrive and a shared load
-  after each sync): measured, kept as options, none is the default.
+* ``consumer_wgs=3`` (default; 192 query rows per CTA, 160 registers each) with ``serial_pv`` (PV_{j-1} finished
+  before QK_j is issued, so S and P are never live together; the other warpgroups supply the overlap).
+  ``exp_turns`` (the consumer warpgroups take turns for their exps on named barriers 3..5, pinned in SASS by a
+  shared store before each arrive and a shared load after each sync): measured slower, kept as an option.
 * ``poly_every=k``: every k-th 8-column group of S uses ``exp2_poly`` (FMA pipe) instead of MUFU.EX2 (FA4's
   trick). Correct, but measured slower here: the kernel is latency-bound, not MUFU-bound (benchmarks/NOTES.md).
 
@@ -52,13 +55,13 @@ every 16-key group, storage position p of V holds key
     sm90_key_order_for_positions(p) = g + 8*(e//2) + 2*quad + e%2,   g = p//16*16, quad = (p%16)//4, e = p%4
 
 (identical to ``key_order.key_order_for_positions``; it only permutes inside 16-key groups, so any key tile
-that is a multiple of 16 — ours is 128 by default — works). With it, A value (a, b, r, h) of k-block kb (slot 4q+a+2b+16h)
+that is a multiple of 16 — ours is 160 by default — works). With it, A value (a, b, r, h) of k-block kb (slot 4q+a+2b+16h)
 is accumulator value a + 2r + 4b + 8h + 16kb: a register-only re-indexing (bits b and r swap), no shuffles.
 
 Numerics (ARCHITECTURE.md, "FP8 numerics") with the tiling's differences
 ----------------------------------------------------------------------------
 * qk_scale = descale_q * descale_k * softmax_scale * log2(e) (exp2 domain); descales read in-kernel.
-* The running max is per ``tile_n``-key tile (128 by default), not per 32-key strip: keys in natural order, tiles
+* The running max is per ``tile_n``-key tile (160 by default), not per 32-key strip: keys in natural order, tiles
   processed in increasing key order, keys >= Sk masked to -inf (only the last tile is masked).
   m is kept in the raw (unscaled) accumulator domain: max commutes with the positive qk_scale.
 * P*256 is produced directly: p256 = exp2(S*qk_scale - (m*qk_scale - 8)) (one FFMA + ex2.approx per score),
@@ -148,21 +151,24 @@ def sm90_key_order_for_positions(positions):
 
 
 # Compile-time options (the compile-cache key); the defaults are the fastest configuration measured that is also
-# accurate on inputs whose V has a large mean (benchmarks/NOTES.md, v4): 2 consumer warpgroups, 128-key tiles,
-# intra-warpgroup overlap, per-tile P V promoted to FP32. H3 shape on the H200: 30.3 ms (kernel).
+# accurate on inputs whose V has a large mean (benchmarks/NOTES.md, v5): 3 consumer warpgroups, 160-key tiles,
+# PV_{j-1} finished before QK_j, each tile's P V promoted to FP32 in two head_dim halves. H3 shape on the H200:
+# 28.1-28.7 ms (kernel), against 30.7-31.4 ms for v4 (2 warpgroups, tile 128, overlap) in the same runs.
+# ptxas keeps 3 values in local memory (12 bytes; 2 STL + 2 LDL per key tile, L1-resident): measured faster
+# than every spill-free configuration (3 warpgroups, tile 128, pv_split=4: 29.6-29.8 ms).
 DEFAULT_OPTIONS: Dict[str, Any] = dict(
-    tile_n=128,  # keys per K/V tile (multiple of 32); with pv_promote 128 is the largest without spills
+    tile_n=160,  # keys per K/V tile (multiple of 32)
     kv_stages=3,  # depth of the K and V smem rings
     overlap=True,  # intra-warpgroup overlap: the softmax of S_j runs under the PV wgmma of tile j-1
     pingpong=False,  # FA3 warp-scheduler barriers between the two consumer warpgroups
     pin_wait="sts",  # "sts": keep the PV wait after the softmax in SASS (see kernel); "none": ptxas hoists it
     skip_rescale=True,  # skip O *= alpha when no row of the warp changed its max (warp vote; exact)
     poly_every=0,  # k > 0: every k-th 8-column group of S uses exp2_poly (FMA pipe) instead of MUFU.EX2
-    consumer_wgs=2,  # consumer warpgroups per CTA (64 query rows each); 3 = more warps per scheduler, 160 regs
-    serial_pv=False,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
+    consumer_wgs=3,  # consumer warpgroups per CTA (64 query rows each); 3: more warps per scheduler, 160 regs
+    serial_pv=True,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
     pv_promote=True,  # P V of each tile into a fresh accumulator, added to O in FP32 on the CUDA cores
-    pv_split=1,  # 2: the promoted P V in two head_dim halves (32-register accumulator); needs serial_pv
+    pv_split=2,  # promoted P V in 2 (or 4) head_dim slices: a 32- (16-) register fresh accumulator; needs serial_pv
 )
 
 

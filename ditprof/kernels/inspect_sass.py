@@ -29,7 +29,8 @@ KNOWN_KERNELS = {
     },
     "fp8-sm90": {
         "description": "FP8 e4m3 FlashAttention forward for Hopper: TMA + mbarrier pipeline, producer warpgroup "
-                       "+ 2 consumer warpgroups, warpgroup MMA (QGMMA) (CuTe DSL); sm_90a only",
+                       "+ 3 consumer warpgroups, warpgroup MMA (QGMMA), P V promoted to FP32 per key tile "
+                       "(CuTe DSL); sm_90a only",
         "archs": ("sm_90a",),
         "default_arch": "sm_90a",
     },
