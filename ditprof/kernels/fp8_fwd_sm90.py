@@ -502,14 +502,7 @@ class Sm90Fp8Attention:
                     if j == n_tiles - 1:
                         self.mask_tile(acc_S, j, sk, cute.arch.lane_idx() % 4)
                     alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
-                    if const_expr(self.pv_promote):
-                        alpha_keep[0] = alpha[0]
-                        alpha_keep[1] = alpha[1]
-                    elif const_expr(self.skip_rescale):
-                        if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
-                            self.rescale_o(acc_O, alpha)
-                    else:
-                        self.rescale_o(acc_O, alpha)
+                    self.apply_alpha(acc_O, alpha, alpha_keep)
                     P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
                 else:
                     # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
@@ -538,14 +531,7 @@ class Sm90Fp8Attention:
                     P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
                     if const_expr(self.pv_promote):
                         self.merge_o(acc_O, acc_Ot, alpha_keep)  # alpha of tile j-1, whose P V just finished
-                        alpha_keep[0] = alpha[0]
-                        alpha_keep[1] = alpha[1]
-                    elif const_expr(self.skip_rescale):
-                        # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
-                        if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
-                            self.rescale_o(acc_O, alpha)
-                    else:
-                        self.rescale_o(acc_O, alpha)
+                    self.apply_alpha(acc_O, alpha, alpha_keep)
                     v_state.advance()
                     kv_state.advance()
             # epilogue PV
@@ -690,6 +676,19 @@ class Sm90Fp8Attention:
                         v = c + 2 * r + 4 * j
                         o = v + 4 * jw * h
                         acc_O[o] = acc_O[o] * alpha[r] + acc_Ot[v]
+
+    @cute.jit
+    def apply_alpha(self, acc_O: cute.Tensor, alpha: cute.Tensor, alpha_keep: cute.Tensor):
+        """pv_promote: keep this tile's alpha for the merge after its P V; otherwise rescale O now."""
+        if const_expr(self.pv_promote):
+            alpha_keep[0] = alpha[0]
+            alpha_keep[1] = alpha[1]
+        elif const_expr(self.skip_rescale):
+            # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
+            if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+                self.rescale_o(acc_O, alpha)
+        else:
+            self.rescale_o(acc_O, alpha)
 
     @cute.jit
     def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor):
