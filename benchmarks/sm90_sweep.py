@@ -35,28 +35,25 @@ sys.path.insert(0, str(ROOT / "tests"))  # the GPU tests import their shared hel
 # against the first such variant in the run. Earlier sessions' variants (v1, ping-pong, poly, tile 224) and
 # their timings are in benchmarks/NOTES.md.
 VARIANTS = {
-    "default": dict(),  # tile 128, 2 consumer warpgroups, overlap, pv_promote (v4)
-    "n160-promote": dict(tile_n=160),
-    "wg3-n96-split": dict(consumer_wgs=3, tile_n=96, kv_stages=4, serial_pv=True, pv_split=2),
-    "wg3-n128-split": dict(consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=2),
-    "wg3-n160-split": dict(consumer_wgs=3, tile_n=160, serial_pv=True, pv_split=2),
-    "n192-split": dict(tile_n=192, serial_pv=True, pv_split=2),
-    "wg3-n128-split4": dict(consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=4),
-    "wg3-n160-split4": dict(consumer_wgs=3, tile_n=160, serial_pv=True, pv_split=4),
-    "n192-serial-promote": dict(tile_n=192, serial_pv=True),
-    "n128-s4": dict(kv_stages=4),
+    "default": dict(),  # v5: 3 consumer warpgroups, tile 160, serial PV, promoted P V in head_dim halves
+    "v4": dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1),  # 2 WGs, tile 128, overlap, promoted
+    "wg3-n128-split4": dict(tile_n=128, pv_split=4),  # the fastest spill-free configuration
+    "wg3-n160-split4": dict(pv_split=4),
+    "wg3-n96-split": dict(tile_n=96, kv_stages=4),
+    "wg3-n128-split": dict(tile_n=128),
+    "n192-split": dict(consumer_wgs=2, tile_n=192),
+    "n160-promote": dict(consumer_wgs=2, tile_n=160, serial_pv=False, pv_split=1),
+    "n192-serial-promote": dict(consumer_wgs=2, tile_n=192, pv_split=1),
     # without pv_promote: NOT accurate when V has a large mean (see NOTES.md); kept to measure what it cost
-    "v3": dict(tile_n=192, pv_promote=False),
-    "wg3-n128-serial": dict(consumer_wgs=3, tile_n=128, serial_pv=True, pv_promote=False),
-    "n128-nopromote": dict(pv_promote=False),
-    "turns": dict(tile_n=192, exp_turns=True, pv_promote=False),
-    "turns-poly4": dict(tile_n=192, exp_turns=True, poly_every=4, pv_promote=False),
-    "wg3-n128-serial-turns": dict(consumer_wgs=3, tile_n=128, serial_pv=True, exp_turns=True, pv_promote=False),
-    "wg3-n96-s4-turns": dict(consumer_wgs=3, tile_n=96, kv_stages=4, exp_turns=True, pv_promote=False),
-    "v1": dict(tile_n=128, kv_stages=2, pin_wait="none", skip_rescale=False, pv_promote=False),
-    "n192-pp": dict(tile_n=192, pingpong=True, pv_promote=False),
+    "v3": dict(consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, pv_promote=False),
+    "wg3-n128-serial": dict(tile_n=128, pv_split=1, pv_promote=False),
+    "turns": dict(consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, exp_turns=True, pv_promote=False),
+    "wg3-n128-serial-turns": dict(tile_n=128, pv_split=1, exp_turns=True, pv_promote=False),
+    "v1": dict(consumer_wgs=2, tile_n=128, kv_stages=2, serial_pv=False, pv_split=1, pin_wait="none",
+               skip_rescale=False, pv_promote=False),
+    "n192-pp": dict(consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, pingpong=True, pv_promote=False),
 }
-DEFAULT_SWEEP = ["default", "wg3-n128-split4", "wg3-n160-split", "wg3-n160-split4"]
+DEFAULT_SWEEP = ["default", "v4", "wg3-n128-split4", "wg3-n160-split4", "v3"]
 BASE = "default"
 SMALL = [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128), (1, 2, 1000, 33, 128)]
 H3 = (1, 56, 30272, 30272, 128)
