@@ -131,11 +131,9 @@ def main() -> int:
     # P V term, which is where a short accumulator alignment in the FP8 wgmma would lose bits. vs float64.
     from ditprof.kernels.reference import attention_reference
 
-    B, H, Sq, Sk, D = BIASED_V
-    g = torch.Generator(device="cuda").manual_seed(7)
-    q = (0.5 * torch.randn((B, Sq, H, D), generator=g, device="cuda")).to(torch.bfloat16)
-    k = (0.5 * torch.randn((B, Sk, H, D), generator=g, device="cuda")).to(torch.bfloat16)
-    v = (4.0 + torch.randn((B, Sk, H, D), generator=g, device="cuda")).to(torch.bfloat16)
+    from fp8_gpu_cases import biased_v_inputs
+
+    q, k, v = biased_v_inputs(*BIASED_V)
     ref = attention_reference(q, k, v, scale)
     prep = fp8_prepare(q, k, v, smooth_k=True)
     for n in names:

@@ -8,7 +8,7 @@ import torch
 
 from ditprof.errors import DitprofError
 
-from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES
+from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES, biased_v_inputs
 from fp8_gpu_cases import gaussian_inputs as _inputs
 from fp8_gpu_cases import rel_rms as _rel_rms
 
@@ -151,3 +151,18 @@ def test_cpu_tensors_rejected():
     q = torch.zeros((1, 4, 1, 128), dtype=torch.bfloat16)
     with pytest.raises(DitprofError, match="CUDA"):
         fp8_attention(q, q, q)
+
+
+@pytest.mark.gpu
+def test_long_keys_biased_v():
+    """The fp8-sm120 kernel accumulates O across key strips inside mma.sync. Hopper runs that FP8 instruction as
+    FP16 HMMA (exact accumulation), so this passes there; on sm_89 / sm_120, where the FP8 MMA is native, it tells
+    whether the hardware's accumulation keeps enough bits (the Hopper wgmma did not: see test_fp8_sm90_gpu.py)."""
+    from ditprof.kernels.reference import attention_reference
+
+    q, k, v = biased_v_inputs(1, 2, 512, 32768, 128)
+    o, lse, _ = _run_poisoned(q, k, v)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    err = _rel_rms(o, attention_reference(q, k, v))
+    assert err < 1e-2, err
+

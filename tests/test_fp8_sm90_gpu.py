@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES
+from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES, biased_v_inputs
 from fp8_gpu_cases import gaussian_inputs as _inputs
 from fp8_gpu_cases import rel_rms as _rel_rms
 # v4 (the session-2 default before v5): 2 consumer warpgroups, 128-key tiles, intra-warpgroup overlap, pv_promote.
@@ -250,10 +250,7 @@ def test_sm90_long_keys_biased_v(cfg):
     from ditprof.kernels.reference import attention_reference
 
     B, H, Sq, Sk, D = 1, 2, 512, 32768, 128
-    g = torch.Generator(device="cuda").manual_seed(7)
-    q = (0.5 * torch.randn((B, Sq, H, D), generator=g, device="cuda")).to(torch.bfloat16)
-    k = (0.5 * torch.randn((B, Sk, H, D), generator=g, device="cuda")).to(torch.bfloat16)
-    v = (4.0 + torch.randn((B, Sk, H, D), generator=g, device="cuda")).to(torch.bfloat16)
+    q, k, v = biased_v_inputs(B, H, Sq, Sk, D)
     scale = 1.0 / math.sqrt(D)
     prep = fp8_prepare(q, k, v, smooth_k=True)
     o, lse = _run(prep, scale, **cfg)

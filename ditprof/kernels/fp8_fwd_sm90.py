@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any, Dict, Tuple
 
 import cutlass
@@ -588,7 +587,6 @@ class Sm90Fp8Attention:
         ``exp_turns``: both rows' maxima first, then the exps inside this warpgroup's turn (named barrier
         EXP_BARRIER0 + wg, released to the next warpgroup afterwards), so that the consumer warpgroups take turns
         on the MUFU pipe instead of all exponentiating at the same time."""
-        n8 = self.tile_n // 8
         alpha = cute.make_rmem_tensor((2,), Float32)
         bias = cute.make_rmem_tensor((2,), Float32)
         part = cute.make_rmem_tensor((4,), Float32)  # 4 independent chains: shorter dependency latency
