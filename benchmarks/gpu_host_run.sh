@@ -5,6 +5,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh extra   # attention benchmark, kernel accuracy, --sp 1, 16 GiB, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh diag    # sm90 kernel: option sweep + ncu (stall reasons per SASS line)
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep2  # sweep, then the attention table with the sweep's best options
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh probe   # can MUFU.EX2 and FP8 wgmma overlap? (micro-benchmark)
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -79,6 +80,9 @@ final3)
 final4)
   step sweep 200 python benchmarks/sm90_sweep.py --out "$out" --rounds 3 --iters 6
   step sm90-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "split or serial or biased or three"
+  ;;
+probe)
+  step mufu-wgmma 120 python benchmarks/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
   ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
