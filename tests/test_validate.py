@@ -11,6 +11,7 @@ from ditprof.cli import main
 from ditprof.errors import DitprofError
 from ditprof.harness import validate as V
 from ditprof.model_blocks import load_block, make_inputs
+from ditprof.model_blocks.synthetic import synthetic_block
 
 
 @pytest.fixture
@@ -68,13 +69,13 @@ def test_validate_h3_mini_report(tmp_path, capsys, one_thread):
 def test_streamed_chain_equals_resident_chain():
     """Streaming block weights through one working block computes exactly what resident blocks compute."""
     src = V.open_source("h3-mini", "preset", None)
-    blocks = [V.synthetic_block("h3-mini", i) for i in range(3)]
+    blocks = [synthetic_block("h3-mini", i) for i in range(3)]
     inputs = make_inputs(blocks[0], tokens=64)
     chain = V.Chain(inputs)
     clock = V._Clock(torch.device("cpu"))
     with torch.inference_mode():
         _, per, resident = V.run_chain(chain, [b.module for b in blocks], clock, n=3)
-        working = V.synthetic_block("h3-mini", 0).module
+        working = synthetic_block("h3-mini", 0).module
         streamer = V._Streamer(working)
         for i in range(3):
             streamer.add(src.host_state(i, torch.device("cpu"), torch.bfloat16, 0, streamer.to_host))
@@ -88,8 +89,8 @@ def test_streamed_chain_equals_resident_chain():
 
 
 def test_synthetic_blocks_distinct_deterministic_and_equal_to_checkpoint():
-    b0 = V.synthetic_block("h3-mini", 0)
-    b1 = V.synthetic_block("h3-mini", 1)
+    b0 = synthetic_block("h3-mini", 0)
+    b1 = synthetic_block("h3-mini", 1)
     ck = load_block("h3-mini", 0, progress=False)
     s0, s1, sc = b0.module.state_dict(), b1.module.state_dict(), ck.module.state_dict()
     assert s0.keys() == sc.keys()
@@ -98,7 +99,7 @@ def test_synthetic_blocks_distinct_deterministic_and_equal_to_checkpoint():
         assert torch.equal(s0[k], sc[k]), k  # CPU: bit-identical to the synthetic checkpoint
     big = [k for k in s0 if s0[k].ndim == 2]
     assert all(not torch.equal(s0[k], s1[k]) for k in big)
-    again = V.synthetic_block("h3-mini", 1).module.state_dict()
+    again = synthetic_block("h3-mini", 1).module.state_dict()
     assert all(torch.equal(again[k], s1[k]) for k in s1)
     assert any(t.dtype == torch.float32 for t in s0.values()) and any(t.dtype == torch.bfloat16 for t in s0.values())
 

@@ -42,104 +42,12 @@ from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.session import time_block
 from ditprof.model_blocks.memory import tensor_bytes
+from ditprof.model_blocks.presets import block_size
+from ditprof.model_blocks.synthetic import synth_tensor, synthetic_block
 
 SCHEMA = "ditprof.validate/1"
 GOAL_PCT = 3.0  # |error| goal of the extrapolation on the H200 (issue 6)
-CHUNK = 1 << 24  # elements drawn per randn call on a GPU: bounds the fp32 scratch
 CPU_DEFAULT_BLOCKS = 4
-
-
-# --------------------------------------------------------------------------- synthetic weights on device
-
-def _init_scale(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
-    """(std, offset) of a synthetic tensor: the rule of ``model_blocks.synthetic.init_tensor``."""
-    numel = math.prod(shape)
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "scale_shift_table":
-        return shape[-1] ** -0.5, 0.0
-    if len(shape) >= 2:
-        return (numel // shape[0]) ** -0.5, 0.0
-    if leaf == "weight":  # 1-D weights are norm scales
-        return 0.02, 1.0
-    return 0.02, 0.0
-
-
-def synth_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
-    """Deterministic synthetic tensor, generated on ``device`` from (seed, name) alone."""
-    from ditprof.model_blocks.synthetic import init_tensor, tensor_seed
-
-    device = torch.device(device)
-    if device.type == "cpu":
-        return init_tensor(name, tuple(shape), seed, dtype)  # bit-identical to the synthetic checkpoint
-    gen = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
-    std, offset = _init_scale(name, tuple(shape))
-    out = torch.empty(tuple(shape), dtype=dtype, device=device)
-    flat = out.view(-1)
-    for start in range(0, flat.numel(), CHUNK):
-        n = min(CHUNK, flat.numel() - start)
-        chunk = torch.randn(n, generator=gen, device=device, dtype=torch.float32)
-        flat[start:start + n] = chunk.mul_(std).add_(offset)
-        del chunk
-    return out
-
-
-def _dtype_for(family, local_name: str, dtype: torch.dtype) -> torch.dtype:
-    from ditprof.model_blocks.loading import keeps_fp32
-
-    return torch.float32 if keeps_fp32(family, local_name) else dtype
-
-
-def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: str | torch.device = "cpu",
-                    dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """Block ``index`` of a preset with synthetic weights made on ``device`` (nothing read or written).
-
-    Returns a ``model_blocks.LoadedBlock``. fp32-kept parameters (diffusers' ``_keep_in_fp32_modules``)
-    stay fp32, as the loader keeps them.
-    """
-    from ditprof.model_blocks import LoadedBlock, get_preset
-    from ditprof.model_blocks.loading import module_bytes
-    from ditprof.model_blocks.presets import block_on_meta
-
-    preset = get_preset(preset) if isinstance(preset, str) else preset
-    t0 = time.perf_counter()
-    device = torch.device(device)
-    family = preset.adapter
-    kind_name = family.kind(kind or preset.kind).name
-    n_blocks = family.n_blocks(preset.config, kind_name)
-    if not 0 <= index < n_blocks:
-        raise DitprofError(f"block index {index} out of range: {preset.name} {kind_name} stack has {n_blocks} blocks")
-    prefix = family.prefix(kind_name, index)
-    module = block_on_meta(family, preset.config, kind_name)
-    state = {
-        k: synth_tensor(prefix + k, tuple(t.shape), seed, _dtype_for(family, k, dtype), device)
-        for k, t in module.state_dict().items()
-    }
-    module.load_state_dict(state, strict=True, assign=True)
-    del state
-    leftovers = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
-    if leftovers:
-        raise DitprofError(f"synthetic block has tensors with no generator rule: {', '.join(leftovers[:5])}")
-    module.eval().requires_grad_(False)
-    params, nbytes = module_bytes(module)
-    heads, head_dim = family.heads(preset.config)
-    return LoadedBlock(
-        module=module, family=family, kind=kind_name, index=index, n_blocks=n_blocks, config=preset.config,
-        source=preset.name, params=params, bytes=nbytes, heads=heads, head_dim=head_dim,
-        load_s=time.perf_counter() - t0, device=device, dtype=dtype, preset=preset,
-    )
-
-
-def block_bytes_of(family, config: dict, kind: str, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
-    """(params, bytes) of one block as loaded (fp32-kept tensors at 4 bytes), from a meta build."""
-    from ditprof.model_blocks.presets import block_on_meta
-
-    block = block_on_meta(family, config, kind)
-    size = torch.finfo(dtype).bits // 8
-    params = sum(p.numel() for p in block.parameters())
-    nbytes = sum(t.numel() * (4 if _dtype_for(family, n, dtype) == torch.float32 else size)
-                 for n, t in block.state_dict().items())
-    return params, nbytes
 
 
 # --------------------------------------------------------------------------- activation estimate
@@ -183,7 +91,7 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
 
     module = block_on_meta(family, config, kind)
     for n, p in list(module.named_parameters()):
-        p.data = p.data.to(_dtype_for(family, n, dtype))
+        p.data = p.data.to(family.tensor_dtype(n, dtype))
     heads, head_dim = family.heads(config)
     meta = LoadedBlock(module=module, family=family, kind=kind, index=0, n_blocks=family.n_blocks(config, kind),
                        config=config, source="meta", params=0, bytes=0, heads=heads, head_dim=head_dim, load_s=0.0,
@@ -312,7 +220,7 @@ class Source:
         prefix = self.family.prefix(self.kind, index)
         out = {}
         for k, t in block_on_meta(self.family, self.config, self.kind).state_dict().items():
-            out[k] = to_host(synth_tensor(prefix + k, tuple(t.shape), seed, _dtype_for(self.family, k, dtype),
+            out[k] = to_host(synth_tensor(prefix + k, tuple(t.shape), seed, self.family.tensor_dtype(k, dtype),
                                           device))
         return out
 
@@ -638,7 +546,7 @@ def validate(spec: ValidateSpec, console=None) -> dict:
         raise DitprofError("--iters and --chain-iters must be >= 1, --warmup >= 0")
     input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
 
-    params, bbytes = block_bytes_of(src.family, src.config, src.kind, spec.dtype)
+    params, bbytes = block_size(src.family, src.config, src.kind, spec.dtype)
     est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype, **input_args)
     plan = plan_memory(spec, n, bbytes, est)
     weights = ("synthetic, distinct per block (seeded by block index), generated on " + spec.device.type
@@ -836,7 +744,7 @@ def write(rep: dict, out: Path) -> Path:
 
 
 __all__ = [
-    "Chain", "GOAL_PCT", "MemoryPlan", "SCHEMA", "ValidateSpec", "block_bytes_of", "estimate_forward_bytes",
-    "markdown", "open_source", "plan_memory", "summary_table", "synth_tensor", "synthetic_block", "validate", "write",
+    "Chain", "GOAL_PCT", "MemoryPlan", "SCHEMA", "ValidateSpec", "estimate_forward_bytes",
+    "markdown", "open_source", "plan_memory", "summary_table", "validate", "write",
 ]
 

@@ -121,7 +121,8 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     """
     from ditprof.harness import backends, report, swap
     from ditprof.harness.environment import environment
-    from ditprof.harness.validate import _progress, synthetic_block
+    from ditprof.harness.validate import _progress
+    from ditprof.model_blocks.synthetic import synthetic_block
     from ditprof.model_blocks import get_preset, make_inputs
 
     base = backends.resolve(baseline, device)

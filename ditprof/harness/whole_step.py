@@ -34,11 +34,11 @@ def rest_config(family, config: dict) -> dict:
 
 
 def _rest_tensors(src, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
-    from ditprof.harness.validate import _dtype_for, synth_tensor
+    from ditprof.model_blocks.synthetic import synth_tensor
 
     names = {k: tuple(t.shape) for k, t in model.state_dict().items()}
     if src.preset is not None:
-        return {k: synth_tensor(k, shape, seed, _dtype_for(src.family, k, dtype), device) for k, shape in names.items()}
+        return {k: synth_tensor(k, shape, seed, src.family.tensor_dtype(k, dtype), device) for k, shape in names.items()}
     from ditprof.model_blocks.checkpoint import TensorReader
 
     wmap = src.layout.weight_map
@@ -59,7 +59,7 @@ def _rest_tensors(src, model: torch.nn.Module, device: torch.device, dtype: torc
                 if tuple(t.shape) != names[k]:
                     raise DitprofError(f"shape mismatch for {k} in {shard}: checkpoint {tuple(t.shape)}, "
                                        f"model expects {names[k]}")
-                out[k] = t.to(device=device, dtype=_dtype_for(src.family, k, dtype))
+                out[k] = t.to(device=device, dtype=src.family.tensor_dtype(k, dtype))
     return out
 
 

@@ -44,15 +44,20 @@ class LoadedBlock:
     preset: Preset | None = None
 
 
-def keeps_fp32(family: BlockFamily, name: str) -> bool:
-    """diffusers' rule: a parameter stays fp32 if a dotted component names a kept module."""
-    parts = name.split(".")
-    return any(m in parts for m in family.keep_in_fp32)
-
-
 def module_bytes(module: torch.nn.Module) -> tuple[int, int]:
     tensors = list(module.parameters()) + list(module.buffers())
     return sum(p.numel() for p in module.parameters()), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def install_state(module: torch.nn.Module, state: dict[str, torch.Tensor], missing: str) -> tuple[int, int]:
+    """Put ``state`` into a block built on the meta device (strict; the tensors are taken, not copied), fail if a
+    tensor is still on meta (``missing`` says why that would be), freeze it. Returns (params, bytes)."""
+    module.load_state_dict(state, strict=True, assign=True)
+    leftovers = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if leftovers:
+        raise DitprofError(f"{missing}: {_first(leftovers)}")
+    module.eval().requires_grad_(False)
+    return module_bytes(module)
 
 
 def _first(names, n=5) -> str:
@@ -88,9 +93,7 @@ def load_block_from_layout(
     device = torch.device(device)
     family = family_for_config(layout.config)
     kind_name = family.kind(kind).name
-    n_blocks = family.n_blocks(layout.config, kind_name)
-    if not 0 <= block < n_blocks:
-        raise DitprofError(f"block index {block} out of range: {family.name} {kind_name} stack has {n_blocks} blocks")
+    n_blocks = family.checked_n_blocks(layout.config, kind_name, [block], family.name)
     prefix = family.prefix(kind_name, block)
     by_shard = shards_for_prefix(layout.weight_map, prefix)
     if not by_shard:
@@ -122,19 +125,15 @@ def load_block_from_layout(
             with TensorReader(layout.folder / shard) as reader:
                 for name in names:
                     local = name[len(prefix):]
-                    target = torch.float32 if keeps_fp32(family, local) else dtype
+                    target = family.tensor_dtype(local, dtype)
                     tensor = reader.read(name)  # fresh, aligned memory: one tensor at a time
                     state[local] = tensor.to(device=device, dtype=target or tensor.dtype)
                     del tensor
                     advance()
 
-    module.load_state_dict(state, strict=True, assign=True)
+    # a buffer the checkpoint does not carry: nothing in these families, but fail loudly
+    params, nbytes = install_state(module, state, "block has tensors not in the checkpoint")
     del state
-    leftovers = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
-    if leftovers:  # a buffer the checkpoint does not carry: nothing in these families, but fail loudly
-        raise DitprofError(f"block has tensors not in the checkpoint: {_first(leftovers)}")
-    module.eval().requires_grad_(False)
-    params, nbytes = module_bytes(module)
     heads, head_dim = family.heads(layout.config)
     return LoadedBlock(
         module=module, family=family, kind=kind_name, index=block, n_blocks=n_blocks, config=layout.config,

@@ -281,12 +281,16 @@ def block_params(preset: Preset, kind: str | None = None) -> int:
     return _params_cached(preset.family, json.dumps(preset.config, sort_keys=True), kind or preset.kind)
 
 
+def block_size(family: BlockFamily, config: dict, kind: str | None,
+               dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """(params, bytes) of one block as loaded in ``dtype`` (fp32-kept tensors at 4 bytes), from a meta build."""
+    block = block_on_meta(family, config, kind)
+    params = sum(p.numel() for p in block.parameters())
+    nbytes = sum(t.numel() * (torch.finfo(family.tensor_dtype(name, dtype)).bits // 8)
+                 for name, t in block.state_dict().items())
+    return params, nbytes
+
+
 def block_bytes(preset: Preset, kind: str | None = None, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of one block in ``dtype``, counting the tensors diffusers keeps in fp32 at 4 bytes."""
-    family = preset.adapter
-    keep = set(family.keep_in_fp32)
-    block = block_on_meta(family, preset.config, kind or preset.kind)
-    size = torch.finfo(dtype).bits // 8
-    return sum(
-        t.numel() * (4 if keep & set(name.split(".")) else size) for name, t in block.state_dict().items()
-    )
+    """Bytes of one block of the preset in ``dtype``, counting the tensors diffusers keeps in fp32 at 4 bytes."""
+    return block_size(preset.adapter, preset.config, kind or preset.kind, dtype)[1]

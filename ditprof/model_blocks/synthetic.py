@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -21,11 +23,13 @@ from ditprof.errors import DitprofError
 
 from .checkpoint import CONFIG_NAME, INDEX_NAME, read_json, shard_name
 from .families import BlockFamily
+from .loading import LoadedBlock, install_state
 from .presets import Preset, block_on_meta
 
 FORMAT_VERSION = 1  # bump when the generated values change, so caches are not reused
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CHUNK = 1 << 22  # elements drawn per randn call: bounds the fp32 scratch for huge tensors
+DEVICE_CHUNK = 1 << 24  # the same on a GPU
 
 
 def cache_root() -> Path:
@@ -39,26 +43,29 @@ def tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def init_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
-    """Realistic scales, so a bf16 block output is finite and non-trivial.
+def init_scale(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(std, offset) of a synthetic tensor: realistic scales, so a bf16 block output is finite and non-trivial.
 
     Matrices: N(0, 1/fan_in) (unit-variance activations stay unit variance); norm scales ~1;
     biases small; adaLN ``scale_shift_table`` N(0, 1/dim) like diffusers' own init.
     """
-    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
-    numel = 1
-    for s in shape:
-        numel *= s
-    out = torch.empty(numel, dtype=dtype)
+    numel = math.prod(shape)
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "scale_shift_table":
-        scale, offset = shape[-1] ** -0.5, 0.0
-    elif len(shape) >= 2:
-        scale, offset = (numel // shape[0]) ** -0.5, 0.0
-    elif leaf == "weight":  # 1-D weights are norm scales
-        scale, offset = 0.02, 1.0
-    else:
-        scale, offset = 0.02, 0.0
+        return shape[-1] ** -0.5, 0.0
+    if len(shape) >= 2:
+        return (numel // shape[0]) ** -0.5, 0.0
+    if leaf == "weight":  # 1-D weights are norm scales
+        return 0.02, 1.0
+    return 0.02, 0.0
+
+
+def init_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The synthetic tensor ``name`` on the CPU, from (seed, name) alone (``init_scale`` gives its scale)."""
+    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+    numel = math.prod(shape)
+    out = torch.empty(numel, dtype=dtype)
+    scale, offset = init_scale(name, shape)
     for start in range(0, numel, CHUNK):
         n = min(CHUNK, numel - start)
         out[start : start + n] = torch.randn(n, generator=gen) * scale + offset
@@ -92,10 +99,7 @@ def _plan(preset: Preset, blocks: list[int] | None, kind: str) -> list[list[tupl
             key = ".".join(name.split(".")[:2]) if stack else "_rest"
             groups.setdefault(key, []).append((name, tuple(t.shape)))
         return list(groups.values())
-    n = family.n_blocks(preset.config, kind)
-    bad = [b for b in blocks if not 0 <= b < n]
-    if bad:
-        raise DitprofError(f"block index {bad[0]} out of range: {preset.name} {kind} stack has {n} blocks")
+    family.checked_n_blocks(preset.config, kind, blocks, preset.name)
     block = block_on_meta(family, preset.config, kind)
     shapes = [(k, tuple(t.shape)) for k, t in block.state_dict().items()]
     return [[(family.prefix(kind, b) + k, s) for k, s in shapes] for b in blocks]
@@ -163,7 +167,6 @@ def _write(preset, plan, folder: Path, seed, dtype, digest, blocks, kind, progre
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     family = preset.adapter
-    keep = set(family.keep_in_fp32)
     n = len(plan)
     total_bytes = 0
     weight_map: dict[str, str] = {}
@@ -175,8 +178,7 @@ def _write(preset, plan, folder: Path, seed, dtype, digest, blocks, kind, progre
             name = shard_name(i, n)
             tensors = {}
             for tensor_name, shape in shard:
-                t_dtype = torch.float32 if keep & set(tensor_name.split(".")) else dtype
-                tensors[tensor_name] = init_tensor(tensor_name, shape, seed, t_dtype)
+                tensors[tensor_name] = init_tensor(tensor_name, shape, seed, family.tensor_dtype(tensor_name, dtype))
                 nbytes = tensors[tensor_name].numel() * tensors[tensor_name].element_size()
                 total_bytes += nbytes
                 weight_map[tensor_name] = name
@@ -208,3 +210,55 @@ def ensure_checkpoint(preset: Preset, *, blocks: list[int], kind: str | None, pr
     """The cached checkpoint load_block uses for a preset (tiny presets: the whole model)."""
     folder, _ = make_checkpoint(preset, blocks=None if preset.tiny else blocks, kind=kind, progress=progress)
     return folder
+
+
+# --------------------------------------------------------------------------- synthetic weights made on a device
+
+def synth_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """Deterministic synthetic tensor generated on ``device`` from (seed, name) alone. On the CPU it is
+    ``init_tensor`` (bit-identical to the synthetic checkpoint); on a GPU the same scales from the device's RNG."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return init_tensor(name, tuple(shape), seed, dtype)
+    gen = torch.Generator(device=device).manual_seed(tensor_seed(seed, name))
+    std, offset = init_scale(name, tuple(shape))
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    flat = out.view(-1)
+    for start in range(0, flat.numel(), DEVICE_CHUNK):
+        n = min(DEVICE_CHUNK, flat.numel() - start)
+        chunk = torch.randn(n, generator=gen, device=device, dtype=torch.float32)
+        flat[start:start + n] = chunk.mul_(std).add_(offset)
+        del chunk
+    return out
+
+
+def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> LoadedBlock:
+    """Block ``index`` of a preset with synthetic weights made on ``device`` (nothing read or written).
+
+    fp32-kept parameters (diffusers' ``_keep_in_fp32_modules``) stay fp32, as the loader keeps them.
+    """
+    from .presets import get_preset
+
+    preset = get_preset(preset) if isinstance(preset, str) else preset
+    t0 = time.perf_counter()
+    device = torch.device(device)
+    family = preset.adapter
+    kind_name = family.kind(kind or preset.kind).name
+    n_blocks = family.checked_n_blocks(preset.config, kind_name, [index], preset.name)
+    prefix = family.prefix(kind_name, index)
+    module = block_on_meta(family, preset.config, kind_name)
+    state = {
+        k: synth_tensor(prefix + k, tuple(t.shape), seed, family.tensor_dtype(k, dtype), device)
+        for k, t in module.state_dict().items()
+    }
+    params, nbytes = install_state(module, state, "synthetic block has tensors with no generator rule")
+    del state
+    heads, head_dim = family.heads(preset.config)
+    return LoadedBlock(
+        module=module, family=family, kind=kind_name, index=index, n_blocks=n_blocks, config=preset.config,
+        source=preset.name, params=params, bytes=nbytes, heads=heads, head_dim=head_dim,
+        load_s=time.perf_counter() - t0, device=device, dtype=dtype, preset=preset,
+    )
+

@@ -65,6 +65,22 @@ class BlockFamily:
         """Module names diffusers keeps in fp32 even when the model is cast to bf16."""
         return tuple(getattr(self.model_class, "_keep_in_fp32_modules", None) or ())
 
+    def keeps_fp32(self, name: str) -> bool:
+        """diffusers' rule: a tensor stays fp32 if a dotted component of its name is a kept module."""
+        return not set(self.keep_in_fp32).isdisjoint(name.split("."))
+
+    def tensor_dtype(self, name: str, dtype: torch.dtype | None) -> torch.dtype | None:
+        """The dtype a block tensor is loaded in: fp32 where diffusers keeps it, else ``dtype``."""
+        return torch.float32 if self.keeps_fp32(name) else dtype
+
+    def checked_n_blocks(self, config: dict, kind: str, indices, owner: str) -> int:
+        """Blocks in the ``kind`` stack; a one-line error naming the first index outside it."""
+        n = self.n_blocks(config, kind)
+        bad = [i for i in indices if not 0 <= i < n]
+        if bad:
+            raise DitprofError(f"block index {bad[0]} out of range: {owner} {kind} stack has {n} blocks")
+        return n
+
     def kind(self, name: str | None) -> BlockKind:
         if name is None:
             return self.kinds[0]
