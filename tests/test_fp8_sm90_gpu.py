@@ -159,6 +159,20 @@ def test_sm90_deterministic_and_fp16_out():
     assert _rel_rms(o3, o1) < 1e-2
 
 
+# small shapes for the option checks: batch > 1 with a ragged length, cross-attention, a masked last tile
+SMALL_SHAPES = [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)]
+SMALL_IDS = ["b2h3s77", "cross4096x512", "s3000"]
+
+
+def _small_case(shape):
+    """(prep, softmax scale) of fresh seeded Gaussian inputs of ``shape`` (B, H, Sq, Sk, D)."""
+    from ditprof.kernels.prep import fp8_prepare
+
+    B, H, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Sq, Sk, D, seed=4)
+    return fp8_prepare(q, k, v, smooth_k=True), 1.0 / math.sqrt(D)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{**V4, "kv_stages": 2}, {**V4, "tile_n": 224}, {**V4, "pingpong": True},
                                  {**V4, "poly_every": 4}, {**V4, "poly_every": 2, "pingpong": True},
@@ -169,16 +183,10 @@ def test_sm90_deterministic_and_fp16_out():
                                  {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4}],
                          ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "default-poly4", "wg3n96split", "n192split",
                               "wg3n160split", "wg3n128split4"])
-@pytest.mark.parametrize("shape", [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)],
-                         ids=["b2h3s77", "cross4096x512", "s3000"])
+@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
 def test_sm90_variants_vs_emulation(cfg, shape):
     _need_sm90()
-    from ditprof.kernels.prep import fp8_prepare
-
-    B, H, Sq, Sk, D = shape
-    q, k, v = _inputs(B, H, Sq, Sk, D, seed=4)
-    scale = 1.0 / math.sqrt(D)
-    prep = fp8_prepare(q, k, v, smooth_k=True)
+    prep, scale = _small_case(shape)
     o, lse = _run(prep, scale, **cfg)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N))
@@ -187,8 +195,9 @@ def test_sm90_variants_vs_emulation(cfg, shape):
 
 
 # Options that only change scheduling (barriers, wait placement, pipeline depth, skipping O *= 1.0, warpgroup
-# count, head_dim slicing of the promoted P V): each must reproduce V4's output (same 128-key tiling) bit for bit. A race (a buffer reused too early, a barrier in
-# the wrong place) or a wrong row max shows up here as a difference, at any size of the error.
+# count, head_dim slicing of the promoted P V): each must reproduce V4's output (same 128-key tiling) bit for
+# bit. A race (a buffer reused too early, a barrier in the wrong place) or a wrong row max shows up here as a
+# difference, at any size of the error.
 SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin_wait": "none"},
                  {"skip_rescale": False}, {"pingpong": True, "kv_stages": 2},
                  {"pin_wait": "none", "skip_rescale": False, "kv_stages": 2}, {"serial_pv": True},
@@ -200,16 +209,10 @@ SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", SCHEDULE_ONLY, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
-@pytest.mark.parametrize("shape", [(2, 3, 77, 77, 128), (1, 8, 4096, 512, 128), (1, 4, 3000, 3000, 128)],
-                         ids=["b2h3s77", "cross4096x512", "s3000"])
+@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
 def test_sm90_schedule_options_bitwise(cfg, shape):
     _need_sm90()
-    from ditprof.kernels.prep import fp8_prepare
-
-    B, H, Sq, Sk, D = shape
-    q, k, v = _inputs(B, H, Sq, Sk, D, seed=4)
-    scale = 1.0 / math.sqrt(D)
-    prep = fp8_prepare(q, k, v, smooth_k=True)
+    prep, scale = _small_case(shape)
     o0, l0 = _run(prep, scale, **V4)
     o, lse = _run(prep, scale, **{**V4, **cfg})
     assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
