@@ -433,6 +433,7 @@ class Sm90Fp8Attention:
                 tOrV_h = pvh_thr.make_fragment_B(pvh_thr.partition_B(sV))
             else:
                 acc_Ot = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
+                tOrV_h = tOrV  # not read without pv_split
             alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
 
             # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
@@ -481,16 +482,8 @@ class Sm90Fp8Attention:
                     # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
                     # 3 consumer warpgroups fit 160 registers at tile 128; the overlap comes from the other warpgroups
                     v_pipe.consumer_wait(v_state)
-                    if const_expr(self.pv_split > 1):
-                        self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV_h,
-                                       v_state.index)
-                    elif const_expr(self.pv_promote):
-                        self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
-                        warpgroup.wait_group(0)
-                        self.merge_o(acc_O, acc_Ot, alpha_keep)
-                    else:
-                        self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
-                        warpgroup.wait_group(0)
+                    self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP,
+                                   tOrV, tOrV_h, v_state.index)
                     v_pipe.consumer_release(v_state)
                     # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
                     v_state.advance()
@@ -535,16 +528,8 @@ class Sm90Fp8Attention:
                     kv_state.advance()
             # epilogue PV
             v_pipe.consumer_wait(v_state)
-            if const_expr(self.pv_split > 1):
-                self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV_h, v_state.index)
-            else:
-                if const_expr(self.pv_promote):
-                    self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, v_state.index)
-                else:
-                    self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, v_state.index)
-                warpgroup.wait_group(0)
-                if const_expr(self.pv_promote):
-                    self.merge_o(acc_O, acc_Ot, alpha_keep)
+            self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV,
+                           tOrV_h, v_state.index)
             v_pipe.consumer_release(v_state)
 
             # read only now: one register less across the main loop
@@ -668,12 +653,7 @@ class Sm90Fp8Attention:
                 cute.gemm(pv_mma_h_zero if kb == 0 else pv_mma_h, acc_Ot, tOrP[None, None, kb], b, acc_Ot)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
-            for j in cutlass.range_constexpr(jw):
-                for r in cutlass.range_constexpr(2):
-                    for c in cutlass.range_constexpr(2):
-                        v = c + 2 * r + 4 * j
-                        o = v + 4 * jw * h
-                        acc_O[o] = acc_O[o] * alpha[r] + acc_Ot[v]
+            self.merge_o(acc_O, acc_Ot, alpha, jw * h)
 
     @cute.jit
     def apply_alpha(self, acc_O: cute.Tensor, alpha: cute.Tensor, alpha_keep: cute.Tensor):
@@ -689,12 +669,29 @@ class Sm90Fp8Attention:
             self.rescale_o(acc_O, alpha)
 
     @cute.jit
-    def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor):
-        for j in cutlass.range_constexpr(self.head_dim // 8):
+    def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor, group0: cutlass.Constexpr = 0):
+        """acc_O = acc_O * alpha + acc_Ot over acc_Ot's columns, which are acc_O's 8-column groups from group0 on."""
+        for j in cutlass.range_constexpr(cute.size(acc_Ot) // 4):
             for r in cutlass.range_constexpr(2):
                 for c in cutlass.range_constexpr(2):
                     v = c + 2 * r + 4 * j
-                    acc_O[v] = acc_O[v] * alpha[r] + acc_Ot[v]
+                    acc_O[v + 4 * group0] = acc_O[v + 4 * group0] * alpha[r] + acc_Ot[v]
+
+    @cute.jit
+    def pv_waited(self, pv_mma_zero: cute.TiledMma, pv_mma: cute.TiledMma, pv_mma_h_zero: cute.TiledMma,
+                  pv_mma_h: cute.TiledMma, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor,
+                  tOrP: cute.Tensor, tOrV: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32):
+        """O (+)= P V of the tile in ``stage``, complete on return: in head_dim slices (pv_split), into a fresh
+        accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma."""
+        if const_expr(self.pv_split > 1):
+            self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha, tOrP, tOrV_h, stage)
+        elif const_expr(self.pv_promote):
+            self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, stage)
+            warpgroup.wait_group(0)
+            self.merge_o(acc_O, acc_Ot, alpha)
+        else:
+            self.gemm_pv(pv_mma, pv_mma, acc_O, tOrP, tOrV, stage)
+            warpgroup.wait_group(0)
 
     @cute.jit
     def rescale_o(self, acc_O: cute.Tensor, alpha: cute.Tensor):
