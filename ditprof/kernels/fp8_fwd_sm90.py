@@ -426,8 +426,8 @@ class Sm90Fp8Attention:
             # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
             # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
             # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
-            pvh_thr = pv_mma_h.get_slice(wg_tidx)
             if const_expr(self.pv_split > 1):
+                pvh_thr = pv_mma_h.get_slice(wg_tidx)
                 # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
                 acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
                 tOrV_h = pvh_thr.make_fragment_B(pvh_thr.partition_B(sV))
@@ -575,30 +575,29 @@ class Sm90Fp8Attention:
         alpha = cute.make_rmem_tensor((2,), Float32)
         bias = cute.make_rmem_tensor((2,), Float32)
         part = cute.make_rmem_tensor((4,), Float32)  # 4 independent chains: shorter dependency latency
-        for r in cutlass.range_constexpr(2):
-            if const_expr(self.exp_turns and r == 1):
-                pass
-            else:
+        if const_expr(not self.exp_turns):
+            for r in cutlass.range_constexpr(2):
                 self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, r)
-            if const_expr(self.exp_turns):
-                if const_expr(r == 0):
-                    self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, 1)
-                    # ptxas moves pure arithmetic across BAR freely; a shared store of values that need the maxima
-                    # (stores cannot sink below a barrier) keeps the max phase before our turn starts
-                    sPin[warp_idx % 16] = bias[0] + bias[1]
-                    cute.arch.barrier(barrier_id=EXP_BARRIER0 + wg, number_of_threads=2 * 128)
-                    # ... and MUFU is free to move up across BAR too: make every exp depend on a shared load
-                    # (loads cannot rise above a barrier) of a slot that holds 0.0
-                    zero = sPin[PIN_ZERO_SLOT]
-                    bias[0] = bias[0] + zero
-                    bias[1] = bias[1] + zero
-            self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, r)
-        if const_expr(self.exp_turns):
+                self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, r)
+        else:
+            for r in cutlass.range_constexpr(2):
+                self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, r)
+            # ptxas moves pure arithmetic across BAR freely; a shared store of values that need the maxima
+            # (stores cannot sink below a barrier) keeps the max phase before our turn starts
+            sPin[warp_idx % 16] = bias[0] + bias[1]
+            cute.arch.barrier(barrier_id=EXP_BARRIER0 + wg, number_of_threads=2 * 128)
+            # ... and MUFU is free to move up across BAR too: make every exp depend on a shared load
+            # (loads cannot rise above a barrier) of a slot that holds 0.0
+            zero = sPin[PIN_ZERO_SLOT]
+            bias[0] = bias[0] + zero
+            bias[1] = bias[1] + zero
+            for r in cutlass.range_constexpr(2):
+                self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, r)
             nxt = wg + 1
             if nxt == self.num_wg:
                 nxt = 0
+            # likewise a store of the row sums (needs every exp) keeps the hand-over after the last MUFU;
             # the last warpgroup's last turn has no successor: an unmatched arrive would be left pending
-            # likewise a store of the row sums (needs every exp) keeps the hand-over after the last MUFU
             sPin[warp_idx % 16] = row_sum[0] + row_sum[1]
             if not (last_tile and wg == self.num_wg - 1):
                 cute.arch.barrier_arrive(barrier_id=EXP_BARRIER0 + nxt, number_of_threads=2 * 128)
