@@ -4,7 +4,6 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh main    # default `ditprof compare` (h3, fp8) + validate 50 blocks
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh extra   # attention benchmark, kernel accuracy, --sp 1, 16 GiB, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh diag    # sm90 kernel: option sweep + ncu (stall reasons per SASS line)
-#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep2  # sweep, then the attention table with the sweep's best options
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh probe   # can MUFU.EX2 and FP8 wgmma overlap? (micro-benchmark)
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 set -u
@@ -41,45 +40,6 @@ diag)
     rm -f "$out/ncu-$v.ncu-rep"
   done
   mkdir -p "$out/ncu" && mv "$out"/ncu-*.csv "$out/ncu/" 2>/dev/null
-  ;;
-sweep2)
-  step sweep 240 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
-  best=$(cat "$out/best_options.txt" 2>/dev/null)
-  step attention-bench 240 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,cudnn-fp8,sage,prep-triton,fp8 \
-    ${best:+--sm90-options $best} --json "$out/attention.json"
-  ;;
-promote)
-  step sweep 300 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
-  for opts in "" "serial_pv=True,pv_promote=True" "tile_n=128,pv_promote=True"; do
-    tag=${opts:-default}; tag=${tag//[=,]/_}
-    step "acc-$tag" 150 python -c "import sys
-from benchmarks.attention import parse_options
-from ditprof.kernels import fp8_fwd_sm90 as K
-K.DEFAULT_OPTIONS.update(K.options(**parse_options('$opts')))
-from ditprof.cli import main
-sys.exit(main(['accuracy-table', '--device', 'cuda', '--presets', 'flux.1-dev,cogvideox-5b,h3', '--tokens', '16384', '--backends', 'fp8', '--out', '$out/acc-$tag']))"
-  done
-  ;;
-final1)
-  step sweep 150 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6
-  step attention-bench 150 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,sage,cudnn-fp8,prep-triton,fp8 --json "$out/attention.json"
-  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
-  ;;
-final2)
-  step accuracy-table 200 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
-  step compare-h3 200 python -m ditprof compare --out "$out/compare-h3"
-  step kernels-accuracy 90 python -m ditprof kernels accuracy --device cuda --json
-  ;;
-final3)
-  step sweep 200 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6
-  best=$(cat "$out/best_options.txt" 2>/dev/null)
-  step attention-bench 150 python benchmarks/attention.py --shapes h3 --iters 5 --only sdpa-cudnn,fa4,cudnn-fp8,prep-triton,fp8 \
-    ${best:+--sm90-options $best} --json "$out/attention.json"
-  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
-  ;;
-final4)
-  step sweep 200 python benchmarks/sm90_sweep.py --out "$out" --rounds 3 --iters 6
-  step sm90-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "split or serial or biased or three"
   ;;
 probe)
   step mufu-wgmma 120 python benchmarks/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
