@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from ditprof.harness import categories as C
 from ditprof.harness import swap
 
+from tiny_blocks import wan_block
+
 DATA = Path(__file__).parent / "data" / "traces"
 
 
@@ -19,20 +21,8 @@ def _attn(q, k, v, *, scale=None):
     return o.transpose(1, 2)
 
 
-def _tiny_wan_block():
-    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
-
-    torch.manual_seed(0)
-    blk = WanTransformerBlock(dim=64, ffn_dim=128, num_heads=2, qk_norm="rms_norm_across_heads",
-                              cross_attn_norm=True, eps=1e-6).eval()
-    s, L, d = 64, 8, 64
-    args = (torch.randn(1, s, d), torch.randn(1, L, d), torch.randn(1, 6, d),
-            (torch.ones(1, s, 1, 32), torch.zeros(1, s, 1, 32)))
-    return blk, args
-
-
 def record_cpu_trace(tmp_path: Path, iters: int = 2) -> dict:
-    blk, args = _tiny_wan_block()
+    blk, args = wan_block(tokens=64)
     with swap.swapped(blk, "test-sdpa", _attn), torch.inference_mode():
         blk(*args)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

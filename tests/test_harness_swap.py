@@ -8,6 +8,8 @@ from ditprof.errors import DitprofError
 from ditprof.harness import swap
 from ditprof.harness.categories import ATTENTION_RANGE
 
+from tiny_blocks import cog_block, wan_block
+
 
 class Counting:
     def __init__(self):
@@ -18,26 +20,6 @@ class Counting:
         assert q.dim() == 4 and q.shape[0] == 1  # (B, S, H, D)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
         return o.transpose(1, 2)
-
-
-def wan_block():
-    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
-
-    torch.manual_seed(0)
-    blk = WanTransformerBlock(dim=64, ffn_dim=128, num_heads=2, qk_norm="rms_norm_across_heads",
-                              cross_attn_norm=True, eps=1e-6).eval()
-    s = 32
-    args = (torch.randn(1, s, 64), torch.randn(1, 8, 64), torch.randn(1, 6, 64),
-            (torch.ones(1, s, 1, 32), torch.zeros(1, s, 1, 32)))
-    return blk, args
-
-
-def cog_block():
-    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
-
-    torch.manual_seed(0)
-    blk = CogVideoXBlock(dim=64, num_attention_heads=2, attention_head_dim=32, time_embed_dim=16).eval()
-    return blk, (torch.randn(1, 24, 64), torch.randn(1, 8, 64), torch.randn(1, 16))
 
 
 def test_dispatcher_member_and_public_entry_points():
