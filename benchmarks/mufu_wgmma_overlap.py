@@ -1,19 +1,21 @@
-"""Can Hopper run MUFU.EX2 and FP8 warpgroup MMA at the same time? (issue 5; benchmarks/NOTES.md, session 2)
+"""Can Hopper run MUFU.EX2 (or FFMA) and warpgroup MMA at the same time? (issue 5; benchmarks/NOTES.md)
 
 The FP8 attention kernel gives the tensor cores and the MUFU (exp) unit equal work at head_dim 128, and ncu read
 XU% + tensor% ~= 100 % in every schedule tried, as if the two never ran together. This micro-benchmark asks the
 hardware directly. One CTA per SM, two warpgroups:
 
-* warpgroup 0 issues ``n_mma`` rounds of 4 x ``wgmma m64n256k32`` e4m3 -> fp32 (both operands in shared memory,
-  one group in flight behind the one being waited for), like the attention kernel's QK / PV chains;
-* warpgroup 1 runs ``n_mufu`` rounds of 16 independent ``ex2.approx`` chains (one warp per scheduler).
+* warpgroup 0 issues rounds of ``wgmma m64n256`` over K = 128 (fp32 accumulate, one round in flight behind the
+  one waited for), with one of three operand kinds: ``fp8-ss`` (e4m3, both operands in shared memory, like QK),
+  ``fp8-rs`` (e4m3, A in registers, like P V) and ``bf16-ss`` (the BF16 kernels' case, e.g. FA4);
+* warpgroup 1 runs rounds of 16 independent chains of ``mufu`` (``ex2.approx``) or ``ffma`` (the FMA pipe, where
+  an off-MUFU exp would run).
 
-Three launches of the same compiled kernel: MMA only, MUFU only, both. If both ~= max(alone) the units overlap;
-if both ~= sum(alone) they exclude each other. Round counts are scaled so that the two alone take about as long.
+For each pair: the MMA alone, the side unit alone, both. Besides wall time, each warpgroup's first thread reads
+``clock64`` around its loop, so the result is in SM cycles too (the card lowers its clock when both units run;
+cycles do not). overlap = (t_mma + t_side - t_both) / min(t_mma, t_side): 1 = full overlap, 0 = none.
 
     python benchmarks/mufu_wgmma_overlap.py [--ms 20] [--json PATH]     # needs an sm_90 GPU
-
-Compiles on any machine (``--compile-only`` with CUTE_DSL_ARCH=sm_90a) for a SASS check.
+    python benchmarks/mufu_wgmma_overlap.py --compile-only              # any machine: compile all six for sm_90a
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float8E4M3FN, Float32, Int32, Uint8
+from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint8
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -34,32 +36,43 @@ import cuda.bindings.driver as cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-M, N, K = 64, 256, 128  # one warpgroup's wgmma tile; 4 k-blocks of 32 per round
-MUFU_CHAINS = 16
+M, N, K = 64, 256, 128  # one warpgroup's wgmma tile per round
+CHAINS = 16
+MMA_KINDS = ("fp8-ss", "fp8-rs", "bf16-ss")
+SIDE_KINDS = ("mufu", "ffma")
+OUT_COLS = 256 + 4  # 256 thread results, then (mma cycles, side cycles) per CTA
 
 
 class OverlapProbe:
+    def __init__(self, mma_kind: str, side_kind: str):
+        assert mma_kind in MMA_KINDS and side_kind in SIDE_KINDS
+        self.mma_kind, self.side_kind = mma_kind, side_kind
+        self.dtype = BFloat16 if mma_kind.startswith("bf16") else Float8E4M3FN
+        self.k_block = 16 if self.dtype is BFloat16 else 32
+        self.rs = mma_kind.endswith("-rs")
+
     @cute.jit
-    def __call__(self, pOut: cute.Pointer, n_mma: Int32, n_mufu: Int32, ctas: Int32, stream: cuda.CUstream):
-        f8 = Float8E4M3FN
-        mOut = cute.make_tensor(pOut, cute.make_layout((256, ctas), stride=(1, 256)))
-        mma = sm90_utils.make_trivial_tiled_mma(f8, f8, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                (1, 1, 1), (M, N))
+    def __call__(self, pOut: cute.Pointer, n_mma: Int32, n_side: Int32, ctas: Int32, stream: cuda.CUstream):
+        dt = self.dtype
+        mOut = cute.make_tensor(pOut, cute.make_layout((OUT_COLS, ctas), stride=(1, OUT_COLS)))
+        source = warpgroup.OperandSource.RMEM if cutlass.const_expr(self.rs) else warpgroup.OperandSource.SMEM
+        mma = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                (1, 1, 1), (M, N), source)
         tiler = (M, N, K)
-        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, f8, 1)
-        sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, f8, 1)
+        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, dt, 1)
+        sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, dt, 1)
 
         @cute.struct
         class Smem:
-            sA: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sB_layout)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sB_layout)], 1024]
 
         self.smem = Smem
-        self.kernel(mma, mOut, n_mma, n_mufu, sA_layout, sB_layout).launch(
+        self.kernel(mma, mOut, n_mma, n_side, sA_layout, sB_layout).launch(
             grid=(ctas, 1, 1), block=[256, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mma: cute.TiledMma, mOut: cute.Tensor, n_mma: Int32, n_mufu: Int32,
+    def kernel(self, mma: cute.TiledMma, mOut: cute.Tensor, n_mma: Int32, n_side: Int32,
                sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
@@ -77,35 +90,49 @@ class OverlapProbe:
         cute.arch.fence_proxy("async.shared", space="cta")  # generic-proxy stores, then wgmma (async proxy) reads
         cute.arch.sync_threads()
 
+        t0 = cute.arch.clock64()
         if wg == 0:
             mma.set(warpgroup.Field.ACCUMULATE, True)
             thr = mma.get_slice(tidx)
-            tA = thr.make_fragment_A(thr.partition_A(sA))
+            if cutlass.const_expr(self.rs):
+                tA = cute.make_rmem_tensor(thr.partition_shape_A((M, K)), self.dtype)
+                tA.fill(0.0)
+            else:
+                tA = thr.make_fragment_A(thr.partition_A(sA))
             tB = thr.make_fragment_B(thr.partition_B(sB))
             acc = cute.make_rmem_tensor(thr.partition_shape_C((M, N)), Float32)
             acc.fill(0.0)
             for _ in cutlass.range(n_mma, unroll=1):
                 warpgroup.fence()
-                for kb in cutlass.range_constexpr(K // 32):
-                    cute.gemm(mma, acc, tA[None, None, kb, 0], tB[None, None, kb, 0], acc)
+                for kb in cutlass.range_constexpr(K // self.k_block):
+                    if cutlass.const_expr(self.rs):
+                        cute.gemm(mma, acc, tA[None, None, kb], tB[None, None, kb, 0], acc)
+                    else:
+                        cute.gemm(mma, acc, tA[None, None, kb, 0], tB[None, None, kb, 0], acc)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)  # one round in flight behind the one waited for
             warpgroup.wait_group(0)
             mOut[tidx, cta] = acc[0] + acc[cute.size(acc) - 1]
         else:
-            x = cute.make_rmem_tensor((MUFU_CHAINS,), Float32)
-            for c in cutlass.range_constexpr(MUFU_CHAINS):
+            x = cute.make_rmem_tensor((CHAINS,), Float32)
+            for c in cutlass.range_constexpr(CHAINS):
                 x[c] = Float32(c) * Float32(0.0625) - Float32(0.5)
-            for _ in cutlass.range(n_mufu, unroll=1):
-                for c in cutlass.range_constexpr(MUFU_CHAINS):
-                    x[c] = cute.arch.exp2(x[c]) - Float32(1.5)  # stays in [-1, 0.5]: no overflow, no denormals
+            for _ in cutlass.range(n_side, unroll=1):
+                for c in cutlass.range_constexpr(CHAINS):
+                    if cutlass.const_expr(self.side_kind == "mufu"):
+                        x[c] = cute.arch.exp2(x[c]) - Float32(1.5)  # stays in [-1, 0.5]: no overflow, no denormals
+                    else:
+                        x[c] = x[c] * Float32(0.9990234375) + Float32(0.0009765625)  # one FFMA, stays bounded
             s = Float32(0.0)
-            for c in cutlass.range_constexpr(MUFU_CHAINS):
+            for c in cutlass.range_constexpr(CHAINS):
                 s = s + x[c]
             mOut[tidx, cta] = s
+        t1 = cute.arch.clock64()
+        if tidx % 128 == 0:
+            mOut[256 + wg, cta] = Float32(t1 - t0)
 
 
-def compile_probe(*, fake: bool, options_extra: str = ""):
+def compile_probe(mma_kind: str, side_kind: str, *, fake: bool, options_extra: str = ""):
     from cutlass.cute.runtime import make_ptr
 
     old = os.environ.get("CUTE_DSL_ARCH")
@@ -117,7 +144,8 @@ def compile_probe(*, fake: bool, options_extra: str = ""):
             import torch
 
             stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-        return cute.compile(OverlapProbe(), make_ptr(Float32, 0, cute.AddressSpace.gmem, assumed_align=4),
+        return cute.compile(OverlapProbe(mma_kind, side_kind),
+                            make_ptr(Float32, 0, cute.AddressSpace.gmem, assumed_align=4),
                             Int32(1), Int32(1), Int32(1), stream,
                             options=f"--gpu-arch sm_90a {options_extra}".strip())
     finally:
@@ -134,8 +162,10 @@ def main() -> int:
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90a with a fake stream (no GPU)")
     args = ap.parse_args()
     if args.compile_only:
-        compile_probe(fake=True)
-        print("compiled for sm_90a")
+        for mk in MMA_KINDS:
+            for sk in SIDE_KINDS:
+                compile_probe(mk, sk, fake=True)
+                print(f"compiled {mk} + {sk} for sm_90a")
         return 0
     import torch
     from cutlass.cute.runtime import make_ptr
@@ -145,39 +175,53 @@ def main() -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("needs an sm_90 GPU", file=sys.stderr)
         return 1
-    fn = compile_probe(fake=False)
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
-    out = torch.empty((ctas, 256), dtype=torch.float32, device="cuda")
+    out = torch.empty((ctas, OUT_COLS), dtype=torch.float32, device="cuda")
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     ptr = make_ptr(Float32, out.data_ptr(), cute.AddressSpace.gmem, assumed_align=4)
 
-    def timed(n_mma: int, n_mufu: int, reps: int = 5) -> float:
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        fn(ptr, Int32(n_mma), Int32(n_mufu), Int32(ctas), stream)
-        times = []
-        for _ in range(reps):
-            ev[0].record()
-            fn(ptr, Int32(n_mma), Int32(n_mufu), Int32(ctas), stream)
-            ev[1].record()
-            torch.cuda.synchronize()
-            times.append(ev[0].elapsed_time(ev[1]))
-        return sorted(times)[len(times) // 2]
+    rows, results = [], []
+    for mk in MMA_KINDS:
+        for sk in SIDE_KINDS:
+            fn = compile_probe(mk, sk, fake=False)
 
-    # scale each unit's rounds to about --ms alone
-    n_mma = max(1, int(1000 * args.ms / max(timed(1000, 0), 1e-3)))
-    n_mufu = max(1, int(1000 * args.ms / max(timed(0, 1000), 1e-3)))
-    t_mma, t_mufu, t_both = timed(n_mma, 0), timed(0, n_mufu), timed(n_mma, n_mufu)
-    flop = 2.0 * M * N * K * n_mma * ctas
-    ex2 = MUFU_CHAINS * 128 * n_mufu * ctas
-    overlap = (t_mma + t_mufu - t_both) / min(t_mma, t_mufu)  # 1 = full overlap, 0 = none
-    rows = [["MMA only (1 warpgroup)", f"{t_mma:.3f}", f"{flop / t_mma / 1e9:.0f} TFLOP/s", ""],
-            ["MUFU only (1 warpgroup)", f"{t_mufu:.3f}", f"{ex2 / t_mufu / 1e9:.0f} G ex2/s", ""],
-            ["both", f"{t_both:.3f}", "", f"overlap {overlap:.2f} (1 = full, 0 = none)"]]
+            def timed(n_mma: int, n_side: int, reps: int = 5):
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+                fn(ptr, Int32(n_mma), Int32(n_side), Int32(ctas), stream)
+                ms, cyc = [], []
+                for _ in range(reps):
+                    out.fill_(float("nan"))
+                    ev[0].record()
+                    fn(ptr, Int32(n_mma), Int32(n_side), Int32(ctas), stream)
+                    ev[1].record()
+                    torch.cuda.synchronize()
+                    ms.append(ev[0].elapsed_time(ev[1]))
+                    cyc.append(out[:, 256:258].max().item())  # slowest warpgroup of the slowest CTA
+                order = sorted(range(reps), key=lambda i: ms[i])
+                mid = order[reps // 2]
+                return ms[mid], cyc[mid]
+
+            n_mma = max(1, int(200 * args.ms / max(timed(200, 0)[0], 1e-3)))
+            n_side = max(1, int(200 * args.ms / max(timed(0, 200)[0], 1e-3)))
+            (t_mma, c_mma), (t_side, c_side), (t_both, c_both) = (
+                timed(n_mma, 0), timed(0, n_side), timed(n_mma, n_side))
+            ov_ms = (t_mma + t_side - t_both) / min(t_mma, t_side)
+            ov_cyc = (c_mma + c_side - c_both) / min(c_mma, c_side)
+            flop = 2.0 * M * N * K * n_mma * ctas
+            res = dict(mma=mk, side=sk, n_mma=n_mma, n_side=n_side,
+                       ms=dict(mma=t_mma, side=t_side, both=t_both),
+                       cycles=dict(mma=c_mma, side=c_side, both=c_both),
+                       mma_tflops_alone=flop / t_mma / 1e9, overlap_ms=ov_ms, overlap_cycles=ov_cyc,
+                       mhz=dict(mma=c_mma / t_mma / 1e3, side=c_side / t_side / 1e3, both=c_both / t_both / 1e3))
+            results.append(res)
+            rows.append([mk, sk, f"{t_mma:.2f}", f"{t_side:.2f}", f"{t_both:.2f}", f"{ov_ms:.2f}",
+                         f"{ov_cyc:.2f}", f"{res['mma_tflops_alone']:.0f}",
+                         f"{res['mhz']['mma']:.0f}/{res['mhz']['side']:.0f}/{res['mhz']['both']:.0f}"])
     env = environment()
-    print_table(f"MUFU.EX2 vs FP8 wgmma on {env['gpu']}: {ctas} CTAs, n_mma {n_mma}, n_mufu {n_mufu}",
-                ["launch", "ms", "rate", "note"], rows)
-    payload = {"benchmark": "mufu_wgmma_overlap", "environment": env, "ctas": ctas, "n_mma": n_mma,
-               "n_mufu": n_mufu, "ms": {"mma": t_mma, "mufu": t_mufu, "both": t_both}, "overlap": overlap}
+    print_table(f"MMA vs MUFU/FFMA on {env['gpu']}: {ctas} CTAs (1 = full overlap, 0 = none)",
+                ["mma", "side", "mma ms", "side ms", "both ms", "overlap (ms)", "overlap (cycles)",
+                 "TFLOP/s alone", "MHz mma/side/both"], rows)
+    payload = {"benchmark": "mufu_wgmma_overlap", "environment": env, "ctas": ctas, "results": results}
     path = Path(args.json) if args.json else results_path("mufu-wgmma-overlap")
     write_json(payload, path)
     print(f"wrote {path}")
