@@ -105,6 +105,14 @@ REGS_CONSUMER = {2: 240, 3: 160}
 PIN_ZERO_SLOT = 16  # smem scratch slot holding 0.0 (slots 0..15: per-warp pin stores)
 EXP_BARRIER0 = 3  # named barriers 3..5: exp turns of the consumer warpgroups (option exp_turns)
 SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the consumer warpgroups (0 = syncthreads)
+# option trace (serial_pv only): the CTAs of query block 0 write, instead of their LSE, SM-clock offsets from the
+# kernel start into their head's LSE row: per consumer warp w and key tile j < TRACE_TILES the 4 events
+# TRACE_EVENTS at ((w * TRACE_TILES + j) * 4 + e); the producer's K and V issue times after them at
+# TRACE_PRODUCER + 2 * j + (0 | 1). benchmarks/sm90_timeline.py turns them into a Chrome trace.
+TRACE_TILES = 192
+TRACE_EVENTS = ("start", "pv_done", "s_ready", "p_ready")
+TRACE_PRODUCER = 12 * TRACE_TILES * 4
+TRACE_FLOATS = TRACE_PRODUCER + 2 * TRACE_TILES
 
 # exp2 on the FMA pipe (``poly_every``): 2^x = 2^j * 2^f, j = round(x) by the 1.5*2^23 trick, f in [-0.5, 0.5],
 # 2^f by a degree-3 polynomial (relative minimax fit, max rel. error 7.5e-5 after fp32 rounding of the
@@ -168,6 +176,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
     pv_promote=True,  # P V of each tile into a fresh accumulator, added to O in FP32 on the CUDA cores
     pv_split=2,  # promoted P V in 2 (or 4) head_dim slices: a 32- (16-) register fresh accumulator; needs serial_pv
+    trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
 
 
@@ -198,6 +207,8 @@ class Sm90Fp8Attention:
             raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
         if opts["pv_split"] not in (1, 2, 4) or (opts["pv_split"] > 1 and not (opts["pv_promote"] and opts["serial_pv"])):
             raise ValueError("pv_split must be 1, or 2 or 4 with pv_promote and serial_pv")
+        if opts["trace"] and not opts["serial_pv"]:
+            raise ValueError("trace needs serial_pv")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
             raise ValueError("pingpong needs exactly 2 consumer warpgroups")
         self.head_dim = head_dim
@@ -215,6 +226,7 @@ class Sm90Fp8Attention:
         self.pv_promote = opts["pv_promote"]
         self.pv_split = opts["pv_split"]
         self.num_wg = opts["consumer_wgs"]
+        self.trace = opts["trace"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
@@ -366,6 +378,8 @@ class Sm90Fp8Attention:
             sPin[PIN_ZERO_SLOT] = Float32(0.0)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        t0 = cute.arch.clock() if const_expr(self.trace) else Int32(0)  # every warp leaves the barrier together
+        tracing = const_expr(self.trace) and m_block == 0 and cute.arch.lane_idx() == 0
 
         if wg_idx == 0:
             # ======================= producer warpgroup =======================
@@ -395,9 +409,13 @@ class Sm90Fp8Attention:
                 kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
                 for j in cutlass.range(n_tiles, unroll=1):
                     k_pipe.producer_acquire(kv_state)
+                    if const_expr(self.trace):
+                        self.trace_event(mLSE, tracing, t0, TRACE_PRODUCER + 2 * j, j, head, bat)
                     cute.copy(tma_k, tKgK[(None, j, 0, head, bat)], tKsK[(None, kv_state.index)],
                               tma_bar_ptr=k_pipe.producer_get_barrier(kv_state))
                     v_pipe.producer_acquire(kv_state)
+                    if const_expr(self.trace):
+                        self.trace_event(mLSE, tracing, t0, TRACE_PRODUCER + 2 * j + 1, j, head, bat)
                     cute.copy(tma_v, tVgV[(None, 0, j, head, bat)], tVsV[(None, kv_state.index)],
                               tma_bar_ptr=v_pipe.producer_get_barrier(kv_state))
                     kv_state.advance()
@@ -481,9 +499,14 @@ class Sm90Fp8Attention:
                 if const_expr(self.serial_pv):
                     # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
                     # 3 consumer warpgroups fit 160 registers at tile 128; the overlap comes from the other warpgroups
+                    if const_expr(self.trace):
+                        trace_at = (warp_idx - 4) * TRACE_TILES * 4 + 4 * j
+                        self.trace_event(mLSE, tracing, t0, trace_at, j, head, bat)
                     v_pipe.consumer_wait(v_state)
                     self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP,
                                    tOrV, tOrV_h, v_state.index)
+                    if const_expr(self.trace):
+                        self.trace_event(mLSE, tracing, t0, trace_at + 1, j, head, bat)
                     v_pipe.consumer_release(v_state)
                     # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
                     v_state.advance()
@@ -491,11 +514,17 @@ class Sm90Fp8Attention:
                     self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, v_state.index)
                     warpgroup.wait_group(0)
                     k_pipe.consumer_release(v_state)
+                    if const_expr(self.trace):
+                        self.trace_event(mLSE, tracing, t0, trace_at + 2, j, head, bat)
                     if j == n_tiles - 1:
                         self.mask_tile(acc_S, j, sk, cute.arch.lane_idx() % 4)
                     alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
                     self.apply_alpha(acc_O, alpha, alpha_keep)
                     P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    if const_expr(self.trace):
+                        # a value that needs every exp of the tile: the clock read cannot be scheduled before them
+                        self.trace_event(mLSE, tracing, t0, trace_at + 3, j, head, bat,
+                                         after=row_sum[0] + row_sum[1])
                 else:
                     # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
                     k_pipe.consumer_wait(kv_state)
@@ -534,9 +563,16 @@ class Sm90Fp8Attention:
 
             # read only now: one register less across the main loop
             self.epilogue(acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                          m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx)
+                          m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx, write_lse=not self.trace)
 
     # ------------------------------------------------------------------ consumer helpers
+    @cute.jit
+    def trace_event(self, mLSE: cute.Tensor, tracing, t0: Int32, index, j: Int32, head: Int32, bat: Int32,
+                    after: Float32 = Float32(0.0)):
+        if tracing and j < TRACE_TILES:
+            # "after" * 0 ties the stored value to a result the event must follow (a NaN there is visible)
+            mLSE[index, head, bat] = Float32(cute.arch.clock() - t0) + after * Float32(0.0)
+
     @cute.jit
     def gemm_qk(self, qk_mma_zero: cute.TiledMma, qk_mma: cute.TiledMma, acc_S: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,
                 wg: Int32, stage: Int32):
@@ -702,7 +738,7 @@ class Sm90Fp8Attention:
     @cute.jit
     def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale: Float32,
                  o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
-                 head: Int32, bat: Int32, wg_tidx: Int32):
+                 head: Int32, bat: Int32, wg_tidx: Int32, write_lse: cutlass.Constexpr = True):
         warp = wg_tidx // 32
         lane = wg_tidx % 32
         quad = lane % 4
@@ -711,7 +747,7 @@ class Sm90Fp8Attention:
             row = row0 + warp * 16 + lane // 4 + 8 * r
             inv = o_scale * cute.arch.rcp_approx(l)
             if row < sq:
-                if quad == 0:
+                if quad == 0 and const_expr(write_lse):
                     mLSE[row, head, bat] = (row_max[r] * qk_scale - 8.0 + cute.math.log2(l, fastmath=True)) * LN2
                 for j in cutlass.range_constexpr(self.head_dim // 8):
                     col = 8 * j + 2 * quad
