@@ -5,6 +5,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh extra   # attention benchmark, kernel accuracy, --sp 1, 16 GiB, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh diag    # sm90 kernel: option sweep + ncu (stall reasons per SASS line)
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh probe   # can MUFU.EX2 / FFMA and wgmma overlap? (WITH_TESTS=1: + sm90 tests)
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep     # sm90 option sweep only (SWEEP_VARIANTS), then TIMELINE_OPTS
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh timeline  # sm90 kernel: in-kernel clock trace (TIMELINE_OPTS="default k=v,k=v")
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 set -u
@@ -45,6 +46,13 @@ diag)
 probe)
   step mufu-wgmma 150 python benchmarks/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
   [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  ;;
+sweep)
+  step sweep 400 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
+  for o in ${TIMELINE_OPTS:-}; do
+    [ "$o" = default ] && o=""
+    step "timeline-${o:-default}" 200 python benchmarks/sm90_timeline.py --opts "$o" --out "$out/timeline"
+  done
   ;;
 timeline)
   for o in ${TIMELINE_OPTS:-default}; do

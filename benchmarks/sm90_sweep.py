@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the GPU tests import their shared helpers as a top-level module
 
-# name -> options (overrides of fp8_fwd_sm90.DEFAULT_OPTIONS). Variants with the same (tile_n, poly_every) must
+# name -> options (overrides of fp8_fwd_sm90.DEFAULT_OPTIONS). Variants with the same (tile_n, poly_every, sum_mma,
+# max_chains) must
 # give bit-identical results (the other options only schedule the same arithmetic): each is checked bitwise
 # against the first such variant in the run. Earlier sessions' variants (v1, ping-pong, poly, tile 224) and
 # their timings are in benchmarks/NOTES.md.
@@ -51,6 +52,14 @@ VARIANTS = {
     "wg3-n128-serial-turns": dict(tile_n=128, pv_split=1, exp_turns=True, pv_promote=False),
     "v1": dict(consumer_wgs=2, tile_n=128, kv_stages=2, serial_pv=False, pv_split=1, pin_wait="none",
                skip_rescale=False, pv_promote=False),
+    # session 3: a shorter softmax (benchmarks/NOTES.md, "Session 3")
+    "sum": dict(sum_mma=True),  # row sums from the tensor cores (P8 @ ones): no FADD chains in the softmax
+    "sum-ch8": dict(sum_mma=True, max_chains=8),
+    "sum-rows": dict(sum_mma=True, rows_first=True),
+    "sum-ch8-rows": dict(sum_mma=True, max_chains=8, rows_first=True),
+    "ch8": dict(max_chains=8),
+    "rows": dict(rows_first=True),
+    "sum-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True),
     "n192-pp": dict(consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, pingpong=True, pv_promote=False),
 }
 DEFAULT_SWEEP = ["default", "v4", "wg3-n128-split4", "wg3-n160-split4", "v3"]
@@ -88,7 +97,7 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     full = {n: K.options(**VARIANTS[n]) for n in names}
-    numerics = {n: (full[n]["tile_n"], full[n]["poly_every"]) for n in names}
+    numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["sum_mma"], full[n]["max_chains"]) for n in names}
     ref_of = {n: next(m for m in names if numerics[m] == numerics[n]) for n in names}
     res = {n: dict(opts=VARIANTS[n], bitwise_ref=ref_of[n]) for n in names}
 
@@ -112,10 +121,10 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001
                 res[n]["error"] = f"run: {type(exc).__name__}: {exc}"[:400]
                 continue
-            tn = full[n]["tile_n"]
-            if tn not in model:
-                model[tn] = _emulate_sm90(prep, scale, tile_n=tn)
-            eo, el = model[tn]
+            mk = (full[n]["tile_n"], full[n]["sum_mma"])
+            if mk not in model:
+                model[mk] = _emulate_sm90(prep, scale, tile_n=mk[0], sum_p8=mk[1])
+            eo, el = model[mk]
             outs.setdefault(ref_of[n], (o, l))
             ro, rl = outs[ref_of[n]]
             r = res[n].setdefault("small", {})

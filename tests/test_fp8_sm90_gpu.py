@@ -54,9 +54,10 @@ def _run(prep, scale, dtype=torch.bfloat16, **cfg):
     return o, lse
 
 
-def _emulate_sm90(prep, scale, tile_n=TILE_N):
-    """Torch model of this kernel's numerics: 128-key tiles in natural order, raw-domain running max,
-    P*256 = exp2(S*qks - (m*qks - 8)), e4m3(P*256) @ V8, O * descale_v / l, LSE = ln2 (m qks - 8 + log2 l)."""
+def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=False):
+    """Torch model of this kernel's numerics: tile_n-key tiles in natural order, raw-domain running max,
+    P*256 = exp2(S*qks - (m*qks - 8)), e4m3(P*256) @ V8, O * descale_v / l, LSE = ln2 (m qks - 8 + log2 l).
+    l sums the fp32 P*256, or with ``sum_p8`` (the kernel's sum_mma option) the e4m3 values the P V GEMM sees."""
     from ditprof.kernels.fp8_fwd_sm90 import sm90_key_order_for_positions
 
     q = prep.q8.float()[:, :, : prep.sq]
@@ -76,8 +77,9 @@ def _emulate_sm90(prep, scale, tile_n=TILE_N):
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         alpha = torch.exp2((m - m_new) * qks)
         p = torch.exp2(s * qks - (m_new * qks - 8.0))
-        l = l * alpha + p.sum(-1, keepdim=True)
-        o = o * alpha + p.to(torch.float8_e4m3fn).float() @ v[:, :, t0:t1]
+        p8 = p.to(torch.float8_e4m3fn).float()
+        l = l * alpha + (p8 if sum_p8 else p).sum(-1, keepdim=True)
+        o = o * alpha + p8 @ v[:, :, t0:t1]
         m = m_new
     out = (o * dv / l).transpose(1, 2)
     lse = (math.log(2.0) * (m * qks - 8.0 + torch.log2(l)))[..., 0]

@@ -109,6 +109,7 @@ SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the 
 # kernel start into their head's LSE row: per consumer warp w and key tile j < TRACE_TILES the 4 events
 # TRACE_EVENTS at ((w * TRACE_TILES + j) * 4 + e); the producer's K and V issue times after them at
 # TRACE_PRODUCER + 2 * j + (0 | 1). benchmarks/sm90_timeline.py turns them into a Chrome trace.
+SUM_COLS = 8  # sum_mma: width of the ones tile (the narrowest wgmma N)
 TRACE_TILES = 192
 TRACE_EVENTS = ("start", "pv_done", "s_ready", "p_ready")
 TRACE_PRODUCER = 12 * TRACE_TILES * 4
@@ -176,6 +177,9 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
     pv_promote=True,  # P V of each tile into a fresh accumulator, added to O in FP32 on the CUDA cores
     pv_split=2,  # promoted P V in 2 (or 4) head_dim slices: a 32- (16-) register fresh accumulator; needs serial_pv
+    max_chains=4,  # independent FMNMX / FADD chains per row in the softmax (4 or 8): shorter dependency latency
+    rows_first=False,  # both rows' maxima (and their shuffles) before any exp, instead of row by row
+    sum_mma=False,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
 
@@ -207,6 +211,10 @@ class Sm90Fp8Attention:
             raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
         if opts["pv_split"] not in (1, 2, 4) or (opts["pv_split"] > 1 and not (opts["pv_promote"] and opts["serial_pv"])):
             raise ValueError("pv_split must be 1, or 2 or 4 with pv_promote and serial_pv")
+        if opts["max_chains"] not in (4, 8):
+            raise ValueError("max_chains must be 4 or 8")
+        if opts["sum_mma"] and (opts["pv_split"] == 1 or opts["exp_turns"] or opts["poly_every"]):
+            raise ValueError("sum_mma needs pv_split > 1 and neither exp_turns nor poly_every")
         if opts["trace"] and not opts["serial_pv"]:
             raise ValueError("trace needs serial_pv")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
@@ -227,6 +235,9 @@ class Sm90Fp8Attention:
         self.pv_split = opts["pv_split"]
         self.num_wg = opts["consumer_wgs"]
         self.trace = opts["trace"]
+        self.max_chains = opts["max_chains"]
+        self.rows_first = opts["rows_first"]
+        self.sum_mma = opts["sum_mma"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
@@ -283,6 +294,13 @@ class Sm90Fp8Attention:
         pv_mma_h_zero = sm90_utils.make_trivial_tiled_mma(
             f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D // self.pv_split), warpgroup.OperandSource.RMEM)
 
+        # sum_mma: l = P8 @ ones (8 identical columns, the narrowest wgmma) from a constant smem tile of e4m3 1.0
+        sum_mma = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, SUM_COLS), warpgroup.OperandSource.RMEM)
+        sum_mma_zero = sm90_utils.make_trivial_tiled_mma(
+            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, SUM_COLS), warpgroup.OperandSource.RMEM)
+        sOnes_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (TILE_M_WG, SUM_COLS, self.tile_n), f8, 1)
+
         qk_tiler = (TILE_M_WG, self.tile_n, D)
         pv_tiler = (TILE_M_WG, D, self.tile_n)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, f8, self.num_wg)
@@ -299,24 +317,17 @@ class Sm90Fp8Attention:
         self.q_bytes = TILE_M_WG * D * self.num_wg
         self.kv_bytes = self.tile_n * D
 
-        @cute.struct
-        class SharedStorage:
-            q_mbar: cute.struct.MemRange[cutlass.Int64, 2]
-            k_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
-            v_mbar: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
-            pin: cute.struct.MemRange[Float32, 32]  # pin_wait scratch (fits in the barriers' 1024-byte block)
-            sQ: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[f8, cute.cosize(sV_layout)], 1024]
-
+        SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
+                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout) if self.sum_mma else 0)
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
         grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
         self.kernel(
-            qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
+            qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
+            tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
             mScales, mO, mLSE, sq, sk, softmax_scale * LOG2E,
-            sQ_layout, sK_layout, sV_layout,
+            sQ_layout, sK_layout, sV_layout, sOnes_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
@@ -329,6 +340,8 @@ class Sm90Fp8Attention:
         pv_mma_zero: cute.TiledMma,
         pv_mma_h: cute.TiledMma,
         pv_mma_h_zero: cute.TiledMma,
+        sum_mma: cute.TiledMma,
+        sum_mma_zero: cute.TiledMma,
         tma_q: cute.CopyAtom,
         mQ: cute.Tensor,
         tma_k: cute.CopyAtom,
@@ -344,6 +357,7 @@ class Sm90Fp8Attention:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sOnes_layout: cute.ComposedLayout,
     ):
         D = self.head_dim
         tile_n = self.tile_n
@@ -376,6 +390,12 @@ class Sm90Fp8Attention:
 
         if tidx == 0:
             sPin[PIN_ZERO_SLOT] = Float32(0.0)
+        if const_expr(self.sum_mma):
+            # every byte is one element, so the swizzle does not matter: e4m3 1.0 = 0x38
+            ones_raw = cute.recast_tensor(storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout))), Uint8)
+            for i in range(tidx, cute.size(ones_raw), self.threads):
+                ones_raw[i] = Uint8(0x38)
+            cute.arch.fence_proxy("async.shared", space="cta")  # generic stores, read by wgmma (async proxy)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         t0 = cute.arch.clock() if const_expr(self.trace) else Int32(0)  # every warp leaves the barrier together
@@ -428,6 +448,8 @@ class Sm90Fp8Attention:
             pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
             pv_mma_h.set(warpgroup.Field.ACCUMULATE, True)
             pv_mma_h_zero.set(warpgroup.Field.ACCUMULATE, False)
+            sum_mma.set(warpgroup.Field.ACCUMULATE, True)
+            sum_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
             wg = wg_idx - 1
             wg_tidx = tidx % 128
             qk_thr = qk_mma.get_slice(wg_tidx)
@@ -453,6 +475,14 @@ class Sm90Fp8Attention:
                 acc_Ot = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
                 tOrV_h = tOrV  # not read without pv_split
             alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
+            # sum_mma: the row sums of a tile's P8 (every column of acc_L holds its row's sum)
+            sum_thr = sum_mma.get_slice(wg_tidx)
+            acc_L = cute.make_rmem_tensor(sum_thr.partition_shape_C((TILE_M_WG, SUM_COLS)), Float32)
+            if const_expr(self.sum_mma):
+                sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
+                tLrOnes = sum_thr.make_fragment_B(sum_thr.partition_B(sOnes))  # (MMA, 1, tile_n/32, 1)
+            else:
+                tLrOnes = acc_L  # not read
 
             # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
             n_kb = tile_n // 32
@@ -504,7 +534,7 @@ class Sm90Fp8Attention:
                         self.trace_event(mLSE, tracing, t0, trace_at, j, head, bat)
                     v_pipe.consumer_wait(v_state)
                     self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP,
-                                   tOrV, tOrV_h, v_state.index)
+                                   tOrV, tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
                     if const_expr(self.trace):
                         self.trace_event(mLSE, tracing, t0, trace_at + 1, j, head, bat)
                     v_pipe.consumer_release(v_state)
@@ -524,7 +554,7 @@ class Sm90Fp8Attention:
                     if const_expr(self.trace):
                         # a value that needs every exp of the tile: the clock read cannot be scheduled before them
                         self.trace_event(mLSE, tracing, t0, trace_at + 3, j, head, bat,
-                                         after=row_sum[0] + row_sum[1])
+                                         after=acc_S[0] + acc_S[cute.size(acc_S) - 1])
                 else:
                     # S_j = Q K_j^T and O += P_{j-1} V_{j-1}, both in flight
                     k_pipe.consumer_wait(kv_state)
@@ -558,7 +588,7 @@ class Sm90Fp8Attention:
             # epilogue PV
             v_pipe.consumer_wait(v_state)
             self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV,
-                           tOrV_h, v_state.index)
+                           tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
             v_pipe.consumer_release(v_state)
 
             # read only now: one register less across the main loop
@@ -610,11 +640,17 @@ class Sm90Fp8Attention:
         on the MUFU pipe instead of all exponentiating at the same time."""
         alpha = cute.make_rmem_tensor((2,), Float32)
         bias = cute.make_rmem_tensor((2,), Float32)
-        part = cute.make_rmem_tensor((4,), Float32)  # 4 independent chains: shorter dependency latency
-        if const_expr(not self.exp_turns):
+        part = cute.make_rmem_tensor((self.max_chains,), Float32)  # independent chains: shorter dependency latency
+        if const_expr(not self.exp_turns and not self.rows_first):
             for r in cutlass.range_constexpr(2):
                 self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, r)
                 self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, r)
+        elif const_expr(not self.exp_turns):
+            part1 = cute.make_rmem_tensor((self.max_chains,), Float32)
+            self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, 0)
+            self.row_max_update(acc_S, row_max, alpha, bias, part1, qk_scale, 1)
+            self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, 0)
+            self.row_exp_sum(acc_S, row_sum, alpha, bias, part1, qk_scale, 1)
         else:
             for r in cutlass.range_constexpr(2):
                 self.row_max_update(acc_S, row_max, alpha, bias, part, qk_scale, r)
@@ -643,12 +679,16 @@ class Sm90Fp8Attention:
     def row_max_update(self, acc_S: cute.Tensor, row_max: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
                        part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
         n8 = self.tile_n // 8
-        for i in cutlass.range_constexpr(4):
+        nc = self.max_chains
+        for i in cutlass.range_constexpr(nc):
             part[i] = acc_S[i % 2 + 2 * r + 4 * (i // 2)]
-        for j in cutlass.range_constexpr(2, n8):
+        for j in cutlass.range_constexpr(nc // 2, n8):
             for c in cutlass.range_constexpr(2):
-                i = 2 * (j % 2) + c
+                i = 2 * (j % (nc // 2)) + c
                 part[i] = cute.arch.fmax(part[i], acc_S[c + 2 * r + 4 * j])
+        if const_expr(nc == 8):
+            for i in cutlass.range_constexpr(4):
+                part[i] = cute.arch.fmax(part[i], part[i + 4])
         m_tile = cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
         m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
         m_new = cute.arch.fmax(row_max[r], m_tile)
@@ -660,6 +700,7 @@ class Sm90Fp8Attention:
     def row_exp_sum(self, acc_S: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
                     part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
         n8 = self.tile_n // 8
+        nc = self.max_chains
         for j in cutlass.range_constexpr(n8):
             for c in cutlass.range_constexpr(2):
                 v = c + 2 * r + 4 * j
@@ -668,16 +709,23 @@ class Sm90Fp8Attention:
                 else:
                     p = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink or clone it
                 acc_S[v] = p
-                i = 2 * (j % 2) + c
-                if const_expr(j < 2):
-                    part[i] = p
-                else:
-                    part[i] = part[i] + p
-        row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+                if const_expr(not self.sum_mma):  # sum_mma: l comes from the tensor cores with P V
+                    i = 2 * (j % (nc // 2)) + c
+                    if const_expr(j < nc // 2):
+                        part[i] = p
+                    else:
+                        part[i] = part[i] + p
+        if const_expr(not self.sum_mma):
+            if const_expr(nc == 8):
+                for i in cutlass.range_constexpr(4):
+                    part[i] = part[i] + part[i + 4]
+            row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
 
     @cute.jit
     def pv_sliced(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc_O: cute.Tensor,
-                  acc_Ot: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32):
+                  acc_Ot: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32,
+                  sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma, acc_L: cute.Tensor, tLrOnes: cute.Tensor,
+                  row_sum: cute.Tensor):
         """P V one slice of D / pv_split columns at a time, each into the fresh acc_Ot and merged in FP32."""
         jw = self.head_dim // 8 // self.pv_split  # accumulator column groups per slice
         for h in cutlass.range_constexpr(self.pv_split):
@@ -686,9 +734,16 @@ class Sm90Fp8Attention:
                 b = tOrV_h[None, h, kb, stage]  # rank 1 after fixing the slice: give it back its N mode
                 b = cute.make_tensor(b.iterator, cute.append_ones(b.layout, up_to_rank=2))
                 cute.gemm(pv_mma_h_zero if kb == 0 else pv_mma_h, acc_Ot, tOrP[None, None, kb], b, acc_Ot)
+            if const_expr(self.sum_mma and h == 0):
+                for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    cute.gemm(sum_mma_zero if kb == 0 else sum_mma, acc_L, tOrP[None, None, kb],
+                              tLrOnes[None, None, kb, 0], acc_L)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             self.merge_o(acc_O, acc_Ot, alpha, jw * h)
+            if const_expr(self.sum_mma and h == 0):
+                for r in cutlass.range_constexpr(2):
+                    row_sum[r] = row_sum[r] * alpha[r] + acc_L[2 * r]  # value c + 2r: any column c holds the sum
 
     @cute.jit
     def apply_alpha(self, acc_O: cute.Tensor, alpha: cute.Tensor, alpha_keep: cute.Tensor):
@@ -715,11 +770,15 @@ class Sm90Fp8Attention:
     @cute.jit
     def pv_waited(self, pv_mma_zero: cute.TiledMma, pv_mma: cute.TiledMma, pv_mma_h_zero: cute.TiledMma,
                   pv_mma_h: cute.TiledMma, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor,
-                  tOrP: cute.Tensor, tOrV: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32):
+                  tOrP: cute.Tensor, tOrV: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32,
+                  sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma, acc_L: cute.Tensor, tLrOnes: cute.Tensor,
+                  row_sum: cute.Tensor):
         """O (+)= P V of the tile in ``stage``, complete on return: in head_dim slices (pv_split), into a fresh
-        accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma."""
+        accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma. sum_mma: also l = l * alpha +
+        rowsum(P8), the row sums from the tensor cores."""
         if const_expr(self.pv_split > 1):
-            self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha, tOrP, tOrV_h, stage)
+            self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha, tOrP, tOrV_h, stage,
+                           sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
         elif const_expr(self.pv_promote):
             self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, stage)
             warpgroup.wait_group(0)
@@ -743,7 +802,8 @@ class Sm90Fp8Attention:
         lane = wg_tidx % 32
         quad = lane % 4
         for r in cutlass.range_constexpr(2):
-            l = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            # sum_mma: every thread of the quad already holds its row's whole sum
+            l = row_sum[r] if const_expr(self.sum_mma) else cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
             row = row0 + warp * 16 + lane // 4 + 8 * r
             inv = o_scale * cute.arch.rcp_approx(l)
             if row < sq:
@@ -756,18 +816,43 @@ class Sm90Fp8Attention:
 
 
 # ---------------------------------------------------------------------- compile / run API
+def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int):
+    """The kernel's shared-memory struct (built outside the jit function: the DSL rewrites its control flow).
+    ones_elems > 0 adds sum_mma's constant tile."""
+    f8 = Float8E4M3FN
+
+    # annotations spelled out: this module's `from __future__ import annotations` would leave them as strings
+    fields = {
+        "q_mbar": cute.struct.MemRange[cutlass.Int64, 2],
+        "k_mbar": cute.struct.MemRange[cutlass.Int64, kv_stages * 2],
+        "v_mbar": cute.struct.MemRange[cutlass.Int64, kv_stages * 2],
+        "pin": cute.struct.MemRange[Float32, 32],  # pin_wait scratch (fits in the barriers' 1024-byte block)
+        "sQ": cute.struct.Align[cute.struct.MemRange[f8, q_elems], 1024],
+        "sK": cute.struct.Align[cute.struct.MemRange[f8, k_elems], 1024],
+        "sV": cute.struct.Align[cute.struct.MemRange[f8, v_elems], 1024],
+    }
+    if ones_elems:
+        fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[f8, ones_elems], 1024]
+    SharedStorage = type("SharedStorage", (), {"__annotations__": fields})
+    return cute.struct(SharedStorage)
+
+
+
 _CACHE: Dict[Tuple[Any, ...], Any] = {}
 
 
 def smem_bytes(head_dim: int = 128, tile_n: int | None = None, kv_stages: int | None = None,
-               consumer_wgs: int | None = None) -> int:
+               consumer_wgs: int | None = None, sum_mma: bool | None = None) -> int:
     """Dynamic shared memory per CTA: mbarriers (padded to the 1024-byte alignment of the tiles),
     Q (consumer_wgs x 64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each). None: the default option."""
     tile_n = DEFAULT_OPTIONS["tile_n"] if tile_n is None else tile_n
     kv_stages = DEFAULT_OPTIONS["kv_stages"] if kv_stages is None else kv_stages
     consumer_wgs = DEFAULT_OPTIONS["consumer_wgs"] if consumer_wgs is None else consumer_wgs
+    sum_mma = DEFAULT_OPTIONS["sum_mma"] if sum_mma is None else sum_mma
+    ones = SUM_COLS * tile_n if sum_mma else 0  # the constant ones tile of sum_mma
     barriers = (2 + 4 * kv_stages) * 8
-    return -(-barriers // 1024) * 1024 + TILE_M_WG * consumer_wgs * head_dim + 2 * kv_stages * tile_n * head_dim
+    total = -(-barriers // 1024) * 1024 + TILE_M_WG * consumer_wgs * head_dim + 2 * kv_stages * tile_n * head_dim + ones
+    return -(-total // 1024) * 1024  # the struct's size is a multiple of its 1024-byte alignment
 
 
 def _out_dtype(dtype_out):
@@ -809,7 +894,7 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     old_arch = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
     opts = options(**opts)
-    tile_n, kv_stages, n_wg = opts["tile_n"], opts["kv_stages"], opts["consumer_wgs"]
+    tile_n, kv_stages, n_wg, smma = opts["tile_n"], opts["kv_stages"], opts["consumer_wgs"], opts["sum_mma"]
     kern = Sm90Fp8Attention(head_dim, dtype_out, **opts)
     if fake:
         stream = cute.runtime.make_fake_stream()
@@ -825,8 +910,8 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
             os.environ.pop("CUTE_DSL_ARCH", None)
         else:
             os.environ["CUTE_DSL_ARCH"] = old_arch
-    if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages, n_wg):  # keep the formula honest
-        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages, n_wg)} != {kern.smem_bytes}")
+    if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages, n_wg, smma):  # keep the formula honest
+        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages, n_wg, smma)} != {kern.smem_bytes}")
     return fn
 
 
