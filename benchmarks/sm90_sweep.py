@@ -57,6 +57,11 @@ VARIANTS = {
     "sum-ch8": dict(sum_mma=True, max_chains=8),
     "sum-rows": dict(sum_mma=True, rows_first=True),
     "sum-ch8-rows": dict(sum_mma=True, max_chains=8, rows_first=True),
+    "fence": dict(pv_fence=True),  # a clock read in a never-taken branch after the P V merge: 0 spills
+    "sum-fence": dict(sum_mma=True, pv_fence=True),
+    "sum-fence-ch8-rows": dict(sum_mma=True, pv_fence=True, max_chains=8, rows_first=True),
+    "sum-fence-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True, pv_fence=True),
+    "sum-fence-kv4": dict(sum_mma=True, pv_fence=True, kv_stages=4),
     "ch8": dict(max_chains=8),
     "rows": dict(rows_first=True),
     "sum-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True),

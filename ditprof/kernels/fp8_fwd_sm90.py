@@ -180,6 +180,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     max_chains=4,  # independent FMNMX / FADD chains per row in the softmax (4 or 8): shorter dependency latency
     rows_first=False,  # both rows' maxima (and their shuffles) before any exp, instead of row by row
     sum_mma=False,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
+    pv_fence=False,  # a never-taken branch after each tile's P V merge: ptxas schedules the two halves apart (spills)
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
 
@@ -238,6 +239,7 @@ class Sm90Fp8Attention:
         self.max_chains = opts["max_chains"]
         self.rows_first = opts["rows_first"]
         self.sum_mma = opts["sum_mma"]
+        self.pv_fence = opts["pv_fence"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
@@ -537,6 +539,12 @@ class Sm90Fp8Attention:
                                    tOrV, tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
                     if const_expr(self.trace):
                         self.trace_event(mLSE, tracing, t0, trace_at + 1, j, head, bat)
+                    elif const_expr(self.pv_fence):
+                        # sk < 0 never holds but ptxas cannot know: the basic-block boundary keeps the next QK's
+                        # set-up from being interleaved into the merge, which is what made v5 spill
+                        c = cute.arch.clock()
+                        if sk < 0:
+                            sPin[warp_idx % 16] = Float32(c)
                     v_pipe.consumer_release(v_state)
                     # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
                     v_state.advance()
