@@ -5,6 +5,8 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh extra   # attention benchmark, kernel accuracy, --sp 1, 16 GiB, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh diag    # sm90 kernel: option sweep + ncu (stall reasons per SASS line)
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh probe   # can MUFU.EX2 / FFMA and wgmma overlap? (WITH_TESTS=1: + sm90 tests)
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh final     # sm90 GPU tests + attention side by side (h3)
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh compare   # default `ditprof compare` (h3) only
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep     # sm90 option sweep only (SWEEP_VARIANTS), then TIMELINE_OPTS
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh timeline  # sm90 kernel: in-kernel clock trace (TIMELINE_OPTS="default k=v,k=v")
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
@@ -46,6 +48,13 @@ diag)
 probe)
   step mufu-wgmma 150 python benchmarks/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
   [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  ;;
+final)
+  step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  step attention-bench 240 python benchmarks/attention.py --shapes h3 --iters 5 --json "$out/attention.json"
+  ;;
+compare)
+  step compare-h3 280 python -m ditprof compare --out "$out/compare-h3"
   ;;
 sweep)
   step sweep 400 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}

@@ -15,7 +15,7 @@ from fp8_gpu_cases import gaussian_inputs as _inputs
 from fp8_gpu_cases import rel_rms as _rel_rms
 # v4 (the session-2 default before v5): 2 consumer warpgroups, 128-key tiles, intra-warpgroup overlap, pv_promote.
 # The reference for the bitwise schedule checks (every 128-key-tile variant must reproduce it exactly).
-V4 = dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1, pv_promote=True)
+V4 = dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1, pv_promote=True, sum_mma=False, pv_fence=False)
 TILE_N = 160  # == fp8_fwd_sm90.DEFAULT_OPTIONS['tile_n'] (checked in test_tile_n_matches_default)
 # Kernel vs its exact torch model: the model computes S = Q8 K8^T in fp32, but Hopper's FP8 wgmma adds the
 # 32-term partial products with ~14-bit alignment (the precision DeepSeek-V3 reports for H800 FP8 GEMMs), so
@@ -54,12 +54,20 @@ def _run(prep, scale, dtype=torch.bfloat16, **cfg):
     return o, lse
 
 
-def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=False):
+def _sum_p8(**cfg):
+    """Does this kernel configuration sum the e4m3 P (sum_mma) for l?"""
+    from ditprof.kernels.fp8_fwd_sm90 import options
+
+    return options(**cfg)["sum_mma"]
+
+
+def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=None):
     """Torch model of this kernel's numerics: tile_n-key tiles in natural order, raw-domain running max,
     P*256 = exp2(S*qks - (m*qks - 8)), e4m3(P*256) @ V8, O * descale_v / l, LSE = ln2 (m qks - 8 + log2 l).
     l sums the fp32 P*256, or with ``sum_p8`` (the kernel's sum_mma option) the e4m3 values the P V GEMM sees."""
     from ditprof.kernels.fp8_fwd_sm90 import sm90_key_order_for_positions
 
+    sum_p8 = _sum_p8() if sum_p8 is None else sum_p8  # the default configuration's choice
     q = prep.q8.float()[:, :, : prep.sq]
     k = prep.k8.float()
     skp = k.shape[2]
@@ -178,20 +186,21 @@ def _small_case(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{**V4, "kv_stages": 2}, {**V4, "tile_n": 224}, {**V4, "pingpong": True},
                                  {**V4, "poly_every": 4}, {**V4, "poly_every": 2, "pingpong": True},
-                                 {"poly_every": 4},
+                                 {"poly_every": 4, "sum_mma": False},
                                  {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 2, "tile_n": 192, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2},
-                                 {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4}],
+                                 {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4},
+                                 {"sum_mma": False}, {"max_chains": 8}, {"tile_n": 128, "pv_split": 4}],
                          ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "default-poly4", "wg3n96split", "n192split",
-                              "wg3n160split", "wg3n128split4"])
+                              "wg3n160split", "wg3n128split4", "v6-nosum", "v6-ch8", "v6-n128split4"])
 @pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
 def test_sm90_variants_vs_emulation(cfg, shape):
     _need_sm90()
     prep, scale = _small_case(shape)
     o, lse = _run(prep, scale, **cfg)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N))
+    eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N), sum_p8=_sum_p8(**cfg))
     assert _rel_rms(o, eo) < MODEL_REL_RMS, _rel_rms(o, eo)
     assert (lse - el).abs().max().item() < 1e-3
 
@@ -220,6 +229,22 @@ def test_sm90_schedule_options_bitwise(cfg, shape):
     assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
 
 
+# The same for the default (v6) family: options that schedule the same sum_mma arithmetic differently.
+SCHEDULE_ONLY_V6 = [{"pv_fence": False}, {"rows_first": True}, {"kv_stages": 4}, {"kv_stages": 2},
+                    {"consumer_wgs": 2}, {"pv_split": 4}, {"rows_first": True, "pv_fence": False}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SCHEDULE_ONLY_V6, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
+def test_sm90_default_schedule_options_bitwise(cfg, shape):
+    _need_sm90()
+    prep, scale = _small_case(shape)
+    o0, l0 = _run(prep, scale)
+    o, lse = _run(prep, scale, **cfg)
+    assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sq,sk", [(1000, 33), (385, 300), (30271, 1000)])
 def test_sm90_three_consumers_odd_lengths(sq, sk):
@@ -232,7 +257,7 @@ def test_sm90_three_consumers_odd_lengths(sq, sk):
     q, k, v = _inputs(1, 3, sq, sk, 128, seed=5)
     scale = 1.0 / math.sqrt(128)
     prep = fp8_prepare(q, k, v, smooth_k=True)
-    o, lse = _run(prep, scale, consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=4)
+    o, lse = _run(prep, scale, consumer_wgs=3, tile_n=128, serial_pv=True, pv_split=4, sum_mma=False)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     assert _rel_rms(o, attention_reference(q, k, v, scale)) <= GAUSSIAN_REL_RMS
     o2, l2 = _run(prep, scale, **V4)  # same key tiling, 2 consumer warpgroups: identical arithmetic

@@ -34,16 +34,22 @@ def _compile(tmp_path_factory, head_dim=128, **cfg):
 
 
 # v4: 2 consumer warpgroups, 128-key tiles, intra-warpgroup overlap, pv_promote (the default before v5)
-V4 = dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1, pv_promote=True)
+V4 = dict(consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1, pv_promote=True, sum_mma=False, pv_fence=False)
+V5 = dict(sum_mma=False, pv_fence=False)  # v5: 3 consumer warpgroups, tile 160, serial, pv_split=2 (spilled 12 bytes)
 CONFIGS = [
-    {},  # the default (DEFAULT_OPTIONS, v5: 3 consumer warpgroups, tile 160, serial, pv_split=2)
+    {},  # the default (DEFAULT_OPTIONS, v6: v5 + row sums from the tensor cores + the clock fence)
+    {"sum_mma": False},  # v6 without sum_mma
+    V5,
+    {"pv_split": 4},
+    {"tile_n": 128, "pv_split": 4},
+    {"rows_first": True, "max_chains": 8},
     V4,
     {**V4, "kv_stages": 2},
     {**V4, "overlap": False},
     {**V4, "pingpong": True},
     {**V4, "exp_turns": True},
     {**V4, "tile_n": 192, "serial_pv": True},  # promote at tile 192 fits only without the intra-warpgroup overlap
-    {"tile_n": 128, "pv_split": 4},  # 3 warpgroups, tile 128: the fastest spill-free configuration
+    {**V5, "tile_n": 128, "pv_split": 4},  # 3 warpgroups, tile 128: v5's fastest spill-free configuration
     # the configurations without pv_promote measured in benchmarks/NOTES.md (v3 = tile 192, 3 stages)
     {**V4, "tile_n": 192, "pv_promote": False},
     {**V4, "tile_n": 192, "pingpong": True, "kv_stages": 3, "pv_promote": False},
@@ -51,13 +57,13 @@ CONFIGS = [
     {**V4, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pv_promote": False},
     {**V4, "tile_n": 192, "pin_wait": "sts", "skip_rescale": True, "poly_every": 4, "pingpong": True,
      "pv_promote": False},
-    {"consumer_wgs": 3, "serial_pv": True, "pv_promote": False, "pv_split": 1, "tile_n": 128},
-    {"consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "pv_promote": False, "pv_split": 1, "serial_pv": False,
+    {**V5, "consumer_wgs": 3, "serial_pv": True, "pv_promote": False, "pv_split": 1, "tile_n": 128},
+    {**V5, "consumer_wgs": 3, "tile_n": 96, "kv_stages": 4, "pv_promote": False, "pv_split": 1, "serial_pv": False,
      "exp_turns": True},
 ]
-# local-memory bytes ptxas may use per configuration; everything else must not spill. The default keeps 3 values
-# in local memory (measured faster than the spill-free {"tile_n": 128, "pv_split": 4}: benchmarks/NOTES.md, v5).
-ALLOWED_SPILL_BYTES = {(): 12}
+# local-memory bytes ptxas may use per configuration; everything else (the default included) must not spill.
+# v5 (the default before pv_fence) keeps 3 values in local memory.
+ALLOWED_SPILL_BYTES = {tuple(sorted(V5.items())): 12}
 
 
 def _key(cfg):
@@ -72,7 +78,12 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     split = K.options(**cfg)["pv_split"]
     # QK: D/32 k-blocks, PV: tile_n/32 k-blocks per head_dim slice; prologue QK + loop QK + loop PV + epilogue PV
     # (overlap=False only changes a wait depth).
-    assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32) * split, base
+    # sum_mma: one m64n8 k-block per P V k-block of the first slice, beside it
+    sums = 2 * (tile_n // 32) if K.options(**cfg)["sum_mma"] else 0
+    assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32) * split + sums, base
+    if sums:
+        assert "QGMMA.64x8x32.F32.E4M3.E4M3 R" in r["sass"]  # l = rowsum(P8) with P (A) from registers
+        assert base.get("FADD", 0) <= 16, base.get("FADD")  # no per-score row-sum additions left
     assert f"QGMMA.64x{tile_n}x32.F32.E4M3.E4M3" in r["sass"]  # S = Q K^T: m64 n(tile_n) k32, e4m3 -> fp32
     assert f"QGMMA.64x{128 // split}x32.F32.E4M3.E4M3 R" in r["sass"]  # P V with P (A) from registers
     assert base.get("HMMA", 0) == 0 and base.get("QMMA", 0) == 0  # no emulation, no mma.sync
@@ -100,9 +111,10 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
 
 def test_sm90a_register_p_has_no_shuffles_in_loop(tmp_path_factory):
     # P goes accumulator -> A operand purely by register renaming (the key permutation); the only SHFLs are
-    # the quad max reductions (2 rows x 2 per tile body) and the epilogue's row-sum reduction.
+    # the quad max reductions (2 rows x 2 per tile body), and without sum_mma the epilogue's row-sum reduction.
     r = _compile(tmp_path_factory)
-    assert r["base"].get("SHFL", 0) <= 12, r["base"].get("SHFL")
+    assert r["base"].get("SHFL", 0) <= 8, r["base"].get("SHFL")
+    assert _compile(tmp_path_factory, **V5)["base"].get("SHFL", 0) <= 12
 
 
 def test_head_dim_64_compiles(tmp_path_factory):
@@ -112,10 +124,13 @@ def test_head_dim_64_compiles(tmp_path_factory):
 
 
 def test_smem_formula():
-    assert K.smem_bytes(128, 128, 2, 2) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
+    assert K.smem_bytes(128, 128, 2, 2, sum_mma=False) == 1024 + 128 * 128 + 2 * 2 * 128 * 128
+    assert K.smem_bytes(128, 128, 2, 2, sum_mma=True) == 1024 + 128 * 128 + 2 * 2 * 128 * 128 + 1024  # 8 x 128 ones
     o = K.DEFAULT_OPTIONS
     q_rows = 64 * o["consumer_wgs"]
-    assert K.smem_bytes(128) == 1024 + q_rows * 128 + 2 * o["kv_stages"] * o["tile_n"] * 128
+    ones = 8 * o["tile_n"] if o["sum_mma"] else 0  # sum_mma's constant tile
+    expect = 1024 + q_rows * 128 + 2 * o["kv_stages"] * o["tile_n"] * 128 + ones
+    assert K.smem_bytes(128) == -(-expect // 1024) * 1024
     assert K.smem_bytes(128, 224, 3) <= 227 * 1024
 
 

@@ -41,6 +41,13 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   before QK_j is issued, so S and P are never live together; the other warpgroups supply the overlap).
   ``exp_turns`` (the consumer warpgroups take turns for their exps on named barriers 3..5, pinned in SASS by a
   shared store before each arrive and a shared load after each sync): measured slower, kept as an option.
+* ``sum_mma`` (default): the row sums l come from the tensor cores, an m64n8 wgmma of P (the same registers as
+  P V's A operand) with a constant smem tile of e4m3 1.0, issued with the first P V slice: the softmax loses its
+  80 FADDs (and their dependency chains) per thread and tile, and l sums exactly the e4m3 values that P V
+  multiplies. Timeline (benchmarks/sm90_timeline.py): softmax 2153 -> 1646 SM cycles per warpgroup-tile.
+* ``pv_fence`` (default): a clock read (an instruction ptxas does not move code across) in a branch that is never
+  taken, right after the P V merge: without it ptxas interleaves the next QK's set-up with the merge and keeps 3-5
+  values in local memory.
 * ``poly_every=k``: every k-th 8-column group of S uses ``exp2_poly`` (FMA pipe) instead of MUFU.EX2 (FA4's
   trick). Correct, but measured slower here: the kernel is latency-bound, not MUFU-bound (benchmarks/NOTES.md).
 
@@ -65,7 +72,8 @@ Numerics (ARCHITECTURE.md, "FP8 numerics") with the tiling's differences
   processed in increasing key order, keys >= Sk masked to -inf (only the last tile is masked).
   m is kept in the raw (unscaled) accumulator domain: max commutes with the positive qk_scale.
 * P*256 is produced directly: p256 = exp2(S*qk_scale - (m*qk_scale - 8)) (one FFMA + ex2.approx per score),
-  l accumulates fp32 p256, P8 = e4m3(p256) (cvt.rn.satfinite), O += P8 @ V8 in fp32.
+  P8 = e4m3(p256) (cvt.rn.satfinite), O += P8 @ V8 in fp32; l accumulates the e4m3 P8 (sum_mma, default) or the
+  fp32 p256 (sum_mma=False, the seed design's choice).
 * Epilogue: O = O * descale_v / l  (l already carries the x256), LSE = ln2 * (m*qk_scale - 8 + log2 l).
   Rows >= Sq are not written.
 
@@ -158,12 +166,10 @@ def sm90_key_order_for_positions(positions):
     return group + 8 * (element // 2) + 2 * quad + element % 2
 
 
-# Compile-time options (the compile-cache key); the defaults are the fastest configuration measured that is also
-# accurate on inputs whose V has a large mean (benchmarks/NOTES.md, v5): 3 consumer warpgroups, 160-key tiles,
-# PV_{j-1} finished before QK_j, each tile's P V promoted to FP32 in two head_dim halves. H3 shape on the H200:
-# 28.1-28.7 ms (kernel), against 30.7-31.4 ms for v4 (2 warpgroups, tile 128, overlap) in the same runs.
-# ptxas keeps 3 values in local memory (12 bytes; 2 STL + 2 LDL per key tile, L1-resident): measured faster
-# than every spill-free configuration (3 warpgroups, tile 128, pv_split=4: 29.6-29.8 ms).
+# Compile-time options (the compile-cache key); the defaults (v6, benchmarks/NOTES.md "Session 3"): 3 consumer
+# warpgroups, 160-key tiles, PV_{j-1} finished before QK_j, each tile's P V promoted to FP32 in two head_dim
+# halves, the row sums l from the tensor cores (sum_mma) and the clock fence after the merge (pv_fence: no spills).
+# H3 shape on the H200 (kernel): v6 27.6-27.9 ms vs v5 28.0-29.4 ms in the same runs (v5 spilled 12 bytes).
 DEFAULT_OPTIONS: Dict[str, Any] = dict(
     tile_n=160,  # keys per K/V tile (multiple of 32)
     kv_stages=3,  # depth of the K and V smem rings
@@ -179,8 +185,8 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     pv_split=2,  # promoted P V in 2 (or 4) head_dim slices: a 32- (16-) register fresh accumulator; needs serial_pv
     max_chains=4,  # independent FMNMX / FADD chains per row in the softmax (4 or 8): shorter dependency latency
     rows_first=False,  # both rows' maxima (and their shuffles) before any exp, instead of row by row
-    sum_mma=False,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
-    pv_fence=False,  # a never-taken branch after each tile's P V merge: ptxas schedules the two halves apart (spills)
+    sum_mma=True,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
+    pv_fence=True,  # a never-taken branch after each tile's P V merge: ptxas schedules the two halves apart (spills)
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
 
