@@ -24,6 +24,14 @@ TILE_N = 160  # == fp8_fwd_sm90.DEFAULT_OPTIONS['tile_n'] (checked in test_tile_
 # 0.57% (s3000); b2h3s77 over seeds 0..7: 0.34..0.51%. Options that only change scheduling are checked bit for
 # bit against V4 instead (test_sm90_schedule_options_bitwise), which catches races at any size.
 MODEL_REL_RMS = 1e-2
+# LSE vs the model: with sum_mma (the default) l is summed by an FP8 wgmma, whose short accumulator alignment
+# truncates the small P8 terms of a 32-key chunk against its largest one. Rows dominated by one key lose up to
+# ~1.4 % of l (H200, 2026-11-29: LSE max |diff| 0.0124 on b2h3s77, 0.0136 on 1000x33, 0.0036 on cross4096x512);
+# the P V numerator loses the same terms, so O does not (rel-RMS vs the model 0.0048 vs 0.0051 without).
+# Against float64 the LSE bound stays 0.05 (test_sm90_vs_float64).
+def _lse_tol(**cfg):
+    return 2e-2 if _sum_p8(**cfg) else 1e-3
+
 
 
 def test_tile_n_matches_default():
@@ -135,7 +143,7 @@ def test_sm90_vs_emulation(shape):
     eo, else_ = _emulate_sm90(prep, scale)
     # the wgmma's FP8 accumulation precision (see MODEL_REL_RMS), ex2.approx and fp32 summation order
     assert _rel_rms(o, eo) < MODEL_REL_RMS, _rel_rms(o, eo)
-    assert (lse - else_).abs().max().item() < 1e-3
+    assert (lse - else_).abs().max().item() < _lse_tol()
 
 
 @pytest.mark.gpu
@@ -202,7 +210,7 @@ def test_sm90_variants_vs_emulation(cfg, shape):
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N), sum_p8=_sum_p8(**cfg))
     assert _rel_rms(o, eo) < MODEL_REL_RMS, _rel_rms(o, eo)
-    assert (lse - el).abs().max().item() < 1e-3
+    assert (lse - el).abs().max().item() < _lse_tol(**cfg)
 
 
 # Options that only change scheduling (barriers, wait placement, pipeline depth, skipping O *= 1.0, warpgroup
