@@ -63,6 +63,11 @@ VARIANTS = {
     "sum-fence-ch8-rows": dict(sum_mma=True, pv_fence=True, max_chains=8, rows_first=True),
     "sum-fence-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True, pv_fence=True),
     "sum-fence-kv4": dict(sum_mma=True, pv_fence=True, kv_stages=4),
+    "pipe4": dict(pv_pipe=True, pv_split=4),  # P V slices two in flight (double-buffered 16-register accumulator)
+    "pipe2": dict(pv_pipe=True),  # the same with 32-register halves (spills 32 bytes)
+    "pipe4-n128": dict(pv_pipe=True, pv_split=4, tile_n=128),
+    "pipe4-poly10": dict(pv_pipe=True, pv_split=4, poly_every=10),  # every 10th 8-column group's exps on the FMA pipe
+    "pipe4-kv4": dict(pv_pipe=True, pv_split=4, kv_stages=4),
     "ch8": dict(**V5, max_chains=8),
     "rows": dict(**V5, rows_first=True),
     "sum-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True, pv_fence=False),

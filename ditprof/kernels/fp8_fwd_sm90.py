@@ -186,6 +186,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     max_chains=4,  # independent FMNMX / FADD chains per row in the softmax (4 or 8): shorter dependency latency
     rows_first=False,  # both rows' maxima (and their shuffles) before any exp, instead of row by row
     sum_mma=True,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
+    pv_pipe=False,  # pv_split slices two in flight (double-buffered fresh accumulator): merge h under slice h+1's wgmma
     pv_fence=True,  # a never-taken branch after each tile's P V merge: ptxas schedules the two halves apart (spills)
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
@@ -218,10 +219,12 @@ class Sm90Fp8Attention:
             raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
         if opts["pv_split"] not in (1, 2, 4) or (opts["pv_split"] > 1 and not (opts["pv_promote"] and opts["serial_pv"])):
             raise ValueError("pv_split must be 1, or 2 or 4 with pv_promote and serial_pv")
+        if opts["pv_pipe"] and opts["pv_split"] == 1:
+            raise ValueError("pv_pipe needs pv_split 2 or 4")
         if opts["max_chains"] not in (4, 8):
             raise ValueError("max_chains must be 4 or 8")
-        if opts["sum_mma"] and (opts["pv_split"] == 1 or opts["exp_turns"] or opts["poly_every"]):
-            raise ValueError("sum_mma needs pv_split > 1 and neither exp_turns nor poly_every")
+        if opts["sum_mma"] and (opts["pv_split"] == 1 or opts["exp_turns"]):
+            raise ValueError("sum_mma needs pv_split > 1 and no exp_turns")
         if opts["trace"] and not opts["serial_pv"]:
             raise ValueError("trace needs serial_pv")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
@@ -246,6 +249,7 @@ class Sm90Fp8Attention:
         self.rows_first = opts["rows_first"]
         self.sum_mma = opts["sum_mma"]
         self.pv_fence = opts["pv_fence"]
+        self.pv_pipe = opts["pv_pipe"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
@@ -478,9 +482,12 @@ class Sm90Fp8Attention:
                 pvh_thr = pv_mma_h.get_slice(wg_tidx)
                 # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
                 acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
+                # pv_pipe: the second buffer; live only in the P V phase, when acc_S is dead
+                acc_Ot2 = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
                 tOrV_h = pvh_thr.make_fragment_B(pvh_thr.partition_B(sV))
             else:
                 acc_Ot = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
+                acc_Ot2 = acc_Ot  # not read without pv_split
                 tOrV_h = tOrV  # not read without pv_split
             alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
             # sum_mma: the row sums of a tile's P8 (every column of acc_L holds its row's sum)
@@ -542,7 +549,8 @@ class Sm90Fp8Attention:
                         self.trace_event(mLSE, tracing, t0, trace_at, j, head, bat)
                     v_pipe.consumer_wait(v_state)
                     self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP,
-                                   tOrV, tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
+                                   tOrV, tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum,
+                                   acc_Ot2)
                     if const_expr(self.trace):
                         self.trace_event(mLSE, tracing, t0, trace_at + 1, j, head, bat)
                     elif const_expr(self.pv_fence):
@@ -602,7 +610,8 @@ class Sm90Fp8Attention:
             # epilogue PV
             v_pipe.consumer_wait(v_state)
             self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV,
-                           tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
+                           tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum,
+                                   acc_Ot2)
             v_pipe.consumer_release(v_state)
 
             # read only now: one register less across the main loop
@@ -760,6 +769,44 @@ class Sm90Fp8Attention:
                     row_sum[r] = row_sum[r] * alpha[r] + acc_L[2 * r]  # value c + 2r: any column c holds the sum
 
     @cute.jit
+    def issue_pv_slice(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc: cute.Tensor,
+                       tOrP: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32, h: cutlass.Constexpr,
+                       sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma, acc_L: cute.Tensor, tLrOnes: cute.Tensor):
+        """Issue (and commit as one group) slice h of P V into the fresh ``acc``; sum_mma: l's wgmma with slice 0."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            b = tOrV_h[None, h, kb, stage]  # rank 1 after fixing the slice: give it back its N mode
+            b = cute.make_tensor(b.iterator, cute.append_ones(b.layout, up_to_rank=2))
+            cute.gemm(pv_mma_h_zero if kb == 0 else pv_mma_h, acc, tOrP[None, None, kb], b, acc)
+        if const_expr(self.sum_mma and h == 0):
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(sum_mma_zero if kb == 0 else sum_mma, acc_L, tOrP[None, None, kb],
+                          tLrOnes[None, None, kb, 0], acc_L)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def pv_sliced_pipelined(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc_O: cute.Tensor,
+                            acc_Ot: cute.Tensor, acc_Ot2: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor,
+                            tOrV_h: cute.Tensor, stage: Int32, sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma,
+                            acc_L: cute.Tensor, tLrOnes: cute.Tensor, row_sum: cute.Tensor):
+        """pv_sliced with two slices in flight: slice h+1 is issued (into the other buffer, whose slice h-1 is
+        already merged) before slice h is waited for and merged, so the tensor cores never wait for a merge."""
+        jw = self.head_dim // 8 // self.pv_split
+        self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, 0, sum_mma_zero, sum_mma, acc_L,
+                            tLrOnes)
+        for h in cutlass.range_constexpr(self.pv_split):
+            if const_expr(h + 1 < self.pv_split):
+                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot2 if h % 2 == 0 else acc_Ot, tOrP, tOrV_h, stage,
+                                    h + 1, sum_mma_zero, sum_mma, acc_L, tLrOnes)
+                warpgroup.wait_group(1)
+            else:
+                warpgroup.wait_group(0)
+            self.merge_o(acc_O, acc_Ot if h % 2 == 0 else acc_Ot2, alpha, jw * h)
+            if const_expr(self.sum_mma and h == 0):
+                for r in cutlass.range_constexpr(2):
+                    row_sum[r] = row_sum[r] * alpha[r] + acc_L[2 * r]
+
+    @cute.jit
     def apply_alpha(self, acc_O: cute.Tensor, alpha: cute.Tensor, alpha_keep: cute.Tensor):
         """pv_promote: keep this tile's alpha for the merge after its P V; otherwise rescale O now."""
         if const_expr(self.pv_promote):
@@ -786,13 +833,17 @@ class Sm90Fp8Attention:
                   pv_mma_h: cute.TiledMma, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor,
                   tOrP: cute.Tensor, tOrV: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32,
                   sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma, acc_L: cute.Tensor, tLrOnes: cute.Tensor,
-                  row_sum: cute.Tensor):
+                  row_sum: cute.Tensor, acc_Ot2: cute.Tensor):
         """O (+)= P V of the tile in ``stage``, complete on return: in head_dim slices (pv_split), into a fresh
         accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma. sum_mma: also l = l * alpha +
         rowsum(P8), the row sums from the tensor cores."""
         if const_expr(self.pv_split > 1):
-            self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha, tOrP, tOrV_h, stage,
-                           sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
+            if const_expr(self.pv_pipe):
+                self.pv_sliced_pipelined(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, acc_Ot2, alpha, tOrP, tOrV_h, stage,
+                                         sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
+            else:
+                self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha, tOrP, tOrV_h, stage,
+                               sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
         elif const_expr(self.pv_promote):
             self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, stage)
             warpgroup.wait_group(0)
