@@ -18,9 +18,10 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   ``overlap`` (True; used when serial_pv is off), ``pingpong`` (False; FA3's warp-scheduler barriers: named
   barriers 1 and 2 make two consumer warpgroups take turns issuing their GEMMs), ``pin_wait`` ("sts"),
   ``skip_rescale`` (True), ``poly_every`` (0), ``consumer_wgs`` (3), ``serial_pv`` (True), ``exp_turns`` (False),
-  ``pv_promote`` (True), ``pv_split`` (2).
-  Options other than tile_n and poly_every only schedule the same arithmetic and give bit-identical results
-  (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
+  ``pv_promote`` (True), ``pv_split`` (2), ``sum_mma`` (True), ``pv_fence`` (True), ``pv_pipe`` (False),
+  ``max_chains`` (4), ``rows_first`` (False), ``trace`` (False: diagnostic, see TRACE_* below).
+  Options other than tile_n, poly_every, sum_mma and max_chains only schedule the same arithmetic and give
+  bit-identical results (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
 * ``pv_promote`` (default): each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
   O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
   term once |O| is large (short accumulator alignment): 53 % error on a long key range with a biased V. Costs 64
@@ -48,6 +49,9 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
 * ``pv_fence`` (default): a clock read (an instruction ptxas does not move code across) in a branch that is never
   taken, right after the P V merge: without it ptxas interleaves the next QK's set-up with the merge and keeps 3-5
   values in local memory.
+* ``pv_pipe``: the P V slices two in flight (a second fresh accumulator, which reuses the dead S registers), so a
+  slice's merge runs under the next slice's wgmma. Shorter P V phase, longer softmax (more warpgroups in it at
+  once): no gain in SM cycles per tile, kept as an option.
 * ``poly_every=k``: every k-th 8-column group of S uses ``exp2_poly`` (FMA pipe) instead of MUFU.EX2 (FA4's
   trick). Correct, but measured slower here: the kernel is latency-bound, not MUFU-bound (benchmarks/NOTES.md).
 
