@@ -239,7 +239,8 @@ def test_sm90_schedule_options_bitwise(cfg, shape):
 
 # The same for the default (v6) family: options that schedule the same sum_mma arithmetic differently.
 SCHEDULE_ONLY_V6 = [{"pv_fence": False}, {"rows_first": True}, {"kv_stages": 4}, {"kv_stages": 2},
-                    {"consumer_wgs": 2}, {"pv_split": 4}, {"rows_first": True, "pv_fence": False}]
+                    {"consumer_wgs": 2}, {"pv_split": 4}, {"rows_first": True, "pv_fence": False},
+                    {"pv_pipe": True, "pv_split": 4}, {"pv_pipe": True}]
 
 
 @pytest.mark.gpu

@@ -43,6 +43,7 @@ CONFIGS = [
     {"pv_split": 4},
     {"tile_n": 128, "pv_split": 4},
     {"rows_first": True, "max_chains": 8},
+    {"pv_pipe": True, "pv_split": 4},  # P V slices two in flight: the second buffer must fit without spills
     V4,
     {**V4, "kv_stages": 2},
     {**V4, "overlap": False},
@@ -115,6 +116,16 @@ def test_sm90a_register_p_has_no_shuffles_in_loop(tmp_path_factory):
     r = _compile(tmp_path_factory)
     assert r["base"].get("SHFL", 0) <= 8, r["base"].get("SHFL")
     assert _compile(tmp_path_factory, **V5)["base"].get("SHFL", 0) <= 12
+
+
+def test_pv_fence_and_trace_clock_reads(tmp_path_factory):
+    # pv_fence (default): exactly one clock read, in the serial loop; it is what keeps the default spill-free
+    # (tested above). trace: one per producer issue and per consumer event, plus the start stamp.
+    assert _compile(tmp_path_factory)["sass"].count("SR_CLOCKLO") == 1
+    assert _compile(tmp_path_factory, pv_fence=False)["sass"].count("SR_CLOCKLO") == 0
+    traced = _compile(tmp_path_factory, trace=True)
+    assert traced["sass"].count("SR_CLOCKLO") >= 1 + 2 + 4
+    assert traced["base"].get("STL", 0) == 0
 
 
 def test_head_dim_64_compiles(tmp_path_factory):
