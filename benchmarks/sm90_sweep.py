@@ -68,6 +68,8 @@ VARIANTS = {
     "pipe4-n128": dict(pv_pipe=True, pv_split=4, tile_n=128),
     "pipe4-poly10": dict(pv_pipe=True, pv_split=4, poly_every=10),  # every 10th 8-column group's exps on the FMA pipe
     "pipe4-kv4": dict(pv_pipe=True, pv_split=4, kv_stages=4),
+    "turns6": dict(exp_turns=True),  # v6 + exp turns (the hand-over pinned by an OR of the exps' bits)
+    "turns6-pipe4": dict(exp_turns=True, pv_pipe=True, pv_split=4),
     "ch8": dict(**V5, max_chains=8),
     "rows": dict(**V5, rows_first=True),
     "sum-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True, pv_fence=False),

@@ -97,7 +97,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int32, Uint8, const_expr
+from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int32, Uint8, Uint32, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -227,8 +227,8 @@ class Sm90Fp8Attention:
             raise ValueError("pv_pipe needs pv_split 2 or 4")
         if opts["max_chains"] not in (4, 8):
             raise ValueError("max_chains must be 4 or 8")
-        if opts["sum_mma"] and (opts["pv_split"] == 1 or opts["exp_turns"]):
-            raise ValueError("sum_mma needs pv_split > 1 and no exp_turns")
+        if opts["sum_mma"] and opts["pv_split"] == 1:
+            raise ValueError("sum_mma needs pv_split > 1")
         if opts["trace"] and not opts["serial_pv"]:
             raise ValueError("trace needs serial_pv")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
@@ -542,6 +542,8 @@ class Sm90Fp8Attention:
             alpha_keep[0] = alpha0[0]
             alpha_keep[1] = alpha0[1]
             P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+            if const_expr(self.exp_turns and self.sum_mma):
+                self.pass_turn(self.p_words_pin(acc_S), sPin, warp_idx, wg, n_tiles == 1)
             v_state = kv_state.clone()
             kv_state.advance()
             for j in cutlass.range(1, n_tiles, unroll=1):
@@ -577,6 +579,8 @@ class Sm90Fp8Attention:
                     alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
                     self.apply_alpha(acc_O, alpha, alpha_keep)
                     P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    if const_expr(self.exp_turns and self.sum_mma):
+                        self.pass_turn(self.p_words_pin(acc_S), sPin, warp_idx, wg, j == n_tiles - 1)
                     if const_expr(self.trace):
                         # a value that needs every exp of the tile: the clock read cannot be scheduled before them
                         self.trace_event(mLSE, tracing, t0, trace_at + 3, j, head, bat,
@@ -692,15 +696,32 @@ class Sm90Fp8Attention:
             bias[1] = bias[1] + zero
             for r in cutlass.range_constexpr(2):
                 self.row_exp_sum(acc_S, row_sum, alpha, bias, part, qk_scale, r)
-            nxt = wg + 1
-            if nxt == self.num_wg:
-                nxt = 0
-            # likewise a store of the row sums (needs every exp) keeps the hand-over after the last MUFU;
-            # the last warpgroup's last turn has no successor: an unmatched arrive would be left pending
-            sPin[warp_idx % 16] = row_sum[0] + row_sum[1]
-            if not (last_tile and wg == self.num_wg - 1):
-                cute.arch.barrier_arrive(barrier_id=EXP_BARRIER0 + nxt, number_of_threads=2 * 128)
+            if const_expr(not self.sum_mma):  # with sum_mma the caller passes the turn after packing P
+                # likewise a store of the row sums (needs every exp) keeps the hand-over after the last MUFU
+                self.pass_turn(row_sum[0] + row_sum[1], sPin, warp_idx, wg, last_tile)
         return alpha
+
+    @cute.jit
+    def pass_turn(self, pin: Float32, sPin: cute.Tensor, warp_idx: Int32, wg: Int32, last_tile):
+        """exp_turns: hand the MUFU turn to the next consumer warpgroup. ``pin`` must depend on every exp of the
+        tile: its shared store keeps the arrive after them in SASS. The last warpgroup's last turn has no
+        successor: an unmatched arrive would be left pending."""
+        nxt = wg + 1
+        if nxt == self.num_wg:
+            nxt = 0
+        sPin[warp_idx % 16] = pin
+        if not (last_tile and wg == self.num_wg - 1):
+            cute.arch.barrier_arrive(barrier_id=EXP_BARRIER0 + nxt, number_of_threads=2 * 128)
+
+    @cute.jit
+    def p_words_pin(self, acc_S: cute.Tensor) -> Float32:
+        """A value that depends on every exp of the tile (OR of the fp32 bit patterns, 3-input LOP3s): pins
+        exp_turns' hand-over after the exps when sum_mma leaves no row sum to pin with."""
+        bits = cute.recast_tensor(acc_S, Uint32)
+        acc = bits[0]
+        for i in cutlass.range_constexpr(1, cute.size(bits)):
+            acc = acc | bits[i]
+        return Float32(acc)
 
     @cute.jit
     def row_max_update(self, acc_S: cute.Tensor, row_max: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
