@@ -191,3 +191,21 @@ def test_key_order_matches_wgmma_register_layouts():
                             m_c, key = got["C"][t][c_val] % 64, got["C"][t][c_val] // 64
                             assert m_a == m_c, (t, kb, a_val)
                             assert K.sm90_key_order_for_positions(slot) == key, (t, kb, a_val, slot, key)
+
+
+def test_cli_inspect_fp8_sm90_json():
+    """Issue 5 part 2, as a user runs it: `ditprof kernels inspect --kernel fp8-sm90 --arch sm_90a --json` on a
+    machine without a GPU reports QGMMA, no spills, registers and shared memory for the default configuration."""
+    import json
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ditprof", "kernels", "inspect", "--kernel", "fp8-sm90", "--arch",
+                           "sm_90a", "--json"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["kernel"] == "fp8-sm90" and r["arch"] == "sm_90a"
+    assert r["instructions"]["QGMMA"] > 0 and r["instructions"]["HMMA"] == 0
+    assert r["spill_bytes"] == 0 and r["instructions"]["STL"] == 0 and r["instructions"]["LDL"] == 0
+    assert r["registers"] > 0
+    # the struct's size, plus up to 1024 bytes the launch reserves to align the dynamic smem base
+    assert K.smem_bytes(128) <= r["smem_bytes"] <= K.smem_bytes(128) + 1024
