@@ -292,6 +292,15 @@ def bench_shape(label, shp, args, only):
             "prep_min_bytes": prep_bytes, "entries": records}
 
 
+def _sm90_effective(overrides: dict) -> dict | None:
+    """The fp8-sm90 kernel's full option set of this run (defaults of this code version + overrides)."""
+    try:
+        from ditprof.kernels.fp8_fwd_sm90 import options
+    except Exception:  # noqa: BLE001 - no cutlass here: nothing to record
+        return None
+    return options(**overrides)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
@@ -342,7 +351,8 @@ def main(argv=None) -> int:
     payload = {
         "benchmark": "attention",
         "env": env,
-        "config": {"sm90_option_overrides": sm90_overrides, "iters": args.iters, "warmup": args.warmup, "shapes": [s for s, _ in shapes],
+        "config": {"sm90_option_overrides": sm90_overrides, "sm90_options": _sm90_effective(sm90_overrides),
+                   "iters": args.iters, "warmup": args.warmup, "shapes": [s for s, _ in shapes],
                    "entries": only, "flops_formula": "4*B*H*Sq*Sk*D",
                    "prep_bytes_formula": "B*H*D*((Sq+2Sk)*2*elem + (Sq+2Sk))"},
         "results": results,
