@@ -224,33 +224,22 @@ SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin
                  {"exp_turns": True}, {"exp_turns": True, "pingpong": True}, {"exp_turns": True, "serial_pv": True},
                  {"exp_turns": True, "consumer_wgs": 3, "serial_pv": True},
                  {"consumer_wgs": 3, "serial_pv": True, "pv_split": 2}, {"consumer_wgs": 3, "serial_pv": True, "pv_split": 4}]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", SCHEDULE_ONLY, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
-@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
-def test_sm90_schedule_options_bitwise(cfg, shape):
-    _need_sm90()
-    prep, scale = _small_case(shape)
-    o0, l0 = _run(prep, scale, **V4)
-    o, lse = _run(prep, scale, **{**V4, **cfg})
-    assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
-
-
 # The same for the default (v6) family: options that schedule the same sum_mma arithmetic differently.
 SCHEDULE_ONLY_V6 = [{"pv_fence": False}, {"rows_first": True}, {"kv_stages": 4}, {"kv_stages": 2},
                     {"consumer_wgs": 2}, {"pv_split": 4}, {"rows_first": True, "pv_fence": False},
-                    {"pv_pipe": True, "pv_split": 4}, {"pv_pipe": True}]
+                    {"pv_pipe": True, "pv_split": 4}, {"pv_pipe": True}, {"exp_turns": True}]
+BITWISE = [("v4", V4, c) for c in SCHEDULE_ONLY] + [("v6", {}, c) for c in SCHEDULE_ONLY_V6]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", SCHEDULE_ONLY_V6, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("name,base,cfg", BITWISE,
+                         ids=[n + ":" + ",".join(f"{k}={v}" for k, v in c.items()) for n, _, c in BITWISE])
 @pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
-def test_sm90_default_schedule_options_bitwise(cfg, shape):
+def test_sm90_schedule_options_bitwise(name, base, cfg, shape):
     _need_sm90()
     prep, scale = _small_case(shape)
-    o0, l0 = _run(prep, scale)
-    o, lse = _run(prep, scale, **cfg)
+    o0, l0 = _run(prep, scale, **base)
+    o, lse = _run(prep, scale, **{**base, **cfg})
     assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
 
 

@@ -777,21 +777,12 @@ class Sm90Fp8Attention:
         """P V one slice of D / pv_split columns at a time, each into the fresh acc_Ot and merged in FP32."""
         jw = self.head_dim // 8 // self.pv_split  # accumulator column groups per slice
         for h in cutlass.range_constexpr(self.pv_split):
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                b = tOrV_h[None, h, kb, stage]  # rank 1 after fixing the slice: give it back its N mode
-                b = cute.make_tensor(b.iterator, cute.append_ones(b.layout, up_to_rank=2))
-                cute.gemm(pv_mma_h_zero if kb == 0 else pv_mma_h, acc_Ot, tOrP[None, None, kb], b, acc_Ot)
-            if const_expr(self.sum_mma and h == 0):
-                for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                    cute.gemm(sum_mma_zero if kb == 0 else sum_mma, acc_L, tOrP[None, None, kb],
-                              tLrOnes[None, None, kb, 0], acc_L)
-            warpgroup.commit_group()
+            self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, h, sum_mma_zero, sum_mma, acc_L,
+                                tLrOnes)
             warpgroup.wait_group(0)
             self.merge_o(acc_O, acc_Ot, alpha, jw * h)
             if const_expr(self.sum_mma and h == 0):
-                for r in cutlass.range_constexpr(2):
-                    row_sum[r] = row_sum[r] * alpha[r] + acc_L[2 * r]  # value c + 2r: any column c holds the sum
+                self.merge_l(row_sum, acc_L, alpha)
 
     @cute.jit
     def issue_pv_slice(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc: cute.Tensor,
@@ -828,8 +819,13 @@ class Sm90Fp8Attention:
                 warpgroup.wait_group(0)
             self.merge_o(acc_O, acc_Ot if h % 2 == 0 else acc_Ot2, alpha, jw * h)
             if const_expr(self.sum_mma and h == 0):
-                for r in cutlass.range_constexpr(2):
-                    row_sum[r] = row_sum[r] * alpha[r] + acc_L[2 * r]
+                self.merge_l(row_sum, acc_L, alpha)
+
+    @cute.jit
+    def merge_l(self, row_sum: cute.Tensor, acc_L: cute.Tensor, alpha: cute.Tensor):
+        """sum_mma: l = l * alpha + rowsum(P8); acc_L value c + 2r is column c of row r, every column the sum."""
+        for r in cutlass.range_constexpr(2):
+            row_sum[r] = row_sum[r] * alpha[r] + acc_L[2 * r]
 
     @cute.jit
     def apply_alpha(self, acc_O: cute.Tensor, alpha: cute.Tensor, alpha_keep: cute.Tensor):
