@@ -8,6 +8,7 @@ warpgroups were in the softmax at the same time (MUFU shared) and how often one'
 GEMM did (the overlap the kernel needs), and writes a Chrome trace (open in Perfetto; 1 "µs" = 1000 SM cycles).
 
     python benchmarks/sm90_timeline.py [--opts k=v,...] [--shape B,H,S,D] [--out DIR]    # needs an sm_90 GPU
+    python benchmarks/sm90_timeline.py --plot-from A.trace.json=v5 B.trace.json=v6 --plot cmp.png   # no GPU
 """
 
 from __future__ import annotations
@@ -83,13 +84,79 @@ def concurrency(per_warp, warps_per_wg: int = 4, skip_tiles: int = 4):
                 softmax_while_gemm=soft_and_mma / max(total, 1.0))
 
 
+def chrome_events(per_warp, producer, head: int) -> list[dict]:
+    """Chrome-trace events of one head's CTA: a complete event per warp phase (tid 4.. = consumer warps, as in
+    the kernel), an instant per producer K / V issue (tid 0); 1 "µs" = 1000 SM cycles."""
+    out = []
+    for w, rows in enumerate(per_warp):
+        for j, ph, a, b in rows:
+            out.append(dict(name=ph, cat=ph, ph="X", pid=head, tid=w + 4, ts=a / 1000.0,
+                            dur=max(b - a, 0.0) / 1000.0, args=dict(tile=j)))
+    for j, tk, tv in producer:
+        for name, t in (("K issue", tk), ("V issue", tv)):
+            out.append(dict(name=name, ph="i", s="t", pid=head, tid=0, ts=t / 1000.0, args=dict(tile=j)))
+    return out
+
+
+PHASE_COLORS = {"pv": "#4C72B0", "qk": "#55A868", "softmax": "#C44E52"}
+
+
+def plot_gantt(traces: list[tuple[str, list[dict]]], path: Path, first_tile: int = 20, n_tiles: int = 6,
+               head: int = 0) -> Path:
+    """Gantt chart of the first warp of each consumer warpgroup over a few key tiles, one panel per trace:
+    where the P V, QK and softmax phases of the warpgroups fall against each other (x: 1000 SM cycles)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.1 + 1.0 * len(traces)), squeeze=False)
+    for ax, (label, events) in zip(axes[:, 0], traces):
+        rows = [e for e in events if e.get("ph") == "X" and e["pid"] == head and (e["tid"] - 4) % 4 == 0
+                and first_tile <= e["args"]["tile"] < first_tile + n_tiles]
+        if not rows:
+            raise ValueError(f"{label}: no events for head {head}, tiles {first_tile}..{first_tile + n_tiles - 1}")
+        t0 = min(e["ts"] for e in rows)
+        wgs = sorted({(e["tid"] - 4) // 4 for e in rows})
+        for e in rows:
+            y = wgs.index((e["tid"] - 4) // 4)
+            ax.barh(y, e["dur"], left=e["ts"] - t0, color=PHASE_COLORS[e["name"]], edgecolor="white", height=0.8)
+        ax.set_yticks(range(len(wgs)), [f"WG {g}" for g in wgs])
+        ax.invert_yaxis()
+        ax.set_title(label, loc="left", fontsize=9)
+        ax.set_xlim(left=0)
+    axes[-1, 0].set_xlabel("SM cycles / 1000 (from the first phase shown)")
+    handles = [matplotlib.patches.Patch(color=c, label=n) for n, c in PHASE_COLORS.items()]
+    fig.legend(handles=handles, loc="upper right", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_from_files(specs: list[str], out: str) -> int:
+    """specs: TRACE.json[=LABEL] written by this script; out: PNG path."""
+    traces = []
+    for spec in specs:
+        f, _, label = spec.partition("=")
+        traces.append((label or Path(f).name, json.loads(Path(f).read_text())["traceEvents"]))
+    print(f"wrote {plot_gantt(traces, Path(out))}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--opts", default="", help="kernel options, k=v,... (overrides of the defaults)")
     ap.add_argument("--shape", default="1,56,30272,128")
     ap.add_argument("--heads-in-trace", type=int, default=2, help="heads (CTAs) written to the Chrome trace")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--plot-from", nargs="+", metavar="TRACE[=LABEL]",
+                    help="no GPU: draw the Gantt PNG (--plot) of traces this script wrote earlier")
+    ap.add_argument("--plot", default="sm90-timeline.png", help="PNG path for --plot-from")
     args = ap.parse_args()
+    if args.plot_from:
+        return plot_from_files(args.plot_from, args.plot)
 
     import statistics
 
@@ -146,14 +213,8 @@ def main() -> int:
             for j, ph, a, b in rows:
                 if j > 4:
                     per_phase[ph].append(b - a)
-                if h < args.heads_in_trace:
-                    trace_events.append(dict(name=ph, cat=ph, ph="X", pid=h, tid=w + 4, ts=a / 1000.0,
-                                             dur=max(b - a, 0.0) / 1000.0, args=dict(tile=j)))
         if h < args.heads_in_trace:
-            for j, tk, tv in producer:
-                for name, t in (("K issue", tk), ("V issue", tv)):
-                    trace_events.append(dict(name=name, ph="i", s="t", pid=h, tid=0, ts=t / 1000.0,
-                                             args=dict(tile=j)))
+            trace_events += chrome_events(per_warp, producer, h)
         conc.append(concurrency(per_warp))
     med = {p: statistics.median(v) for p, v in per_phase.items()}
     mean = {p: statistics.fmean(v) for p, v in per_phase.items()}
@@ -180,11 +241,13 @@ def main() -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     tag = "-".join(f"{k}{v}" for k, v in sorted(opts.items())) or "default"
     (outdir / f"sm90-timeline-{tag}.trace.json").write_text(json.dumps(dict(traceEvents=trace_events)))
+    plot_gantt([(f"{B}x{H}x{S}x{D}, opts {opts or 'default'}: {tile_period:.0f} cycles per key tile", trace_events)],
+               outdir / f"sm90-timeline-{tag}.png")
     write_json(dict(benchmark="sm90_timeline", environment=env, shape=[B, H, S, D], opts=opts, full_options=full,
                     cycles_median=med, cycles_mean=mean, tile_period=tile_period,
                     two_plus_in_softmax=two_soft, softmax_while_gemm=soft_mma,
                     ms_plain=t_plain, ms_traced=t_traced), outdir / f"sm90-timeline-{tag}.json")
-    print(f"wrote {outdir}/sm90-timeline-{tag}.json and .trace.json")
+    print(f"wrote {outdir}/sm90-timeline-{tag}.json, .trace.json and .png")
     return 0
 
 

@@ -52,3 +52,16 @@ def test_concurrency_in_phase_vs_staggered():
 def test_parse_opts():
     assert T.parse_opts("sum_mma=True,tile_n=128,pin_wait=sts") == {"sum_mma": True, "tile_n": 128, "pin_wait": "sts"}
     assert T.parse_opts("") == {}
+
+
+def test_chrome_events_and_gantt_png(tmp_path):
+    per_warp, producer = T.phases_from_stamps(_stamps(300, 200, 500, 333), 12, 40, K.TRACE_TILES)
+    ev = T.chrome_events(per_warp, producer, head=0)
+    phases = [e for e in ev if e["ph"] == "X"]
+    assert len(phases) == 12 * 39 * 3 and {e["tid"] for e in phases} == set(range(4, 16))
+    assert sum(e["ph"] == "i" for e in ev) == 2 * 40
+    assert {round(e["dur"] * 1000) for e in phases if e["name"] == "softmax"} == {500}
+    png = T.plot_gantt([("synthetic", ev)], tmp_path / "g.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    with pytest.raises(ValueError, match="no events"):
+        T.plot_gantt([("empty", [])], tmp_path / "e.png")
