@@ -7,8 +7,9 @@ hardware directly. One CTA per SM, two warpgroups:
 * warpgroup 0 issues rounds of ``wgmma m64n256`` over K = 128 (fp32 accumulate, one round in flight behind the
   one waited for), with one of three operand kinds: ``fp8-ss`` (e4m3, both operands in shared memory, like QK),
   ``fp8-rs`` (e4m3, A in registers, like P V) and ``bf16-ss`` (the BF16 kernels' case, e.g. FA4);
-* warpgroup 1 runs rounds of 16 independent chains of ``mufu`` (``ex2.approx``) or ``ffma`` (the FMA pipe, where
-  an off-MUFU exp would run).
+* warpgroup 1 runs rounds of 16 independent chains of ``mufu`` (``ex2.approx.f32``), ``mufu-f16x2``
+  (``ex2.approx.f16x2``, two exps per instruction: is the packed half-precision exp faster per exp?) or ``ffma``
+  (the FMA pipe, where an off-MUFU exp would run).
 
 For each pair: the MMA alone, the side unit alone, both. Besides wall time, each warpgroup's first thread reads
 ``clock64`` around its loop, so the result is in SM cycles too (the card lowers its clock when both units run;
@@ -31,6 +32,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float8E4M3FN, Float32, Int32, Uint8
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 import cuda.bindings.driver as cuda
 
@@ -39,8 +42,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 M, N, K = 64, 256, 128  # one warpgroup's wgmma tile per round
 CHAINS = 16
 MMA_KINDS = ("fp8-ss", "fp8-rs", "bf16-ss")
-SIDE_KINDS = ("mufu", "ffma")
+SIDE_KINDS = ("mufu", "ffma", "mufu-f16x2")
+# exps per chain step and lane: ex2.approx.f16x2 does two (packed halves)
+EXPS_PER_STEP = {"mufu": 1, "ffma": 0, "mufu-f16x2": 2}
 OUT_COLS = 256 + 4  # 256 thread results, then (mma cycles, side cycles) per CTA
+
+
+@dsl_user_op
+def ex2_f16x2_step(x, *, loc=None, ip=None) -> Int32:
+    """x (two packed fp16) -> ex2.approx.f16x2(x) - 1.5 per half: one chain step of the f16x2 side kind."""
+    asm = ("{\n\t.reg .b32 t, c;\n\tmov.b32 c, 0x3E003E00;\n\tex2.approx.f16x2 t, $1;\n\t"
+           "sub.rn.f16x2 $0, t, c;\n\t}")
+    return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], asm, "=r,r",
+                                 has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 class OverlapProbe:
@@ -113,6 +127,17 @@ class OverlapProbe:
                 warpgroup.wait_group(1)  # one round in flight behind the one waited for
             warpgroup.wait_group(0)
             mOut[tidx, cta] = acc[0] + acc[cute.size(acc) - 1]
+        elif cutlass.const_expr(self.side_kind == "mufu-f16x2"):
+            h = cute.make_rmem_tensor((CHAINS,), Int32)
+            for c in cutlass.range_constexpr(CHAINS):
+                h[c] = Int32(0x38003800 + c)  # (0.5, 0.5 + c ulp) as two fp16
+            for _ in cutlass.range(n_side, unroll=1):
+                for c in cutlass.range_constexpr(CHAINS):
+                    h[c] = ex2_f16x2_step(h[c])  # stays in [-1, 0.5] per half
+            acc = h[0]
+            for c in cutlass.range_constexpr(1, CHAINS):
+                acc = acc ^ h[c]
+            mOut[tidx, cta] = Float32(acc)
         else:
             x = cute.make_rmem_tensor((CHAINS,), Float32)
             for c in cutlass.range_constexpr(CHAINS):
@@ -212,15 +237,18 @@ def main() -> int:
                        ms=dict(mma=t_mma, side=t_side, both=t_both),
                        cycles=dict(mma=c_mma, side=c_side, both=c_both),
                        mma_tflops_alone=flop / t_mma / 1e9, overlap_ms=ov_ms, overlap_cycles=ov_cyc,
+                       side_cycles_per_step=c_side / n_side,
+                       exps_per_sm_cycle=(EXPS_PER_STEP[sk] * CHAINS * 128 * n_side / c_side) or None,
                        mhz=dict(mma=c_mma / t_mma / 1e3, side=c_side / t_side / 1e3, both=c_both / t_both / 1e3))
             results.append(res)
+            eps = res["exps_per_sm_cycle"]
             rows.append([mk, sk, f"{t_mma:.2f}", f"{t_side:.2f}", f"{t_both:.2f}", f"{ov_ms:.2f}",
-                         f"{ov_cyc:.2f}", f"{res['mma_tflops_alone']:.0f}",
+                         f"{ov_cyc:.2f}", f"{res['mma_tflops_alone']:.0f}", f"{eps:.1f}" if eps else "-",
                          f"{res['mhz']['mma']:.0f}/{res['mhz']['side']:.0f}/{res['mhz']['both']:.0f}"])
     env = environment()
     print_table(f"MMA vs MUFU/FFMA on {env['gpu']}: {ctas} CTAs (1 = full overlap, 0 = none)",
                 ["mma", "side", "mma ms", "side ms", "both ms", "overlap (ms)", "overlap (cycles)",
-                 "TFLOP/s alone", "MHz mma/side/both"], rows)
+                 "TFLOP/s alone", "exps/SM-cycle", "MHz mma/side/both"], rows)
     payload = {"benchmark": "mufu_wgmma_overlap", "environment": env, "ctas": ctas, "results": results}
     path = Path(args.json) if args.json else results_path("mufu-wgmma-overlap")
     write_json(payload, path)
