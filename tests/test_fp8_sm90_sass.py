@@ -44,6 +44,7 @@ CONFIGS = [
     {"tile_n": 128, "pv_split": 4},
     {"rows_first": True, "max_chains": 8},
     {"pv_pipe": True, "pv_split": 4},  # P V slices two in flight: the second buffer must fit without spills
+    {"exp_turns": True},  # v6 + exp turns: the hand-over pinned by an OR of the exps' bits
     V4,
     {**V4, "kv_stages": 2},
     {**V4, "overlap": False},
