@@ -20,6 +20,13 @@ step() {  # step NAME TIMEOUT_S CMD...: run, keep the log, print a one-line stat
   local rc=$?
   printf '%-18s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$(grep -v '^USDT' "$out/$name.log" | tail -n 1 | cut -c1-120)" | tee -a "$out/summary.txt"
 }
+timelines() {  # timelines OPTS...: one sm90_timeline.py run per kernel option set ("default" = no overrides)
+  local o
+  for o in "$@"; do
+    [ "$o" = default ] && o=""
+    step "timeline-${o:-default}" 200 python benchmarks/sm90_timeline.py --opts "$o" --out "$out/timeline"
+  done
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 case "${1:-main}" in
 main)
@@ -58,16 +65,10 @@ compare)
   ;;
 sweep)
   step sweep 400 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
-  for o in ${TIMELINE_OPTS:-}; do
-    [ "$o" = default ] && o=""
-    step "timeline-${o:-default}" 200 python benchmarks/sm90_timeline.py --opts "$o" --out "$out/timeline"
-  done
+  timelines ${TIMELINE_OPTS:-}
   ;;
 timeline)
-  for o in ${TIMELINE_OPTS:-default}; do
-    [ "$o" = default ] && o=""
-    step "timeline-${o:-default}" 200 python benchmarks/sm90_timeline.py --opts "$o" --out "$out/timeline"
-  done
+  timelines ${TIMELINE_OPTS:-default}
   ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PHASES = ("pv", "qk", "softmax")  # [start, pv_done], [pv_done, s_ready], [s_ready, p_ready]
+SKIP_TILES = 4  # the first key tiles of a CTA (pipeline fill) are left out of every statistic
 
 
 def parse_opts(text: str) -> dict:
@@ -54,7 +55,7 @@ def phases_from_stamps(stamps, n_warps: int, n_tiles: int, tiles: int):
     return per_warp, producer
 
 
-def concurrency(per_warp, warps_per_wg: int = 4, skip_tiles: int = 4):
+def concurrency(per_warp, warps_per_wg: int = 4, skip_tiles: int = SKIP_TILES):
     """From each warpgroup's first warp: the fraction of the traced time with >= 2 warpgroups in the softmax at
     once, and with >= 1 in the softmax while >= 1 other is in a GEMM phase (pv or qk)."""
     wgs = [per_warp[i] for i in range(0, len(per_warp), warps_per_wg)]
@@ -208,10 +209,10 @@ def main() -> int:
     for h in range(H):
         per_warp, producer = phases_from_stamps(stamps[h].tolist(), n_warps, n_tiles, K.TRACE_TILES)
         for w, rows in enumerate(per_warp):
-            starts = [a for j, ph, a, b in rows if ph == "pv" and j > 4]
+            starts = [a for j, ph, a, b in rows if ph == "pv" and j > SKIP_TILES]
             period += [b - a for a, b in zip(starts, starts[1:])]
             for j, ph, a, b in rows:
-                if j > 4:
+                if j > SKIP_TILES:
                     per_phase[ph].append(b - a)
         if h < args.heads_in_trace:
             trace_events += chrome_events(per_warp, producer, h)

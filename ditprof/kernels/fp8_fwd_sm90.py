@@ -191,7 +191,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     rows_first=False,  # both rows' maxima (and their shuffles) before any exp, instead of row by row
     sum_mma=True,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
     pv_pipe=False,  # pv_split slices two in flight (double-buffered fresh accumulator): merge h under slice h+1's wgmma
-    pv_fence=True,  # a never-taken branch after each tile's P V merge: ptxas schedules the two halves apart (spills)
+    pv_fence=True,  # a clock read (in a never-taken branch) after each P V merge: ptxas stops interleaving there; no spills
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
 
@@ -618,8 +618,7 @@ class Sm90Fp8Attention:
             # epilogue PV
             v_pipe.consumer_wait(v_state)
             self.pv_waited(pv_mma_zero, pv_mma, pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV,
-                           tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum,
-                                   acc_Ot2)
+                           tOrV_h, v_state.index, sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum, acc_Ot2)
             v_pipe.consumer_release(v_state)
 
             # read only now: one register less across the main loop
@@ -727,17 +726,12 @@ class Sm90Fp8Attention:
     def row_max_update(self, acc_S: cute.Tensor, row_max: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
                        part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
         n8 = self.tile_n // 8
-        nc = self.max_chains
-        for i in cutlass.range_constexpr(nc):
-            part[i] = acc_S[i % 2 + 2 * r + 4 * (i // 2)]
-        for j in cutlass.range_constexpr(nc // 2, n8):
+        for j in cutlass.range_constexpr(n8):
             for c in cutlass.range_constexpr(2):
-                i = 2 * (j % (nc // 2)) + c
-                part[i] = cute.arch.fmax(part[i], acc_S[c + 2 * r + 4 * j])
-        if const_expr(nc == 8):
-            for i in cutlass.range_constexpr(4):
-                part[i] = cute.arch.fmax(part[i], part[i + 4])
-        m_tile = cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3]))
+                i, first = self.chain_of(j, c)
+                v = acc_S[c + 2 * r + 4 * j]
+                part[i] = v if const_expr(first) else cute.arch.fmax(part[i], v)
+        m_tile = self.reduce_chains(part, cute.arch.fmax)
         m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
         m_new = cute.arch.fmax(row_max[r], m_tile)
         alpha[r] = cute.math.exp2((row_max[r] - m_new) * qk_scale, fastmath=True)
@@ -748,7 +742,6 @@ class Sm90Fp8Attention:
     def row_exp_sum(self, acc_S: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
                     part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
         n8 = self.tile_n // 8
-        nc = self.max_chains
         for j in cutlass.range_constexpr(n8):
             for c in cutlass.range_constexpr(2):
                 v = c + 2 * r + 4 * j
@@ -758,29 +751,50 @@ class Sm90Fp8Attention:
                     p = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink or clone it
                 acc_S[v] = p
                 if const_expr(not self.sum_mma):  # sum_mma: l comes from the tensor cores with P V
-                    i = 2 * (j % (nc // 2)) + c
-                    if const_expr(j < nc // 2):
-                        part[i] = p
-                    else:
-                        part[i] = part[i] + p
+                    i, first = self.chain_of(j, c)
+                    part[i] = p if const_expr(first) else part[i] + p
         if const_expr(not self.sum_mma):
-            if const_expr(nc == 8):
-                for i in cutlass.range_constexpr(4):
-                    part[i] = part[i] + part[i + 4]
-            row_sum[r] = row_sum[r] * alpha[r] + ((part[0] + part[1]) + (part[2] + part[3]))
+            row_sum[r] = row_sum[r] * alpha[r] + self.reduce_chains(part, lambda a, b: a + b)
+
+    def chain_of(self, j: int, c: int):
+        """(chain, is its first value) of column group j, column c in the max_chains independent chains of a row
+        (trace-time arithmetic): groups take the chains round-robin, two columns each."""
+        half = self.max_chains // 2
+        return 2 * (j % half) + c, j < half
+
+    @cute.jit
+    def reduce_chains(self, part: cute.Tensor, op) -> Float32:
+        """op over the max_chains partials as a tree: ((p0 op p1) op (p2 op p3)), upper four folded in first."""
+        if const_expr(self.max_chains == 8):
+            for i in cutlass.range_constexpr(4):
+                part[i] = op(part[i], part[i + 4])
+        return op(op(part[0], part[1]), op(part[2], part[3]))
 
     @cute.jit
     def pv_sliced(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc_O: cute.Tensor,
-                  acc_Ot: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor, tOrV_h: cute.Tensor, stage: Int32,
-                  sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma, acc_L: cute.Tensor, tLrOnes: cute.Tensor,
-                  row_sum: cute.Tensor):
-        """P V one slice of D / pv_split columns at a time, each into the fresh acc_Ot and merged in FP32."""
+                  acc_Ot: cute.Tensor, acc_Ot2: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor,
+                  tOrV_h: cute.Tensor, stage: Int32, sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma,
+                  acc_L: cute.Tensor, tLrOnes: cute.Tensor, row_sum: cute.Tensor):
+        """P V one slice of D / pv_split columns at a time, each into a fresh accumulator merged in FP32.
+        pv_pipe: two slices in flight — slice h+1 is issued (into the other buffer, whose slice h-1 is already
+        merged) before slice h is waited for and merged, so the tensor cores never wait for a merge."""
         jw = self.head_dim // 8 // self.pv_split  # accumulator column groups per slice
+        if const_expr(self.pv_pipe):
+            self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, 0, sum_mma_zero, sum_mma,
+                                acc_L, tLrOnes)
         for h in cutlass.range_constexpr(self.pv_split):
-            self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, h, sum_mma_zero, sum_mma, acc_L,
-                                tLrOnes)
-            warpgroup.wait_group(0)
-            self.merge_o(acc_O, acc_Ot, alpha, jw * h)
+            buf = acc_Ot2 if const_expr(self.pv_pipe and h % 2 == 1) else acc_Ot
+            if const_expr(not self.pv_pipe):
+                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, h, sum_mma_zero, sum_mma,
+                                    acc_L, tLrOnes)
+                warpgroup.wait_group(0)
+            elif const_expr(h + 1 < self.pv_split):
+                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot if h % 2 == 1 else acc_Ot2, tOrP, tOrV_h, stage,
+                                    h + 1, sum_mma_zero, sum_mma, acc_L, tLrOnes)
+                warpgroup.wait_group(1)
+            else:
+                warpgroup.wait_group(0)
+            self.merge_o(acc_O, buf, alpha, jw * h)
             if const_expr(self.sum_mma and h == 0):
                 self.merge_l(row_sum, acc_L, alpha)
 
@@ -799,27 +813,6 @@ class Sm90Fp8Attention:
                 cute.gemm(sum_mma_zero if kb == 0 else sum_mma, acc_L, tOrP[None, None, kb],
                           tLrOnes[None, None, kb, 0], acc_L)
         warpgroup.commit_group()
-
-    @cute.jit
-    def pv_sliced_pipelined(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc_O: cute.Tensor,
-                            acc_Ot: cute.Tensor, acc_Ot2: cute.Tensor, alpha: cute.Tensor, tOrP: cute.Tensor,
-                            tOrV_h: cute.Tensor, stage: Int32, sum_mma_zero: cute.TiledMma, sum_mma: cute.TiledMma,
-                            acc_L: cute.Tensor, tLrOnes: cute.Tensor, row_sum: cute.Tensor):
-        """pv_sliced with two slices in flight: slice h+1 is issued (into the other buffer, whose slice h-1 is
-        already merged) before slice h is waited for and merged, so the tensor cores never wait for a merge."""
-        jw = self.head_dim // 8 // self.pv_split
-        self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, 0, sum_mma_zero, sum_mma, acc_L,
-                            tLrOnes)
-        for h in cutlass.range_constexpr(self.pv_split):
-            if const_expr(h + 1 < self.pv_split):
-                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot2 if h % 2 == 0 else acc_Ot, tOrP, tOrV_h, stage,
-                                    h + 1, sum_mma_zero, sum_mma, acc_L, tLrOnes)
-                warpgroup.wait_group(1)
-            else:
-                warpgroup.wait_group(0)
-            self.merge_o(acc_O, acc_Ot if h % 2 == 0 else acc_Ot2, alpha, jw * h)
-            if const_expr(self.sum_mma and h == 0):
-                self.merge_l(row_sum, acc_L, alpha)
 
     @cute.jit
     def merge_l(self, row_sum: cute.Tensor, acc_L: cute.Tensor, alpha: cute.Tensor):
@@ -859,12 +852,8 @@ class Sm90Fp8Attention:
         accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma. sum_mma: also l = l * alpha +
         rowsum(P8), the row sums from the tensor cores."""
         if const_expr(self.pv_split > 1):
-            if const_expr(self.pv_pipe):
-                self.pv_sliced_pipelined(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, acc_Ot2, alpha, tOrP, tOrV_h, stage,
-                                         sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
-            else:
-                self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha, tOrP, tOrV_h, stage,
-                               sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
+            self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, acc_Ot2, alpha, tOrP, tOrV_h, stage,
+                           sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
         elif const_expr(self.pv_promote):
             self.gemm_pv(pv_mma_zero, pv_mma, acc_Ot, tOrP, tOrV, stage)
             warpgroup.wait_group(0)
@@ -921,7 +910,6 @@ def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, on
         fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[f8, ones_elems], 1024]
     SharedStorage = type("SharedStorage", (), {"__annotations__": fields})
     return cute.struct(SharedStorage)
-
 
 
 _CACHE: Dict[Tuple[Any, ...], Any] = {}
