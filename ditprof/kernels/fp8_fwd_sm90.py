@@ -173,7 +173,8 @@ def sm90_key_order_for_positions(positions):
 # Compile-time options (the compile-cache key); the defaults (v6, benchmarks/NOTES.md "Session 3"): 3 consumer
 # warpgroups, 160-key tiles, PV_{j-1} finished before QK_j, each tile's P V promoted to FP32 in two head_dim
 # halves, the row sums l from the tensor cores (sum_mma) and the clock fence after the merge (pv_fence: no spills).
-# H3 shape on the H200 (kernel): v6 27.6-27.9 ms vs v5 28.0-29.4 ms in the same runs (v5 spilled 12 bytes).
+# H3 shape on the H200 (kernel, medians): v6 27.89 / 28.17 / 27.29 ms vs v5 29.41 / 28.27 / 29.41 ms in the same
+# three sweeps (v5 spilled 12 bytes).
 DEFAULT_OPTIONS: Dict[str, Any] = dict(
     tile_n=160,  # keys per K/V tile (multiple of 32)
     kv_stages=3,  # depth of the K and V smem rings
