@@ -70,6 +70,14 @@ sweep)
 timeline)
   timelines ${TIMELINE_OPTS:-default}
   ;;
+lazy)  # session 4: lazy_max / pv_split=1 sweep + timelines (LAZY_TESTS=1: the lazy_max GPU tests instead)
+  if [ -n "${LAZY_TESTS:-}" ]; then
+    step lazy-tests 400 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "lazy or vs_float64 or biased"
+  else
+    step sweep 330 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 --variants ${SWEEP_VARIANTS:-default,lazy,split1,lazy-split1}
+    timelines ${TIMELINE_OPTS:-lazy_max=True}
+  fi
+  ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
   step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"

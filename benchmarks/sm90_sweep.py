@@ -58,6 +58,12 @@ VARIANTS = {
     "sum-ch8": dict(sum_mma=True, pv_fence=False, max_chains=8),
     "sum-rows": dict(sum_mma=True, pv_fence=False, rows_first=True),
     "sum-ch8-rows": dict(sum_mma=True, pv_fence=False, max_chains=8, rows_first=True),
+    # session 4: exps against the running max at once, the tile max only decides by a vote (lazy_max);
+    # P V in one wgmma group (pv_split=1, with sum_mma)
+    "lazy": dict(lazy_max=True),
+    "split1": dict(pv_split=1),
+    "lazy-split1": dict(lazy_max=True, pv_split=1),
+    "lazy-n128split4": dict(lazy_max=True, tile_n=128, pv_split=4),
     "fence": dict(sum_mma=False, pv_fence=True),  # a clock read in a never-taken branch after the P V merge: 0 spills
     "sum-fence": dict(sum_mma=True, pv_fence=True),
     "sum-fence-ch8-rows": dict(sum_mma=True, pv_fence=True, max_chains=8, rows_first=True),
@@ -110,7 +116,8 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     full = {n: K.options(**VARIANTS[n]) for n in names}
-    numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["sum_mma"], full[n]["max_chains"]) for n in names}
+    numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["sum_mma"], full[n]["max_chains"],
+                    full[n]["lazy_max"]) for n in names}
     ref_of = {n: next(m for m in names if numerics[m] == numerics[n]) for n in names}
     res = {n: dict(opts=VARIANTS[n], bitwise_ref=ref_of[n]) for n in names}
 
@@ -134,9 +141,10 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001
                 res[n]["error"] = f"run: {type(exc).__name__}: {exc}"[:400]
                 continue
-            mk = (full[n]["tile_n"], full[n]["sum_mma"])
+            mk = (full[n]["tile_n"], full[n]["sum_mma"], full[n]["lazy_max"])
             if mk not in model:
-                model[mk] = _emulate_sm90(prep, scale, tile_n=mk[0], sum_p8=mk[1])
+                model[mk] = _emulate_sm90(prep, scale, tile_n=mk[0], sum_p8=mk[1],
+                                          lazy_slack=K.LAZY_MAX_SLACK if mk[2] else None)
             eo, el = model[mk]
             outs.setdefault(ref_of[n], (o, l))
             ro, rl = outs[ref_of[n]]

@@ -122,6 +122,12 @@ SCHED_BARRIER0 = 1  # named barriers 1, 2: warp-scheduler ping-pong between the 
 # TRACE_EVENTS at ((w * TRACE_TILES + j) * 4 + e); the producer's K and V issue times after them at
 # TRACE_PRODUCER + 2 * j + (0 | 1). benchmarks/sm90_timeline.py turns them into a Chrome trace.
 SUM_COLS = 8  # sum_mma: width of the ones tile (the narrowest wgmma N)
+# lazy_max: a tile keeps the running max as its reference while no row's tile max exceeds it by more than
+# LAZY_MAX_SLACK (exp2 units): P*256 <= 2^(8 + 0.75) = 431 < 448, the largest e4m3 value, so P8 never saturates.
+LAZY_MAX_SLACK = 0.75
+# ... and when a row's max jumps by more than this, the speculative exps (relative to the old max) may have
+# overflowed to inf (ex2 of >= 128): that warp recomputes its scores exactly from shared memory instead of rescaling
+LAZY_MAX_OVERFLOW = 100.0
 TRACE_TILES = 192
 TRACE_EVENTS = ("start", "pv_done", "s_ready", "p_ready")
 TRACE_PRODUCER = 12 * TRACE_TILES * 4
@@ -193,6 +199,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     sum_mma=True,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
     pv_pipe=False,  # pv_split slices two in flight (double-buffered fresh accumulator): merge h under slice h+1's wgmma
     pv_fence=True,  # a clock read (in a never-taken branch) after each P V merge: ptxas stops interleaving there; no spills
+    lazy_max=False,  # exps start at once against the running max; the tile max only decides (warp vote) whether to rescale
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
 
@@ -228,10 +235,12 @@ class Sm90Fp8Attention:
             raise ValueError("pv_pipe needs pv_split 2 or 4")
         if opts["max_chains"] not in (4, 8):
             raise ValueError("max_chains must be 4 or 8")
-        if opts["sum_mma"] and opts["pv_split"] == 1:
-            raise ValueError("sum_mma needs pv_split > 1")
+        if opts["sum_mma"] and not (opts["pv_promote"] and opts["serial_pv"]):
+            raise ValueError("sum_mma needs pv_promote and serial_pv")
         if opts["trace"] and not opts["serial_pv"]:
             raise ValueError("trace needs serial_pv")
+        if opts["lazy_max"] and not (opts["serial_pv"] and opts["sum_mma"]) or opts["lazy_max"] and opts["exp_turns"]:
+            raise ValueError("lazy_max needs serial_pv and sum_mma, and not exp_turns")
         if opts["pingpong"] and opts["consumer_wgs"] != 2:
             raise ValueError("pingpong needs exactly 2 consumer warpgroups")
         self.head_dim = head_dim
@@ -255,6 +264,7 @@ class Sm90Fp8Attention:
         self.sum_mma = opts["sum_mma"]
         self.pv_fence = opts["pv_fence"]
         self.pv_pipe = opts["pv_pipe"]
+        self.lazy_max = opts["lazy_max"]
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
@@ -483,7 +493,7 @@ class Sm90Fp8Attention:
             # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
             # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
             # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
-            if const_expr(self.pv_split > 1):
+            if const_expr(self.pv_split > 1 or self.sum_mma):
                 pvh_thr = pv_mma_h.get_slice(wg_tidx)
                 # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
                 acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
@@ -572,14 +582,23 @@ class Sm90Fp8Attention:
                     k_pipe.consumer_wait(v_state)
                     self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, v_state.index)
                     warpgroup.wait_group(0)
-                    k_pipe.consumer_release(v_state)
+                    if const_expr(not self.lazy_max):
+                        k_pipe.consumer_release(v_state)
                     if const_expr(self.trace):
                         self.trace_event(mLSE, tracing, t0, trace_at + 2, j, head, bat)
                     if j == n_tiles - 1:
                         self.mask_tile(acc_S, j, sk, cute.arch.lane_idx() % 4)
-                    alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin, warp_idx)
+                    if const_expr(self.lazy_max):
+                        # K_j stays resident until here: a warp whose max jumped too far recomputes S from it
+                        alpha = self.softmax_lazy(acc_S, row_max, qk_scale, sQ, sK, wg, v_state.index, j,
+                                                  j == n_tiles - 1, sk, wg_tidx, S_as_pack, P_as_pack, sPin)
+                        k_pipe.consumer_release(v_state)
+                    else:
+                        alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin,
+                                                   warp_idx)
                     self.apply_alpha(acc_O, alpha, alpha_keep)
-                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    if const_expr(not self.lazy_max):  # lazy_max packs P itself (before its vote)
+                        P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
                     if const_expr(self.exp_turns and self.sum_mma):
                         self.pass_turn(self.p_words_pin(acc_S), sPin, warp_idx, wg, j == n_tiles - 1)
                     if const_expr(self.trace):
@@ -700,6 +719,98 @@ class Sm90Fp8Attention:
                 # likewise a store of the row sums (needs every exp) keeps the hand-over after the last MUFU
                 self.pass_turn(row_sum[0] + row_sum[1], sPin, warp_idx, wg, last_tile)
         return alpha
+
+    @cute.jit
+    def softmax_lazy(self, acc_S: cute.Tensor, row_max: cute.Tensor, qk_scale: Float32, sQ: cute.Tensor,
+                     sK: cute.Tensor, wg: Int32, stage: Int32, tile: Int32, last_tile, sk: Int32,
+                     wg_tidx: Int32, S_as_pack: cute.Tensor, P_as_pack: cute.Tensor, sPin: cute.Tensor) -> cute.Tensor:
+        """Online-softmax update with a speculative reference (option lazy_max, with sum_mma): P8 <- e4m3(P*256).
+
+        The exps start as soon as S is ready, against the running max (no max -> shuffles -> exps chain), and P is
+        packed at once; the maximum of each row's exp2 arguments is taken beside them (on the ALU pipe) and only
+        decides, by a warp vote, what happens next. While no row of the warp rose by more than LAZY_MAX_SLACK
+        (most tiles once the max has settled) that is all: alpha = 1, and P*256 <= 431 still fits e4m3.
+        Otherwise the warp moves its reference to the true max as before, rescales its exps by alpha (one FMUL
+        each) and packs again — or, when a max jumped by more than LAZY_MAX_OVERFLOW and an exp may have
+        overflowed, recomputes the scores exactly from shared memory first."""
+        alpha = cute.make_rmem_tensor((2,), Float32)
+        bias = cute.make_rmem_tensor((2,), Float32)
+        part0 = cute.make_rmem_tensor((self.max_chains,), Float32)
+        part1 = cute.make_rmem_tensor((self.max_chains,), Float32)
+        n8 = self.tile_n // 8
+        for r in cutlass.range_constexpr(2):
+            bias[r] = row_max[r] * qk_scale - 8.0
+        for r in cutlass.range_constexpr(2):
+            part = part0 if const_expr(r == 0) else part1
+            for j in cutlass.range_constexpr(n8):
+                for c in cutlass.range_constexpr(2):
+                    i, first = self.chain_of(j, c)
+                    p = cute.arch.exp2(acc_S[c + 2 * r + 4 * j] * qk_scale - bias[r])
+                    acc_S[c + 2 * r + 4 * j] = p
+                    # the max is taken over the exps (exp2 is monotone): it trails the MUFUs instead of holding
+                    # them back, and needs no register beyond P's own
+                    part[i] = p if const_expr(first) else cute.arch.fmax(part[i], p)
+        p_max0 = self.reduce_chains(part0, cute.arch.fmax)
+        p_max1 = self.reduce_chains(part1, cute.arch.fmax)
+        alpha.fill(1.0)
+        # P*256 above 2^(8 + slack) = the score rose more than the slack above the reference (the vote: in the warp)
+        if cute.arch.vote_any_sync(cute.arch.fmax(p_max0, p_max1) > Float32(2.0 ** (8.0 + LAZY_MAX_SLACK))):
+            jump = cute.make_rmem_tensor((2,), Float32)
+            for r in cutlass.range_constexpr(2):
+                p_max = cute.arch.warp_reduction_max(p_max0 if const_expr(r == 0) else p_max1, threads_in_group=4)
+                # how far the row's max rose (exp2 units; +inf if an exp overflowed, -inf if every exp was 0)
+                jump[r] = cute.arch.fmax(cute.math.log2(p_max, fastmath=True) - 8.0, Float32(0.0))
+            if cute.arch.vote_any_sync(cute.arch.fmax(jump[0], jump[1]) > LAZY_MAX_OVERFLOW):
+                # an exp may have overflowed: exact scores from shared memory, the true max, the exps again
+                self.scores_from_smem(acc_S, sQ, sK, wg, stage, wg_tidx)
+                if last_tile:
+                    self.mask_tile(acc_S, tile, sk, wg_tidx % 4)
+                for r in cutlass.range_constexpr(2):
+                    m_tile = acc_S[2 * r]
+                    for v in cutlass.range_constexpr(1, self.tile_n // 4):
+                        m_tile = cute.arch.fmax(m_tile, acc_S[v % 2 + 2 * r + 4 * (v // 2)])
+                    m_new = cute.arch.fmax(row_max[r], cute.arch.warp_reduction_max(m_tile, threads_in_group=4))
+                    bias_new = m_new * qk_scale - 8.0
+                    alpha[r] = cute.math.exp2(bias[r] - bias_new, fastmath=True)
+                    row_max[r] = m_new
+                    bias[r] = bias_new
+                for r in cutlass.range_constexpr(2):
+                    for j in cutlass.range_constexpr(n8):
+                        for c in cutlass.range_constexpr(2):
+                            acc_S[c + 2 * r + 4 * j] = cute.arch.exp2(acc_S[c + 2 * r + 4 * j] * qk_scale - bias[r])
+            else:
+                for r in cutlass.range_constexpr(2):
+                    row_max[r] = row_max[r] + jump[r] / qk_scale
+                    bias_new = row_max[r] * qk_scale - 8.0
+                    alpha[r] = cute.math.exp2(bias[r] - bias_new, fastmath=True)
+                    for j in cutlass.range_constexpr(n8):
+                        for c in cutlass.range_constexpr(2):
+                            acc_S[c + 2 * r + 4 * j] = acc_S[c + 2 * r + 4 * j] * alpha[r]
+        # after the vote: P8 must hold the rescaled exps (a packed P has already saturated at 448)
+        P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+        return alpha
+
+    @cute.jit
+    def schedule_fence(self, sk: Int32, sPin: cute.Tensor, wg_tidx: Int32):
+        """A clock read in a branch that is never taken (sk >= 1): ptxas does not move instructions across it."""
+        c = cute.arch.clock()
+        if sk < 0:
+            sPin[wg_tidx // 32] = Float32(c)
+
+    @cute.jit
+    def scores_from_smem(self, acc_S: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, wg: Int32, stage: Int32,
+                         wg_tidx: Int32):
+        """This thread's raw scores of the tile (fp32 dot products of the e4m3 Q and K rows in shared memory), in
+        the wgmma accumulator's places. Slow (scalar) and only for lazy_max's rare overflow case."""
+        row0 = wg_tidx // 32 * 16 + wg_tidx % 32 // 4
+        col0 = 2 * (wg_tidx % 4)
+        for r in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(self.tile_n // 8):
+                for c in cutlass.range_constexpr(2):
+                    acc = Float32(0.0)
+                    for d in cutlass.range(self.head_dim, unroll=4):
+                        acc += Float32(sQ[row0 + 8 * r, d, wg]) * Float32(sK[col0 + 8 * j + c, d, stage])
+                    acc_S[c + 2 * r + 4 * j] = acc
 
     @cute.jit
     def pass_turn(self, pin: Float32, sPin: cute.Tensor, warp_idx: Int32, wg: Int32, last_tile):
@@ -852,7 +963,7 @@ class Sm90Fp8Attention:
         """O (+)= P V of the tile in ``stage``, complete on return: in head_dim slices (pv_split), into a fresh
         accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma. sum_mma: also l = l * alpha +
         rowsum(P8), the row sums from the tensor cores."""
-        if const_expr(self.pv_split > 1):
+        if const_expr(self.pv_split > 1 or self.sum_mma):
             self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, acc_Ot2, alpha, tOrP, tOrV_h, stage,
                            sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
         elif const_expr(self.pv_promote):
