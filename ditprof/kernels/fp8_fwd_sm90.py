@@ -19,8 +19,8 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   barriers 1 and 2 make two consumer warpgroups take turns issuing their GEMMs), ``pin_wait`` ("sts"),
   ``skip_rescale`` (True), ``poly_every`` (0), ``consumer_wgs`` (3), ``serial_pv`` (True), ``exp_turns`` (False),
   ``pv_promote`` (True), ``pv_split`` (2), ``sum_mma`` (True), ``pv_fence`` (True), ``pv_pipe`` (False),
-  ``max_chains`` (4), ``rows_first`` (False), ``trace`` (False: diagnostic, see TRACE_* below).
-  Options other than tile_n, poly_every, sum_mma and max_chains only schedule the same arithmetic and give
+  ``max_chains`` (4), ``rows_first`` (False), ``lazy_max`` (False), ``trace`` (False: diagnostic, see TRACE_* below).
+  Options other than tile_n, poly_every, sum_mma, max_chains and lazy_max only schedule the same arithmetic and give
   bit-identical results (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
 * ``pv_promote`` (default): each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
   O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
@@ -52,6 +52,10 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
 * ``pv_pipe``: the P V slices two in flight (a second fresh accumulator, which reuses the dead S registers), so a
   slice's merge runs under the next slice's wgmma. Shorter P V phase, longer softmax (more warpgroups in it at
   once): no gain in SM cycles per tile, kept as an option.
+* ``lazy_max``: the exps start against the running max as soon as S is ready; the tile's row maxima (taken over the
+  exps) only decide by a warp vote whether the warp rescales (a row rose more than LAZY_MAX_SLACK) or recomputes
+  its scores from shared memory (an exp may have overflowed). Correct (tests), measured slower: packing P has to
+  wait for the vote (benchmarks/NOTES.md, "Session 4").
 * ``poly_every=k``: every k-th 8-column group of S uses ``exp2_poly`` (FMA pipe) instead of MUFU.EX2 (FA4's
   trick). Correct, but measured slower here: the kernel is latency-bound, not MUFU-bound (benchmarks/NOTES.md).
 
