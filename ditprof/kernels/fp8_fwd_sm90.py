@@ -269,6 +269,8 @@ class Sm90Fp8Attention:
         self.pv_fence = opts["pv_fence"]
         self.pv_pipe = opts["pv_pipe"]
         self.lazy_max = opts["lazy_max"]
+        # P V through pv_sliced (fresh accumulator per slice, merged in FP32; sum_mma's wgmma rides with slice 0)
+        self.sliced_pv = self.pv_split > 1 or self.sum_mma
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
@@ -497,7 +499,7 @@ class Sm90Fp8Attention:
             # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
             # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
             # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
-            if const_expr(self.pv_split > 1 or self.sum_mma):
+            if const_expr(self.sliced_pv):
                 pvh_thr = pv_mma_h.get_slice(wg_tidx)
                 # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
                 acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
@@ -595,7 +597,8 @@ class Sm90Fp8Attention:
                     if const_expr(self.lazy_max):
                         # K_j stays resident until here: a warp whose max jumped too far recomputes S from it
                         alpha = self.softmax_lazy(acc_S, row_max, qk_scale, sQ, sK, wg, v_state.index, j,
-                                                  j == n_tiles - 1, sk, wg_tidx, S_as_pack, P_as_pack, sPin)
+                                                  j == n_tiles - 1, sk, wg_tidx, S_as_pack, P_as_pack, row_sum,
+                                                  sPin, warp_idx)
                         k_pipe.consumer_release(v_state)
                     else:
                         alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, j == n_tiles - 1, sPin,
@@ -727,16 +730,17 @@ class Sm90Fp8Attention:
     @cute.jit
     def softmax_lazy(self, acc_S: cute.Tensor, row_max: cute.Tensor, qk_scale: Float32, sQ: cute.Tensor,
                      sK: cute.Tensor, wg: Int32, stage: Int32, tile: Int32, last_tile, sk: Int32,
-                     wg_tidx: Int32, S_as_pack: cute.Tensor, P_as_pack: cute.Tensor, sPin: cute.Tensor) -> cute.Tensor:
+                     wg_tidx: Int32, S_as_pack: cute.Tensor, P_as_pack: cute.Tensor, row_sum: cute.Tensor,
+                     sPin: cute.Tensor, warp_idx: Int32) -> cute.Tensor:
         """Online-softmax update with a speculative reference (option lazy_max, with sum_mma): P8 <- e4m3(P*256).
 
-        The exps start as soon as S is ready, against the running max (no max -> shuffles -> exps chain), and P is
-        packed at once; the maximum of each row's exp2 arguments is taken beside them (on the ALU pipe) and only
-        decides, by a warp vote, what happens next. While no row of the warp rose by more than LAZY_MAX_SLACK
-        (most tiles once the max has settled) that is all: alpha = 1, and P*256 <= 431 still fits e4m3.
-        Otherwise the warp moves its reference to the true max as before, rescales its exps by alpha (one FMUL
-        each) and packs again — or, when a max jumped by more than LAZY_MAX_OVERFLOW and an exp may have
-        overflowed, recomputes the scores exactly from shared memory first."""
+        The exps start as soon as S is ready, against the running max (no max -> shuffles -> exps chain); the
+        maximum of each row's exps is taken beside them (on the ALU pipe) and only decides, by a warp vote, what
+        happens next. While no row of the warp rose by more than LAZY_MAX_SLACK (most tiles once the max has
+        settled) that is all: alpha = 1, and P*256 <= 431 still fits e4m3. Otherwise the warp moves its reference
+        to the true max, rescales its exps by alpha (one FMUL each) — or, when a max jumped by more than
+        LAZY_MAX_OVERFLOW and an exp may have overflowed, recomputes the scores exactly from shared memory and
+        takes the exact update (softmax_stats). P is packed after the vote either way."""
         alpha = cute.make_rmem_tensor((2,), Float32)
         bias = cute.make_rmem_tensor((2,), Float32)
         part0 = cute.make_rmem_tensor((self.max_chains,), Float32)
@@ -765,23 +769,13 @@ class Sm90Fp8Attention:
                 # how far the row's max rose (exp2 units; +inf if an exp overflowed, -inf if every exp was 0)
                 jump[r] = cute.arch.fmax(cute.math.log2(p_max, fastmath=True) - 8.0, Float32(0.0))
             if cute.arch.vote_any_sync(cute.arch.fmax(jump[0], jump[1]) > LAZY_MAX_OVERFLOW):
-                # an exp may have overflowed: exact scores from shared memory, the true max, the exps again
+                # an exp may have overflowed: exact scores from shared memory, then the exact (non-lazy) update
                 self.scores_from_smem(acc_S, sQ, sK, wg, stage, wg_tidx)
                 if last_tile:
                     self.mask_tile(acc_S, tile, sk, wg_tidx % 4)
+                exact = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, last_tile, sPin, warp_idx)
                 for r in cutlass.range_constexpr(2):
-                    m_tile = acc_S[2 * r]
-                    for v in cutlass.range_constexpr(1, self.tile_n // 4):
-                        m_tile = cute.arch.fmax(m_tile, acc_S[v % 2 + 2 * r + 4 * (v // 2)])
-                    m_new = cute.arch.fmax(row_max[r], cute.arch.warp_reduction_max(m_tile, threads_in_group=4))
-                    bias_new = m_new * qk_scale - 8.0
-                    alpha[r] = cute.math.exp2(bias[r] - bias_new, fastmath=True)
-                    row_max[r] = m_new
-                    bias[r] = bias_new
-                for r in cutlass.range_constexpr(2):
-                    for j in cutlass.range_constexpr(n8):
-                        for c in cutlass.range_constexpr(2):
-                            acc_S[c + 2 * r + 4 * j] = cute.arch.exp2(acc_S[c + 2 * r + 4 * j] * qk_scale - bias[r])
+                    alpha[r] = exact[r]
             else:
                 for r in cutlass.range_constexpr(2):
                     row_max[r] = row_max[r] + jump[r] / qk_scale
@@ -793,13 +787,6 @@ class Sm90Fp8Attention:
         # after the vote: P8 must hold the rescaled exps (a packed P has already saturated at 448)
         P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
         return alpha
-
-    @cute.jit
-    def schedule_fence(self, sk: Int32, sPin: cute.Tensor, wg_tidx: Int32):
-        """A clock read in a branch that is never taken (sk >= 1): ptxas does not move instructions across it."""
-        c = cute.arch.clock()
-        if sk < 0:
-            sPin[wg_tidx // 32] = Float32(c)
 
     @cute.jit
     def scores_from_smem(self, acc_S: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, wg: Int32, stage: Int32,
@@ -967,7 +954,7 @@ class Sm90Fp8Attention:
         """O (+)= P V of the tile in ``stage``, complete on return: in head_dim slices (pv_split), into a fresh
         accumulator merged in FP32 (pv_promote), or accumulated inside the wgmma. sum_mma: also l = l * alpha +
         rowsum(P8), the row sums from the tensor cores."""
-        if const_expr(self.pv_split > 1 or self.sum_mma):
+        if const_expr(self.sliced_pv):
             self.pv_sliced(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, acc_Ot2, alpha, tOrP, tOrV_h, stage,
                            sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
         elif const_expr(self.pv_promote):
