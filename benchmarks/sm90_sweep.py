@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the GPU tests import their shared helpers as a top-level module
 
-# name -> options (overrides of fp8_fwd_sm90.DEFAULT_OPTIONS). Variants with the same (tile_n, poly_every, sum_mma,
-# max_chains) must give bit-identical results (the other options only schedule the same arithmetic): each is checked bitwise
+# name -> options (overrides of fp8_fwd_sm90.DEFAULT_OPTIONS). Variants with the same (tile_n, poly_every, poly_degree,
+# sum_mma, max_chains, lazy_max) must give bit-identical results (the other options only schedule the same arithmetic): each is checked bitwise
 # against the first such variant in the run. Earlier sessions' variants (v1, ping-pong, poly, tile 224) and
 # their timings are in benchmarks/NOTES.md.
 V5 = dict(sum_mma=False, pv_fence=False)  # the session-2 default's two differences from v6
@@ -79,6 +79,14 @@ VARIANTS = {
     "ch8": dict(**V5, max_chains=8),
     "rows": dict(**V5, rows_first=True),
     "sum-n128-split4": dict(tile_n=128, pv_split=4, sum_mma=True, pv_fence=False),
+    # session 5: a share of the exps on the FMA pipe again, now that 3 warpgroups share MUFU (68 % busy in v6);
+    # poly_degree=2 is one FFMA shorter (rel. error 1.7e-3 before the e4m3 rounding of P)
+    "poly7": dict(poly_every=7),  # 2 of 20 column groups (10 %)
+    "poly7d2": dict(poly_every=7, poly_degree=2),
+    "poly6d2": dict(poly_every=6, poly_degree=2),  # 3 of 20 (15 %)
+    "poly3": dict(poly_every=3),  # 6 of 20 (30 %)
+    "poly3d2": dict(poly_every=3, poly_degree=2),
+    "poly2d2": dict(poly_every=2, poly_degree=2),  # 10 of 20 (50 %)
     "n192-pp": dict(**V5, consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, pingpong=True, pv_promote=False),
 }
 DEFAULT_SWEEP = ["default", "v5", "sum", "sum-fence-n128-split4", "v4", "v3"]
@@ -116,8 +124,8 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     full = {n: K.options(**VARIANTS[n]) for n in names}
-    numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["sum_mma"], full[n]["max_chains"],
-                    full[n]["lazy_max"]) for n in names}
+    numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["poly_degree"], full[n]["sum_mma"],
+                    full[n]["max_chains"], full[n]["lazy_max"]) for n in names}
     ref_of = {n: next(m for m in names if numerics[m] == numerics[n]) for n in names}
     res = {n: dict(opts=VARIANTS[n], bitwise_ref=ref_of[n]) for n in names}
 

@@ -20,7 +20,7 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   ``skip_rescale`` (True), ``poly_every`` (0), ``consumer_wgs`` (3), ``serial_pv`` (True), ``exp_turns`` (False),
   ``pv_promote`` (True), ``pv_split`` (2), ``sum_mma`` (True), ``pv_fence`` (True), ``pv_pipe`` (False),
   ``max_chains`` (4), ``rows_first`` (False), ``lazy_max`` (False), ``trace`` (False: diagnostic, see TRACE_* below).
-  Options other than tile_n, poly_every, sum_mma, max_chains and lazy_max only schedule the same arithmetic and give
+  Options other than tile_n, poly_every, poly_degree, sum_mma, max_chains and lazy_max only schedule the same arithmetic and give
   bit-identical results (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
 * ``pv_promote`` (default): each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
   O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
@@ -159,10 +159,31 @@ _EXP2_POLY_ASM = (
 )
 
 
+# Degree 2 (``poly_degree=2``): one FFMA less, max. relative error 1.72e-3 (relative minimax fit on [-0.5, 0.5],
+# after fp32 rounding of the coefficients). P is rounded to e4m3 next (3 mantissa bits, spacing 2^-3), so this
+# moves ~3 % of those roundings to the neighbouring value; the clamp argument above holds (p(-0.5) = 0.7069).
+EXP2_POLY2 = (1.0004431605, 0.7034482359, 0.2384288609)
+_EXP2_POLY2_ASM = (
+    "{\n\t.reg .f32 x, t, j, f, p;\n\t.reg .b32 ti, pi;\n\t"
+    "max.f32 x, $1, 0fC2FC0000;\n\t"
+    "add.rn.f32 t, x, 0f4B400000;\n\t"
+    "sub.rn.f32 j, t, 0f4B400000;\n\t"
+    "sub.rn.f32 f, x, j;\n\t"
+    "fma.rn.f32 p, f, 0f3E7426B2, 0f3F34152F;\n\t"
+    "fma.rn.f32 p, p, f, 0f3F800E86;\n\t"
+    "mov.b32 ti, t;\n\tmov.b32 pi, p;\n\t"
+    "shl.b32 ti, ti, 23;\n\t"
+    "add.s32 pi, pi, ti;\n\t"
+    "mov.b32 $0, pi;\n\t}"
+)
+
+
 @dsl_user_op
-def exp2_poly(x, *, loc=None, ip=None) -> Float32:
-    """2^x (x <= 128) without MUFU: ~9 FMA/ALU-pipe instructions, relative error <= 8e-5."""
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLY_ASM, "=f,f",
+def exp2_poly(x, degree: int = 3, *, loc=None, ip=None) -> Float32:
+    """2^x (x <= 128) without MUFU: ~8-9 FMA/ALU-pipe instructions, relative error <= 8e-5 (degree 3) or
+    1.8e-3 (degree 2)."""
+    asm = _EXP2_POLY_ASM if degree == 3 else _EXP2_POLY2_ASM
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], asm, "=f,f",
                                    has_side_effects=True, is_align_stack=False,
                                    asm_dialect=llvm.AsmDialect.AD_ATT))
 
@@ -193,6 +214,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     pin_wait="sts",  # "sts": keep the PV wait after the softmax in SASS (see kernel); "none": ptxas hoists it
     skip_rescale=True,  # skip O *= alpha when no row of the warp changed its max (warp vote; exact)
     poly_every=0,  # k > 0: every k-th 8-column group of S uses exp2_poly (FMA pipe) instead of MUFU.EX2
+    poly_degree=3,  # exp2_poly's polynomial: 3 (rel. error 8e-5) or 2 (1.8e-3, one FFMA less; P is e4m3 anyway)
     consumer_wgs=3,  # consumer warpgroups per CTA (64 query rows each); 3: more warps per scheduler, 160 regs
     serial_pv=True,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
@@ -231,6 +253,8 @@ class Sm90Fp8Attention:
             raise ValueError(f"pin_wait must be 'none' or 'sts', not {opts['pin_wait']!r}")
         if not 0 <= opts["poly_every"] <= opts["tile_n"] // 8:
             raise ValueError("poly_every must be in [0, tile_n / 8]")
+        if opts["poly_degree"] not in (2, 3):
+            raise ValueError("poly_degree must be 2 or 3")
         if opts["consumer_wgs"] not in REGS_CONSUMER:
             raise ValueError(f"consumer_wgs must be one of {sorted(REGS_CONSUMER)}")
         if opts["pv_split"] not in (1, 2, 4) or (opts["pv_split"] > 1 and not (opts["pv_promote"] and opts["serial_pv"])):
@@ -257,6 +281,7 @@ class Sm90Fp8Attention:
         self.pin_wait = opts["pin_wait"]
         self.skip_rescale = opts["skip_rescale"]
         self.poly_every = opts["poly_every"]
+        self.poly_degree = opts["poly_degree"]
         self.serial_pv = opts["serial_pv"]
         self.exp_turns = opts["exp_turns"]
         self.pv_promote = opts["pv_promote"]
@@ -849,7 +874,7 @@ class Sm90Fp8Attention:
             for c in cutlass.range_constexpr(2):
                 v = c + 2 * r + 4 * j
                 if const_expr(self.poly_every > 0 and j % self.poly_every == self.poly_every - 1):
-                    p = exp2_poly(acc_S[v] * qk_scale - bias[r])  # FMA pipe: unloads MUFU
+                    p = exp2_poly(acc_S[v] * qk_scale - bias[r], self.poly_degree)  # FMA pipe: unloads MUFU
                 else:
                     p = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink or clone it
                 acc_S[v] = p
