@@ -87,6 +87,7 @@ VARIANTS = {
     "poly3": dict(poly_every=3),  # 6 of 20 (30 %)
     "poly3d2": dict(poly_every=3, poly_degree=2),
     "poly2d2": dict(poly_every=2, poly_degree=2),  # 10 of 20 (50 %)
+    "pack": dict(pack_asm=True),  # P words from explicit e4m3x2 conversions: no PRMT regrouping (same bits)
     "n192-pp": dict(**V5, consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, pingpong=True, pv_promote=False),
 }
 DEFAULT_SWEEP = ["default", "v5", "sum", "sum-fence-n128-split4", "v4", "v3"]

@@ -210,9 +210,10 @@ def _small_case(shape):
                                  {"consumer_wgs": 2, "tile_n": 192, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 160, "serial_pv": True, "pv_split": 2},
                                  {"consumer_wgs": 3, "tile_n": 128, "serial_pv": True, "pv_split": 4},
-                                 {"sum_mma": False}, {"max_chains": 8}, {"tile_n": 128, "pv_split": 4}],
+                                 {"sum_mma": False}, {"max_chains": 8}, {"tile_n": 128, "pv_split": 4},
+                                 {"poly_every": 3, "poly_degree": 2}],
                          ids=["n128s2", "n224", "n128pp", "poly4", "poly2pp", "default-poly4", "wg3n96split", "n192split",
-                              "wg3n160split", "wg3n128split4", "v6-nosum", "v6-ch8", "v6-n128split4"])
+                              "wg3n160split", "wg3n128split4", "v6-nosum", "v6-ch8", "v6-n128split4", "v6-poly3d2"])
 @pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
 def test_sm90_variants_vs_emulation(cfg, shape):
     _need_sm90()
@@ -238,7 +239,8 @@ SCHEDULE_ONLY = [{"pingpong": True}, {"overlap": False}, {"kv_stages": 2}, {"pin
 # The same for the default (v6) family: options that schedule the same sum_mma arithmetic differently.
 SCHEDULE_ONLY_V6 = [{"pv_fence": False}, {"rows_first": True}, {"kv_stages": 4}, {"kv_stages": 2},
                     {"consumer_wgs": 2}, {"pv_split": 4}, {"rows_first": True, "pv_fence": False},
-                    {"pv_pipe": True, "pv_split": 4}, {"pv_pipe": True}, {"exp_turns": True}]
+                    {"pv_pipe": True, "pv_split": 4}, {"pv_pipe": True}, {"exp_turns": True}, {"pack_asm": True},
+                    {"pack_asm": True, "pv_split": 4}]
 BITWISE = [("v4", V4, c) for c in SCHEDULE_ONLY] + [("v6", {}, c) for c in SCHEDULE_ONLY_V6]
 
 
@@ -353,7 +355,7 @@ def test_sm90_lazy_max_jumps(beta):
     assert (lse - lse0).abs().max().item() < 0.05
 
 
-LAZY_BITWISE = [{"pv_fence": False}, {"kv_stages": 2}, {"consumer_wgs": 2}]
+LAZY_BITWISE = [{"pv_fence": False}, {"kv_stages": 2}, {"consumer_wgs": 2}, {"pack_asm": True}]
 
 
 @pytest.mark.gpu

@@ -188,6 +188,25 @@ def exp2_poly(x, degree: int = 3, *, loc=None, ip=None) -> Float32:
                                    asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+# One P register (4 e4m3 bytes) from 4 fp32 exps: two satfinite e4m3x2 conversions, the second merged into the
+# upper half. The generic vector conversion (``.to(Float8E4M3FN)`` + store through the P layout) converts the pairs
+# in another grouping and lets ptxas reassemble some words with ~20 PRMT/LOP3 per tile; this is the same rounding.
+_PACK_E4M3_WORD_ASM = (
+    "{\n\t.reg .b16 lo, hi;\n\t"
+    "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"  # upper byte <- $2, lower byte <- $1
+    "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\t"
+    "mov.b32 $0, {lo, hi};\n\t}"
+)
+
+
+@dsl_user_op
+def pack_e4m3_word(b0, b1, b2, b3, *, loc=None, ip=None) -> Uint32:
+    """Bytes (b0, b1, b2, b3) = e4m3(satfinite) of four fp32 values, b0 the least significant."""
+    args = [Float32(x).ir_value(loc=loc, ip=ip) for x in (b0, b1, b2, b3)]
+    return Uint32(llvm.inline_asm(T.i32(), args, _PACK_E4M3_WORD_ASM, "=r,f,f,f,f", has_side_effects=False,
+                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
 def sm90_key_order_for_positions(positions):
     """Key held at each V storage position for this kernel (ints or integer tensors).
 
@@ -225,6 +244,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     sum_mma=True,  # row sums l from the tensor cores (P8 @ ones, an m64n8 wgmma beside P V): no FADDs in the softmax
     pv_pipe=False,  # pv_split slices two in flight (double-buffered fresh accumulator): merge h under slice h+1's wgmma
     pv_fence=True,  # a clock read (in a never-taken branch) after each P V merge: ptxas stops interleaving there; no spills
+    pack_asm=False,  # P registers built by explicit e4m3x2 conversions (pack_e4m3_word) instead of a vector convert
     lazy_max=False,  # exps start at once against the running max; the tile max only decides (warp vote) whether to rescale
     trace=False,  # diagnostic: CTAs of query block 0 write SM-clock timestamps into the LSE buffer (see TRACE_*)
 )
@@ -294,6 +314,7 @@ class Sm90Fp8Attention:
         self.pv_fence = opts["pv_fence"]
         self.pv_pipe = opts["pv_pipe"]
         self.lazy_max = opts["lazy_max"]
+        self.pack_asm = opts["pack_asm"]
         # P V through pv_sliced (fresh accumulator per slice, merged in FP32; sum_mma's wgmma rides with slice 0)
         self.sliced_pv = self.pv_split > 1 or self.sum_mma
         self.tile_m = TILE_M_WG * self.num_wg
@@ -583,7 +604,7 @@ class Sm90Fp8Attention:
             alpha0 = self.softmax_stats(acc_S, row_max, row_sum, qk_scale, wg, n_tiles == 1, sPin, warp_idx)
             alpha_keep[0] = alpha0[0]
             alpha_keep[1] = alpha0[1]
-            P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+            self.pack_p(S_as_pack, P_as_pack)
             if const_expr(self.exp_turns and self.sum_mma):
                 self.pass_turn(self.p_words_pin(acc_S), sPin, warp_idx, wg, n_tiles == 1)
             v_state = kv_state.clone()
@@ -630,7 +651,7 @@ class Sm90Fp8Attention:
                                                    warp_idx)
                     self.apply_alpha(acc_O, alpha, alpha_keep)
                     if const_expr(not self.lazy_max):  # lazy_max packs P itself (before its vote)
-                        P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                        self.pack_p(S_as_pack, P_as_pack)
                     if const_expr(self.exp_turns and self.sum_mma):
                         self.pass_turn(self.p_words_pin(acc_S), sPin, warp_idx, wg, j == n_tiles - 1)
                     if const_expr(self.trace):
@@ -661,7 +682,7 @@ class Sm90Fp8Attention:
                         sPin[warp_idx % 16] = row_sum[0] + row_sum[1]
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(v_state)
-                    P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+                    self.pack_p(S_as_pack, P_as_pack)
                     if const_expr(self.pv_promote):
                         self.merge_o(acc_O, acc_Ot, alpha_keep)  # alpha of tile j-1, whose P V just finished
                     self.apply_alpha(acc_O, alpha, alpha_keep)
@@ -810,7 +831,7 @@ class Sm90Fp8Attention:
                         for c in cutlass.range_constexpr(2):
                             acc_S[c + 2 * r + 4 * j] = acc_S[c + 2 * r + 4 * j] * alpha[r]
         # after the vote: P8 must hold the rescaled exps (a packed P has already saturated at 448)
-        P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
+        self.pack_p(S_as_pack, P_as_pack)
         return alpha
 
     @cute.jit
@@ -849,6 +870,22 @@ class Sm90Fp8Attention:
         for i in cutlass.range_constexpr(1, cute.size(bits)):
             acc = acc | bits[i]
         return Float32(acc)
+
+    @cute.jit
+    def pack_p(self, S_as_pack: cute.Tensor, P_as_pack: cute.Tensor):
+        """P8 <- e4m3(P*256) in the A-operand registers of the P V wgmma (coordinates (a, r, b, h, kb), see the
+        module docstring): word (r, h, kb) holds the bytes (a, b) = (0,0), (1,0), (0,1), (1,1)."""
+        if const_expr(self.pack_asm):
+            n_kb = self.tile_n // 32
+            words = cute.recast_tensor(cute.make_tensor(P_as_pack.iterator, cute.make_layout(16 * n_kb)), Uint32)
+            for kb in cutlass.range_constexpr(n_kb):
+                for h in cutlass.range_constexpr(2):
+                    for r in cutlass.range_constexpr(2):
+                        words[r + 2 * h + 4 * kb] = pack_e4m3_word(
+                            S_as_pack[0, r, 0, h, kb], S_as_pack[1, r, 0, h, kb],
+                            S_as_pack[0, r, 1, h, kb], S_as_pack[1, r, 1, h, kb])
+        else:
+            P_as_pack.store(S_as_pack.load().to(Float8E4M3FN))
 
     @cute.jit
     def row_max_update(self, acc_S: cute.Tensor, row_max: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
