@@ -9,6 +9,8 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh compare   # default `ditprof compare` (h3) only
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep     # sm90 option sweep only (SWEEP_VARIANTS), then TIMELINE_OPTS
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh timeline  # sm90 kernel: in-kernel clock trace (TIMELINE_OPTS="default k=v,k=v")
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp        # --sp P (default 2) on a multi-GPU kind: h3 at P and at 1
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp-families  # --sp P for the other families' presets
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -66,6 +68,17 @@ compare)
 sweep)
   step sweep 400 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
   timelines ${TIMELINE_OPTS:-}
+  ;;
+sp)  # Ulysses over NCCL: the default block (h3) at SP degree P, then the same block on one GPU of this host
+  P=${SP:-2}
+  step "sp$P-h3" 330 python -m ditprof compare --device cuda --sp "$P" --out "$out/sp$P-h3"
+  step sp1-h3 250 python -m ditprof compare --device cuda --out "$out/sp1-h3"
+  ;;
+sp-families)
+  P=${SP:-2}
+  for p in ${SP_PRESETS:-flux.1-dev ltx-video cogvideox-5b wan2.1-t2v-1.3b}; do
+    step "sp$P-$p" 200 python -m ditprof compare --preset "$p" --device cuda --sp "$P" --iters 5 --out "$out/sp$P-$p"
+  done
   ;;
 timeline)
   timelines ${TIMELINE_OPTS:-default}
