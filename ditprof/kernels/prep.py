@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from ditprof.errors import DitprofError
@@ -115,7 +116,13 @@ def _raise_if_nonfinite(scales: torch.Tensor) -> None:
     Skipped while a CUDA graph is being captured (no sync possible there)."""
     if scales.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    bad = (~torch.isfinite(scales.detach().reshape(-1, 3).cpu())).any(dim=0).tolist()
+    # numpy on the host copy: 4 us vs 14 us for the same test as torch ops (2-core CPU machine; ~90 us under the
+    # profiler in a 2 x H200 ltx-video trace, where per-call host overhead made the small fp8 block host-bound)
+    host = scales.detach().reshape(-1, 3).cpu().numpy()
+    finite = np.isfinite(host)
+    if finite.all():
+        return
+    bad = (~finite).any(axis=0).tolist()
     for name, flag in zip(_NAMES, bad):
         if flag:
             raise DitprofError(f"{name} contains NaN or Inf")
