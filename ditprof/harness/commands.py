@@ -35,6 +35,8 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     run.add_argument("--warmup", type=int, metavar="N", help="warm-up calls (default 3 on CUDA, 1 on CPU)")
     run.add_argument("--iters", type=int, metavar="N",
                      help="timed and profiled calls each (default 10 on CUDA, 5 on CPU)")
+    run.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                     help="skip the CUDA-graph replay timing (GPU; it shows the host overhead per block call)")
     run.add_argument("--sp", type=int, metavar="P",
                      help="Ulysses sequence parallelism over P ranks (NCCL, one GPU each; gloo on CPU)")
     run.add_argument("--sp-cross", dest="sp_cross", choices=("local", "heads"), help=argparse.SUPPRESS)

@@ -49,6 +49,7 @@ class RunSpec:
     seed: int
     sp: int | None = None  # --sp P: Ulysses sequence parallelism over P ranks (harness.sequence_parallel)
     sp_cross: str = "local"  # cross-attention under SP: "local" (no communication) or "heads"
+    cuda_graph: bool = True  # GPU: also time CUDA-graph replays of the block (session.time_block_graph)
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -115,6 +116,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
         iters=args.iters if args.iters is not None else (10 if device.type == "cuda" else 5),
         seed=args.seed, sp=sp, sp_cross=getattr(args, "sp_cross", None) or "local",
+        cuda_graph=getattr(args, "cuda_graph", True),
     )
 
 
@@ -184,7 +186,7 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
         run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
                       workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
                       rank=0 if label == "baseline" else 1,
-                      on_phase=_Phases(progress, f"{label} ({b.name})"))
+                      on_phase=_Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
         run.route = state.route
         if state.member is not None:
             run.extra["diffusers_backend"] = state.member.value

@@ -3,7 +3,8 @@
 Clean timing runs the block outside the profiler: CUDA events around each call on a GPU, the host clock
 (``time.perf_counter``) on CPU. The profiled window (``torch.profiler``, CPU + CUDA activities) then runs the
 same calls, each inside a ``ditprof::block`` range; its per-iteration block time next to the clean timing
-shows the profiler's overhead. The trace is exported with ``tensorboard_trace_handler`` (which calls
+shows the profiler's overhead. On a GPU the block is also captured once into a CUDA graph and its replays timed:
+eager minus replay is the host (Python / launch) overhead, which decides small blocks (see ``time_block_graph``). The trace is exported with ``tensorboard_trace_handler`` (which calls
 ``prof.export_chrome_trace``) into ``tb/`` and gzip-copied to ``<label>.trace.json.gz``.
 """
 
@@ -40,6 +41,9 @@ class BackendRun:
     trace_file: str  # name inside the run folder
     tb_file: str  # path relative to the run folder
     route: str = ""
+    # CUDA-graph replay timing (GPU): samples, or None with the reason in graph_note
+    graph_samples_ms: list[float] | None = None
+    graph_note: str = ""
     output: torch.Tensor | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -47,6 +51,11 @@ class BackendRun:
     def block_ms(self) -> dict[str, float]:
         s = self.samples_ms
         return {"median": statistics.median(s), "min": min(s), "max": max(s)}
+
+    @property
+    def graph_block_ms(self) -> dict[str, float] | None:
+        s = self.graph_samples_ms
+        return {"median": statistics.median(s), "min": min(s), "max": max(s)} if s else None
 
     @property
     def profiler_overhead_pct(self) -> float:
@@ -105,6 +114,64 @@ def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tup
     return samples, "host_clock"
 
 
+# a replay may differ from the eager call only by a non-deterministic kernel's rounding (fp32 atomics): well
+# under one bf16 ulp (2^-8) in RMS
+GRAPH_REPLAY_TOLERANCE = 1e-3
+
+
+def _rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    if den > 0:
+        return num / den
+    return 0.0 if num == 0 else float("inf")
+
+
+def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int
+                     ) -> tuple[list[float] | None, str, torch.Tensor | None]:
+    """Capture ``call`` once into a CUDA graph, then time ``iters`` replays with CUDA events.
+
+    Replays skip Python, the dispatcher and kernel launches, so eager minus replay is what the host adds to a
+    block call; for small blocks (a few ms) that can be most of the eager time, and it differs between
+    attention backends (ours runs Triton + CuTe-DSL launches from Python). Returns (samples, note, output on
+    the CPU); samples None when the block cannot be captured (a host sync, a CPU-side branch on GPU data...),
+    with the reason in ``note``: the caller reports it and goes on."""
+    if device.type != "cuda":
+        return None, "no CUDA graphs on the CPU", None
+    graph = torch.cuda.CUDAGraph()
+    out = None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph's docs ask
+            for _ in range(2):
+                call()
+        torch.cuda.current_stream(device).wait_stream(side)
+        with torch.cuda.graph(graph):
+            out = call()
+        graph.replay()
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - any capture failure is reported, the run goes on without it
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize(device)
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return None, f"not capturable: {type(exc).__name__}: {first}", None
+    samples = []
+    for _ in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    result = out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else None
+    del graph, out
+    torch.cuda.empty_cache()  # the graph's private memory pool: gone before the profiled window
+    return samples, "cuda_graph", result
+
+
 def _cpu_peak_from_trace(trace: dict) -> int:
     peak = 0
     for ev in trace.get("traceEvents", []):
@@ -142,8 +209,10 @@ def measure(
     resident_bytes: int = 0,
     rank: int | None = None,
     on_phase: Callable[[str, int, int], None] | None = None,
+    cuda_graph: bool = True,
 ) -> BackendRun:
-    """Warm up, time, profile. ``run_block()`` runs the block once and returns its output tensor."""
+    """Warm up, time, profile. ``run_block()`` runs the block once and returns its output tensor.
+    ``cuda_graph`` (GPU): also time CUDA-graph replays of the block (``time_block_graph``)."""
     phase = on_phase or (lambda *a: None)
     workdir = Path(workdir)
     tb_dir = workdir / "tb"
@@ -169,6 +238,21 @@ def measure(
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
             peak_source = "torch.cuda.max_memory_allocated"
+        graph_samples, graph_note, graph_out = None, "off", None
+        if cuda_graph and device.type == "cuda":
+            phase("CUDA graph", 0, iters)
+            graph_samples, graph_note, graph_out = time_block_graph(call, device, iters)
+            phase("CUDA graph", iters, iters)
+            if graph_out is not None and not torch.equal(graph_out, output):
+                # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
+                # that differs more than that means the capture went wrong, and its timing is not used
+                diff = _rel_rms(graph_out, output)
+                if not diff <= GRAPH_REPLAY_TOLERANCE:
+                    graph_samples = None
+                    graph_note = f"replay output differs from the eager output (rel-RMS {diff:.2e}): not used"
+                else:
+                    graph_note = f"cuda_graph (replay vs eager rel-RMS {diff:.2e})"
+            del graph_out
 
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
@@ -208,4 +292,5 @@ def measure(
         label=label, backend=backend, device=str(device), timing_source=source, samples_ms=samples,
         split=split, profiled_block_ms=profiled, peak_memory_bytes=peak, peak_memory_source=peak_source,
         trace_file=trace_name, tb_file=str(tb_file.relative_to(workdir)), output=output,
+        graph_samples_ms=graph_samples, graph_note=graph_note,
     )
