@@ -9,6 +9,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh compare   # default `ditprof compare` (h3) only
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep     # sm90 option sweep only (SWEEP_VARIANTS), then TIMELINE_OPTS
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh timeline  # sm90 kernel: in-kernel clock trace (TIMELINE_OPTS="default k=v,k=v")
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh graphs    # CUDA-graph replay timing: GPU tests + compare h3/ltx/flux/cogvideox
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp        # --sp P (default 2) on a multi-GPU kind: h3 at P and at 1
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp-families  # --sp P for the other families' presets
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
@@ -68,6 +69,13 @@ compare)
 sweep)
   step sweep 400 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
   timelines ${TIMELINE_OPTS:-}
+  ;;
+graphs)  # session 5: CUDA-graph replay timing (GPU tests, then compare on h3 and on two small blocks)
+  step graph-tests 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_graph.py
+  step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
+  for p in ${GRAPH_PRESETS:-ltx-video flux.1-dev cogvideox-5b}; do
+    step "compare-$p" 150 python -m ditprof compare --preset "$p" --out "$out/compare-$p"
+  done
   ;;
 sp)  # Ulysses over NCCL: the default block (h3) at SP degree P, then the same block on one GPU of this host
   P=${SP:-2}
