@@ -64,6 +64,11 @@ def test_report_rows_show_replay_and_host_overhead():
     assert "not capturable" in rows["block (CUDA graph replay) median [min–max]"][2]
     # no graph data at all (CPU, --no-cuda-graph): no rows
     assert not any("graph" in r[0] for r in report.summary_rows(_report(None, None, "off")))
+    # a GPU-bound block whose replays ran a little slower than the eager calls: marked as noise
+    rows = {r[0]: r for r in report.summary_rows(_report({"median": 10.5, "min": 10.0, "max": 11.0},
+                                                          {"median": 4.0, "min": 3.9, "max": 4.2}))}
+    assert "GPU-bound" in rows["host overhead per call (eager − replay)"][1]
+    assert "GPU-bound" not in rows["host overhead per call (eager − replay)"][2]
 
 
 # ---------------------------------------------------------------------------------------------------- GPU
