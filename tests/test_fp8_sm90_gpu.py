@@ -367,3 +367,25 @@ def test_sm90_lazy_max_schedule_bitwise(cfg, shape):
     o0, l0 = _run(prep, scale, **LAZY)
     o, lse = _run(prep, scale, **LAZY, **cfg)
     assert torch.equal(o, o0) and torch.equal(lse, l0), (_rel_rms(o, o0), (lse - l0).abs().max().item())
+
+
+@pytest.mark.gpu
+def test_sm90_tvm_ffi_launch_matches_jit(monkeypatch):
+    """Both launch paths (TVM-FFI with raw pointers, cute's JIT executor) run the same cubin on the same
+    arguments: bit-identical output; with apache-tvm-ffi installed the default path is TVM-FFI."""
+    _need_sm90()
+    from ditprof.kernels import fp8_fwd_sm90 as K
+
+    prep, scale = _small_case((2, 3, 77, 77, 128))
+    monkeypatch.setenv("DITPROF_TVM_FFI", "0")
+    o_jit, l_jit = _run(prep, scale)
+    assert K.LAUNCH_INFO["last_launch"] == "jit"
+    monkeypatch.delenv("DITPROF_TVM_FFI")
+    o, lse = _run(prep, scale)
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        pytest.skip("apache-tvm-ffi not installed: only the JIT path exists")
+    assert K.LAUNCH_INFO["tvm_ffi_error"] is None, K.LAUNCH_INFO["tvm_ffi_error"]
+    assert K.LAUNCH_INFO["last_launch"] == "tvm_ffi"
+    assert torch.isfinite(o).all() and torch.equal(o, o_jit) and torch.equal(lse, l_jit)

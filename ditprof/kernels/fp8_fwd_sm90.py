@@ -1121,11 +1121,32 @@ def _compile_args(dtype_out):
     )
 
 
-def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "", **opts):
+# Launch path. cute's JIT executor converts the 14 arguments in Python on every call (make_ptr, Int32 wrappers,
+# ctypes packing), ~100+ us of host time per launch, which small DiT blocks feel (docs/RESULTS.md, "eager vs
+# CUDA-graph replay"). Compiled with --enable-tvm-ffi the function takes raw ints (data_ptr()) and floats through
+# TVM-FFI's C ABI instead. Used when apache-tvm-ffi is importable (the GPU host has it; the CPU CI does not need
+# it: nothing launches there) and DITPROF_TVM_FFI is not "0"; if a TVM-FFI compile or call fails, the JIT path
+# takes over for the rest of the process and LAUNCH_INFO["tvm_ffi_error"] keeps the reason.
+LAUNCH_INFO: Dict[str, Any] = {"tvm_ffi_error": None, "last_launch": None}
+
+
+def tvm_ffi_launch_enabled() -> bool:
+    if os.environ.get("DITPROF_TVM_FFI", "1") == "0" or LAUNCH_INFO["tvm_ffi_error"] is not None:
+        return False
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
+                 tvm_ffi: bool = False, **opts):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
     ``opts``: see ``DEFAULT_OPTIONS``. ``fake=True``: no GPU needed (stream faked); pass e.g.
     ``options_extra="--keep-cubin --dump-dir DIR"``. ``fake=False``: compile for launching on the current device.
+    ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers, see ``run_sm90``).
     """
     dtype_out = _out_dtype(dtype_out)
     if not arch.startswith("sm_90"):
@@ -1141,7 +1162,7 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
         import torch
 
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compile_options = f"--gpu-arch {arch} {options_extra}".strip()
+    compile_options = f"--gpu-arch {arch} {options_extra}".strip() + (" --enable-tvm-ffi" if tvm_ffi else "")
     try:
         fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=compile_options)
     finally:
@@ -1180,11 +1201,25 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
         raise ValueError(f"run_sm90 needs an sm_90 GPU (H100/H200), got sm_{major}{minor}")
     arch = "sm_90a"
     opts = options(**opts)
+    if tvm_ffi_launch_enabled():
+        key = (arch, D, out.dtype, "tvm_ffi") + tuple(sorted(opts.items()))
+        try:
+            fn = _CACHE.get(key)
+            if fn is None:
+                fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tvm_ffi=True, **opts)
+                _CACHE[key] = fn
+            fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), out.data_ptr(), lse.data_ptr(),
+               B, H, sq, sk, sq_pad, sk_pad, float(softmax_scale), torch.cuda.current_stream(dev).cuda_stream)
+            LAUNCH_INFO["last_launch"] = "tvm_ffi"
+            return
+        except Exception as exc:  # noqa: BLE001 - argument conversion fails before anything is launched
+            LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
     key = (arch, D, out.dtype) + tuple(sorted(opts.items()))
     fn = _CACHE.get(key)
     if fn is None:
         fn = compile_sm90(D, dtype_out, fake=False, arch=arch, **opts)
         _CACHE[key] = fn
+    LAUNCH_INFO["last_launch"] = "jit"
     gm = cute.AddressSpace.gmem
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
     fn(
@@ -1200,4 +1235,4 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
     )
 
 
-__all__ = ["DEFAULT_OPTIONS", "options", "exp2_poly", "Sm90Fp8Attention", "compile_sm90", "run_sm90", "smem_bytes", "sm90_key_order_for_positions"]
+__all__ = ["DEFAULT_OPTIONS", "LAUNCH_INFO", "tvm_ffi_launch_enabled", "options", "exp2_poly", "Sm90Fp8Attention", "compile_sm90", "run_sm90", "smem_bytes", "sm90_key_order_for_positions"]
