@@ -10,6 +10,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sweep     # sm90 option sweep only (SWEEP_VARIANTS), then TIMELINE_OPTS
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh timeline  # sm90 kernel: in-kernel clock trace (TIMELINE_OPTS="default k=v,k=v")
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh graphs    # CUDA-graph replay timing: GPU tests + compare h3/ltx/flux/cogvideox
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh host      # host overhead per fp8 call (TVM-FFI vs JIT launch) + small compares
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp        # --sp P (default 2) on a multi-GPU kind: h3 at P and at 1
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp-families  # --sp P for the other families' presets
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
@@ -76,6 +77,15 @@ graphs)  # session 5: CUDA-graph replay timing (GPU tests, then compare on h3 an
   for p in ${GRAPH_PRESETS:-ltx-video flux.1-dev cogvideox-5b}; do
     step "compare-$p" 150 python -m ditprof compare --preset "$p" --out "$out/compare-$p"
   done
+  ;;
+host)  # session 5: host overhead per attention call (launch paths), then graph tests + small-block compares
+  step host-overhead 200 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
+  step tvm-test 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k tvm_ffi
+  step graph-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_graph.py
+  for p in ${GRAPH_PRESETS:-ltx-video flux.1-dev}; do
+    step "compare-$p" 150 python -m ditprof compare --preset "$p" --out "$out/compare-$p"
+  done
+  [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py tests/test_fp8_kernel_gpu.py tests/test_prep.py
   ;;
 sp)  # Ulysses over NCCL: the default block (h3) at SP degree P, then the same block on one GPU of this host
   P=${SP:-2}
