@@ -336,6 +336,7 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
                   device: torch.device, progress, resident: int):
     from ditprof.harness.runner import _Phases
     from ditprof.harness.session import measure
+    from ditprof.kernels.interface import deferred_finite_checks
 
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
     work = stage / f".rank{rank}-{label}"
@@ -344,7 +345,7 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
     joint = (local.text_tokens, JOINT_TEXT_FIRST[fam]) if fam in JOINT_TEXT_FIRST else None
     with sp_swapped(loaded.module, b, world=world, rank=rank, cross=spec.sp_cross, uses_dispatcher=uses,
                     joint=joint) as st, \
-            swap.norm_ranges(loaded.module):
+            swap.norm_ranges(loaded.module), deferred_finite_checks():
         dist.barrier()
         run = measure(lambda: local.run(loaded.module), label=name, backend=b.name, device=device, workdir=work,
                       warmup=spec.warmup, iters=spec.iters, resident_bytes=resident, rank=None,

@@ -56,12 +56,22 @@ class Fp8Prepared:
         """Finish a deferred finiteness check (``fp8_prepare(..., check_finite="defer")``): wait for the async
         copy of the descales, then raise ``DitprofError("q contains NaN or Inf")`` (or k, v) as the eager check
         would. A no-op when nothing is pending (eager check, ``check_finite=False``, or already checked)."""
+        finish_finite_check(self.take_finite_check())
+
+    def take_finite_check(self) -> Optional[tuple]:
+        """Hand the pending check over (None if there is none): ``finish_finite_check`` it later. Holds only a
+        pinned copy of the descales and an event, not this object's FP8 tensors."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        host, event = pending
-        event.synchronize()
-        _raise_if_nonfinite(host)
+        return pending
+
+
+def finish_finite_check(pending: Optional[tuple]) -> None:
+    """Wait for a deferred check's copy (no-op for None) and raise like the eager check on non-finite input."""
+    if pending is None:
+        return
+    host, event = pending
+    event.synchronize()
+    _raise_if_nonfinite(host)
 
 
 # ---------------------------------------------------------------- small shared helpers (no numerics)
