@@ -58,6 +58,7 @@ diag)
   ;;
 probe)
   step mufu-wgmma 150 python benchmarks/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
+  [ -n "${FINITE_TESTS:-}" ] && step finite-tests 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py
   [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
   ;;
 final)
@@ -85,6 +86,7 @@ host)  # session 5: host overhead per attention call (launch paths), then graph 
   for p in ${GRAPH_PRESETS:-ltx-video flux.1-dev}; do
     step "compare-$p" 150 python -m ditprof compare --preset "$p" --out "$out/compare-$p"
   done
+  [ -n "${FINITE_TESTS:-}" ] && step finite-tests 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py
   [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py tests/test_fp8_kernel_gpu.py tests/test_prep.py
   ;;
 sp)  # Ulysses over NCCL: the default block (h3) at SP degree P, then the same block on one GPU of this host
