@@ -217,10 +217,15 @@ def _small_case(shape):
 @pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
 def test_sm90_variants_vs_emulation(cfg, shape):
     _need_sm90()
+    _check_vs_model(shape, cfg, sum_p8=_sum_p8(**cfg))
+
+
+def _check_vs_model(shape, cfg, **model_kw):
+    """The kernel with ``cfg`` on the small case ``shape`` against its torch model (``_emulate_sm90(**model_kw)``)."""
     prep, scale = _small_case(shape)
     o, lse = _run(prep, scale, **cfg)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N), sum_p8=_sum_p8(**cfg))
+    eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N), **model_kw)
     assert _rel_rms(o, eo) < MODEL_REL_RMS, _rel_rms(o, eo)
     assert (lse - el).abs().max().item() < _lse_tol(**cfg)
 
@@ -314,12 +319,7 @@ def test_sm90_lazy_max_vs_model(cfg, shape):
     from ditprof.kernels.fp8_fwd_sm90 import LAZY_MAX_SLACK
 
     _need_sm90()
-    prep, scale = _small_case(shape)
-    o, lse = _run(prep, scale, **cfg)
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    eo, el = _emulate_sm90(prep, scale, tile_n=cfg.get("tile_n", TILE_N), sum_p8=True, lazy_slack=LAZY_MAX_SLACK)
-    assert _rel_rms(o, eo) < MODEL_REL_RMS, _rel_rms(o, eo)
-    assert (lse - el).abs().max().item() < _lse_tol(**cfg)
+    _check_vs_model(shape, cfg, sum_p8=True, lazy_slack=LAZY_MAX_SLACK)
 
 
 def _jump_inputs(beta, seed=11):

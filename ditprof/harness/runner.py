@@ -183,8 +183,8 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
                      stage: Path, progress: Progress | None, resident: int) -> BackendRun:
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
     # deferred_finite_checks: the fp8 backend's NaN/Inf check of q/k/v does not sync the host at every call
-    # (a lost CPU lead that made small fp8 blocks look slower than they are); it still raises, at the latest
-    # when the measurement ends
+    # (a sync that can cost the CPU its lead in small, host-bound blocks); it still raises, at the latest when
+    # the measurement ends
     with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
             swap.norm_ranges(loaded.module), deferred_finite_checks():
         run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,

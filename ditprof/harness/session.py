@@ -4,8 +4,9 @@ Clean timing runs the block outside the profiler: CUDA events around each call o
 (``time.perf_counter``) on CPU. The profiled window (``torch.profiler``, CPU + CUDA activities) then runs the
 same calls, each inside a ``ditprof::block`` range; its per-iteration block time next to the clean timing
 shows the profiler's overhead. On a GPU the block is also captured once into a CUDA graph and its replays timed:
-eager minus replay is the host (Python / launch) overhead, which decides small blocks (see ``time_block_graph``). The trace is exported with ``tensorboard_trace_handler`` (which calls
-``prof.export_chrome_trace``) into ``tb/`` and gzip-copied to ``<label>.trace.json.gz``.
+eager minus replay is the host (Python / launch) overhead, which decides small blocks (see ``time_block_graph``).
+The trace is exported with ``tensorboard_trace_handler`` (which calls ``prof.export_chrome_trace``) into ``tb/``
+and gzip-copied to ``<label>.trace.json.gz``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import Any, Callable
 import torch
 
 from ditprof.harness.categories import BLOCK_RANGE, Split, load_trace, split_trace
+
+
+def _band(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
 
 
 @dataclass
@@ -49,13 +54,11 @@ class BackendRun:
 
     @property
     def block_ms(self) -> dict[str, float]:
-        s = self.samples_ms
-        return {"median": statistics.median(s), "min": min(s), "max": max(s)}
+        return _band(self.samples_ms)
 
     @property
     def graph_block_ms(self) -> dict[str, float] | None:
-        s = self.graph_samples_ms
-        return {"median": statistics.median(s), "min": min(s), "max": max(s)} if s else None
+        return _band(self.graph_samples_ms) if self.graph_samples_ms else None
 
     @property
     def profiler_overhead_pct(self) -> float:
@@ -119,15 +122,6 @@ def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tup
 GRAPH_REPLAY_TOLERANCE = 1e-3
 
 
-def _rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    den = b.norm().item()
-    num = (a - b).norm().item()
-    if den > 0:
-        return num / den
-    return 0.0 if num == 0 else float("inf")
-
-
 def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int
                      ) -> tuple[list[float] | None, str, torch.Tensor | None]:
     """Capture ``call`` once into a CUDA graph, then time ``iters`` replays with CUDA events.
@@ -157,15 +151,7 @@ def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int
             torch.cuda.synchronize(device)
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"not capturable: {type(exc).__name__}: {first}", None
-    samples = []
-    for _ in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
+    samples, _ = time_block(graph.replay, device, iters)
     result = out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else None
     del graph, out
     torch.cuda.empty_cache()  # the graph's private memory pool: gone before the profiled window
@@ -246,7 +232,9 @@ def measure(
             if graph_out is not None and not torch.equal(graph_out, output):
                 # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
                 # that differs more than that means the capture went wrong, and its timing is not used
-                diff = _rel_rms(graph_out, output)
+                from ditprof.harness.report import accuracy  # (report imports this module)
+
+                diff = accuracy(output, graph_out)["block_output_rel_rms"]
                 if not diff <= GRAPH_REPLAY_TOLERANCE:
                     graph_samples = None
                     graph_note = f"replay output differs from the eager output (rel-RMS {diff:.2e}): not used"

@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from typing import Any, Dict, Tuple
 
 import cutlass
@@ -143,47 +144,38 @@ TRACE_FLOATS = TRACE_PRODUCER + 2 * TRACE_TILES
 # (-127 would: p(0) = 0.99993 has exponent 126, and 126 - 127 < 0 gives a NaN pattern). x = -inf (the mask)
 # gives a denormal ~1e-38: P*256 in e4m3 is 0 and l changes by 1e-38.
 EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716685295105)
-_EXP2_POLY_ASM = (
-    "{\n\t.reg .f32 x, t, j, f, p;\n\t.reg .b32 ti, pi;\n\t"
-    "max.f32 x, $1, 0fC2FC0000;\n\t"  # -126
-    "add.rn.f32 t, x, 0f4B400000;\n\t"  # 1.5 * 2^23: t's low mantissa bits = round(x)
-    "sub.rn.f32 j, t, 0f4B400000;\n\t"
-    "sub.rn.f32 f, x, j;\n\t"
-    "fma.rn.f32 p, f, 0f3D61FBB0, 0f3E786F0E;\n\t"
-    "fma.rn.f32 p, p, f, 0f3F31798D;\n\t"
-    "fma.rn.f32 p, p, f, 0f3F7FFB49;\n\t"
-    "mov.b32 ti, t;\n\tmov.b32 pi, p;\n\t"
-    "shl.b32 ti, ti, 23;\n\t"  # round(x) << 23 (the magic number's own bits shift out)
-    "add.s32 pi, pi, ti;\n\t"
-    "mov.b32 $0, pi;\n\t}"
-)
-
-
 # Degree 2 (``poly_degree=2``): one FFMA less, max. relative error 1.72e-3 (relative minimax fit on [-0.5, 0.5],
 # after fp32 rounding of the coefficients). P is rounded to e4m3 next (3 mantissa bits, spacing 2^-3), so this
 # moves ~3 % of those roundings to the neighbouring value; the clamp argument above holds (p(-0.5) = 0.7069).
-EXP2_POLY2 = (1.0004431605, 0.7034482359, 0.2384288609)
-_EXP2_POLY2_ASM = (
-    "{\n\t.reg .f32 x, t, j, f, p;\n\t.reg .b32 ti, pi;\n\t"
-    "max.f32 x, $1, 0fC2FC0000;\n\t"
-    "add.rn.f32 t, x, 0f4B400000;\n\t"
-    "sub.rn.f32 j, t, 0f4B400000;\n\t"
-    "sub.rn.f32 f, x, j;\n\t"
-    "fma.rn.f32 p, f, 0f3E7426B2, 0f3F34152F;\n\t"
-    "fma.rn.f32 p, p, f, 0f3F800E86;\n\t"
-    "mov.b32 ti, t;\n\tmov.b32 pi, p;\n\t"
-    "shl.b32 ti, ti, 23;\n\t"
-    "add.s32 pi, pi, ti;\n\t"
-    "mov.b32 $0, pi;\n\t}"
-)
+EXP2_POLY2 = (1.0004432201385498, 0.7034482359886169, 0.23842886090278625)
+
+
+def _exp2_poly_asm(coeffs) -> str:
+    """The PTX of exp2_poly for polynomial coefficients (c0, c1, ...) of 2^f, evaluated by Horner's rule."""
+    c = ["0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0] for x in coeffs]
+    horner = [f"fma.rn.f32 p, f, {c[-1]}, {c[-2]};\n\t"] + [f"fma.rn.f32 p, p, f, {x};\n\t" for x in reversed(c[:-2])]
+    return (
+        "{\n\t.reg .f32 x, t, j, f, p;\n\t.reg .b32 ti, pi;\n\t"
+        "max.f32 x, $1, 0fC2FC0000;\n\t"  # -126
+        "add.rn.f32 t, x, 0f4B400000;\n\t"  # 1.5 * 2^23: t's low mantissa bits = round(x)
+        "sub.rn.f32 j, t, 0f4B400000;\n\t"
+        "sub.rn.f32 f, x, j;\n\t"
+        + "".join(horner)
+        + "mov.b32 ti, t;\n\tmov.b32 pi, p;\n\t"
+        "shl.b32 ti, ti, 23;\n\t"  # round(x) << 23 (the magic number's own bits shift out)
+        "add.s32 pi, pi, ti;\n\t"
+        "mov.b32 $0, pi;\n\t}"
+    )
+
+
+_EXP2_POLY_ASM = {3: _exp2_poly_asm(EXP2_POLY), 2: _exp2_poly_asm(EXP2_POLY2)}
 
 
 @dsl_user_op
 def exp2_poly(x, degree: int = 3, *, loc=None, ip=None) -> Float32:
     """2^x (x <= 128) without MUFU: ~8-9 FMA/ALU-pipe instructions, relative error <= 8e-5 (degree 3) or
     1.8e-3 (degree 2)."""
-    asm = _EXP2_POLY_ASM if degree == 3 else _EXP2_POLY2_ASM
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], asm, "=f,f",
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLY_ASM[degree], "=f,f",
                                    has_side_effects=True, is_align_stack=False,
                                    asm_dialect=llvm.AsmDialect.AD_ATT))
 
@@ -1201,28 +1193,27 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
         raise ValueError(f"run_sm90 needs an sm_90 GPU (H100/H200), got sm_{major}{minor}")
     arch = "sm_90a"
     opts = options(**opts)
+    key = (arch, D, out.dtype) + tuple(sorted(opts.items()))
+
+    def compiled(tvm_ffi: bool):
+        fn = _CACHE.get((tvm_ffi,) + key)
+        if fn is None:
+            fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tvm_ffi=tvm_ffi, **opts)
+            _CACHE[(tvm_ffi,) + key] = fn
+        return fn
+
     if tvm_ffi_launch_enabled():
-        key = (arch, D, out.dtype, "tvm_ffi") + tuple(sorted(opts.items()))
         try:
-            fn = _CACHE.get(key)
-            if fn is None:
-                fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tvm_ffi=True, **opts)
-                _CACHE[key] = fn
-            fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            compiled(True)(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), out.data_ptr(), lse.data_ptr(),
                B, H, sq, sk, sq_pad, sk_pad, float(softmax_scale), torch.cuda.current_stream(dev).cuda_stream)
             LAUNCH_INFO["last_launch"] = "tvm_ffi"
             return
         except Exception as exc:  # noqa: BLE001 - argument conversion fails before anything is launched
             LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
-    key = (arch, D, out.dtype) + tuple(sorted(opts.items()))
-    fn = _CACHE.get(key)
-    if fn is None:
-        fn = compile_sm90(D, dtype_out, fake=False, arch=arch, **opts)
-        _CACHE[key] = fn
     LAUNCH_INFO["last_launch"] = "jit"
     gm = cute.AddressSpace.gmem
     stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
-    fn(
+    compiled(False)(
         make_ptr(Uint8, q8.data_ptr(), gm, assumed_align=16),
         make_ptr(Uint8, k8.data_ptr(), gm, assumed_align=16),
         make_ptr(Uint8, v8t.data_ptr(), gm, assumed_align=16),

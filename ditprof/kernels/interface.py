@@ -250,11 +250,11 @@ def _drain(queue: list, wait: bool) -> None:
 def deferred_finite_checks():
     """Inside, ``fp8_attention`` does not wait for its finiteness check.
 
-    Outside, each call waits for its prep's descales to reach the host (one event sync per call). In a block with
-    many small kernels that wait costs the CPU its lead over the GPU at every attention call: measured on the
-    H200, ltx-video's fp8 block had 2.2 ms of host overhead per call against sdpa's 0.2 ms. Inside this context
-    the checks queue up and are finished in call order as their copies land (polled at each call) and all at
-    the exit: non-finite inputs still raise the same DitprofError, at the latest when the context ends."""
+    Outside, each call waits for its prep's descales to reach the host (one event sync per call), which can cost
+    the CPU its lead over the GPU in a block of small kernels (on the H200 ltx-video's fp8 block had 2.2 ms of host
+    overhead per block call against sdpa's 0.2 ms; how much of that this sync was is not separated). Inside this
+    context the checks queue up and are finished in call order as their copies land (polled at each call) and all
+    at the exit: non-finite inputs still raise the same DitprofError, at the latest when the context ends."""
     prev = getattr(_DEFERRED, "queue", None)
     _DEFERRED.queue = []
     try:
