@@ -14,6 +14,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp        # --sp P (default 2) on a multi-GPU kind: h3 at P and at 1
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh sp-families  # --sp P for the other families' presets
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh families # real MiniMax-H3 default compare, accuracy table, feasibility, GPU tests
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,6 +34,12 @@ timelines() {  # timelines OPTS...: one sm90_timeline.py run per kernel option s
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 case "${1:-main}" in
+families)  # session 6: the real MiniMax-H3 block as the default, every family re-measured
+  step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
+  step accuracy-table 260 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
+  step feasibility 200 python benchmarks/feasibility.py --device cuda --json "$out/feasibility.json"
+  step gpu-tests 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_validate.py tests/test_cuda_graph.py
+  ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
   step validate-h3 220 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --cfg --out "$out/validate-h3"

@@ -80,7 +80,7 @@ def test_block_index_out_of_range(ckpt):
 
 def test_prefix_with_no_keys(tmp_path):
     folder, _ = make_checkpoint(get_preset("h3-mini"), tmp_path / "c", blocks=[0], progress=False)
-    msg = _raises("no tensors with prefix 'blocks.3.'", load, folder, 3)
+    msg = _raises("no tensors with prefix 'transformer_blocks.3.'", load, folder, 3)
     assert "holds blocks 0" in msg
 
 
@@ -126,7 +126,7 @@ def test_dtype_mismatch(ckpt):
 
 
 def test_unknown_family_and_model_class(ckpt):
-    _raises(r"unknown family 'sd3' \(known: wan, flux", get_family, "sd3")
+    _raises(r"unknown family 'sd3' \(known: minimax-h3, wan, flux", get_family, "sd3")
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["_class_name"] = "SD3Transformer2DModel"
     (ckpt / "config.json").write_text(json.dumps(cfg))
@@ -165,3 +165,12 @@ def test_make_checkpoint_refuses_foreign_folder(tmp_path):
     (out / "keep.txt").write_text("mine")
     _raises("exists and is not this checkpoint", make_checkpoint, get_preset("wan-tiny"), out, progress=False)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_minimax_h3_sizes_and_row_counts_it_cannot_lay_out():
+    fam = get_family("minimax-h3")
+    cfg = get_preset("h3").config
+    _raises(r"multiples of 32 \(VAE 16 x patch 2\), got 770x1344", fam.layout_from_size, cfg, 770, 1344, 124, 512)
+    _raises("packed layout of 2 rows cannot hold 0 text rows plus at least one video row",
+            fam.layout_from_tokens, cfg, 2, 512)
+    _raises("tokens must be positive", fam.layout_from_tokens, cfg, 0, 512)

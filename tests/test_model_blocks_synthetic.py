@@ -28,22 +28,26 @@ def test_deterministic_and_independent_of_other_blocks(tmp_path):
     both = load_block(a, 1, progress=False).module.state_dict()
     other_seed = load_block(d, 1, progress=False).module.state_dict()
     assert all(torch.equal(one[k], both[k]) for k in one)
-    assert not torch.equal(one["attn1.to_q.weight"], other_seed["attn1.to_q.weight"])
+    assert not torch.equal(one["attn.to_q.weight"], other_seed["attn.to_q.weight"])
 
 
 def test_layout_names_and_real_block_count(tmp_path):
     folder, reused = make_checkpoint(get_preset("h3-mini"), tmp_path / "x", blocks=[0, 1], progress=False)
     assert not reused
     names = sorted(p.name for p in folder.iterdir())
-    assert names == [
+    assert names == [  # one shard per block, one for the time embedder the block's inputs come from
         "config.json",
-        "diffusion_pytorch_model-00001-of-00002.safetensors",
-        "diffusion_pytorch_model-00002-of-00002.safetensors",
+        "diffusion_pytorch_model-00001-of-00003.safetensors",
+        "diffusion_pytorch_model-00002-of-00003.safetensors",
+        "diffusion_pytorch_model-00003-of-00003.safetensors",
         INDEX_NAME,
     ]
     layout = read_layout(folder)
     assert layout.config["num_layers"] == 50  # the model's real depth, though only 2 blocks are stored
-    assert {k.split(".")[1] for k in layout.weight_map} == {"0", "1"}
+    blocks = {k for k in layout.weight_map if k.startswith("transformer_blocks.")}
+    assert {k.split(".")[1] for k in blocks} == {"0", "1"}
+    assert {k for k in layout.weight_map if k not in blocks} == {
+        f"time_embedder.linear_{i}.{p}" for i in (1, 2) for p in ("weight", "bias")}
     index = json.loads((folder / INDEX_NAME).read_text())
     sizes = sum((folder / s).stat().st_size for s in set(layout.weight_map.values()))
     assert 0 < index["metadata"]["total_size"] <= sizes
@@ -61,7 +65,8 @@ def test_cache_reuse_and_cli(tmp_path, monkeypatch, capsys):
     assert "reused" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
     assert main(["make-checkpoint", "--preset", "h3-mini", "--blocks", "2,3", "--out", str(tmp_path / "o")]) == 0
-    assert {k.split(".")[1] for k in read_layout(tmp_path / "o").weight_map} == {"2", "3"}
+    wmap = read_layout(tmp_path / "o").weight_map
+    assert {k.split(".")[1] for k in wmap if k.startswith("transformer_blocks.")} == {"2", "3"}
     assert main(["make-checkpoint", "--preset", "h3-mini", "--blocks", "x"]) == 2
     assert "--blocks must be" in capsys.readouterr().err
 
@@ -83,10 +88,11 @@ def test_tiny_whole_model_loads_in_diffusers(tmp_path, monkeypatch):
 def test_realistic_scales(tmp_path):
     folder, _ = make_checkpoint(get_preset("h3-mini"), tmp_path / "x", blocks=[0], progress=False)
     sd = load_block(folder, 0, dtype=torch.float32, progress=False).module.state_dict()
-    assert abs(sd["attn1.to_q.weight"].std().item() - 512**-0.5) < 0.002
-    assert abs(sd["ffn.net.2.weight"].std().item() - 2048**-0.5) < 0.002
+    assert abs(sd["attn.to_q.weight"].std().item() - 384**-0.5) < 0.002
+    assert abs(sd["ff.net.2.weight"].std().item() - 1024**-0.5) < 0.002
     assert abs(sd["norm2.weight"].mean().item() - 1) < 0.01
-    assert sd["scale_shift_table"].abs().max() < 0.5
+    assert abs(sd["adaln_proj.linear.weight"].std().item() - 192**-0.5) < 0.002
+    assert sd["adaln_proj.linear.bias"].abs().max() < 0.2
 
 
 def test_loading_holds_at_most_the_block_in_host_memory(tmp_path):

@@ -43,7 +43,7 @@ def test_validate_h3_mini_report(tmp_path, capsys, one_thread):
     assert rep["schema"] == V.SCHEMA
     assert rep["blocks"] == 3 and rep["mode"] == "resident" and rep["timing_source"] == "host_clock"
     assert rep["model"]["preset"] == "h3-mini" and rep["model"]["model_n_blocks"] == 50
-    assert rep["model"]["tokens"] == 256 and rep["model"]["block_bytes"] > 8 * 2**20
+    assert rep["model"]["tokens"] == 256 and rep["model"]["block_bytes"] > 6 * 2**20
     assert len(rep["one_block_ms"]["samples"]) == 3 and len(rep["chain_ms"]["samples"]) == 3
     assert len(rep["chain_per_block_ms"]["samples"]) == 3
     assert rep["extrapolated_ms"] == pytest.approx(3 * rep["one_block_ms"]["median"])
@@ -71,7 +71,7 @@ def test_streamed_chain_equals_resident_chain():
     src = V.open_source("h3-mini", "preset", None)
     blocks = [synthetic_block("h3-mini", i) for i in range(3)]
     inputs = make_inputs(blocks[0], tokens=64)
-    chain = V.Chain(inputs)
+    chain = V.Chain(inputs, blocks[0].family.plan(blocks[0].kind))
     clock = V._Clock(torch.device("cpu"))
     with torch.inference_mode():
         _, per, resident = V.run_chain(chain, [b.module for b in blocks], clock, n=3)
@@ -101,7 +101,8 @@ def test_synthetic_blocks_distinct_deterministic_and_equal_to_checkpoint():
     assert all(not torch.equal(s0[k], s1[k]) for k in big)
     again = synthetic_block("h3-mini", 1).module.state_dict()
     assert all(torch.equal(again[k], s1[k]) for k in s1)
-    assert any(t.dtype == torch.float32 for t in s0.values()) and any(t.dtype == torch.bfloat16 for t in s0.values())
+    # fp32 exactly where diffusers keeps it (MiniMax-H3 keeps nothing of its blocks in fp32)
+    assert all((t.dtype == torch.float32) == b0.family.keeps_fp32(k) for k, t in s0.items())
 
 
 def test_validate_checkpoint_streamed_with_tiny_model(tmp_path, capsys, one_thread):
@@ -129,7 +130,7 @@ def test_bad_blocks_and_budget(tmp_path, capsys):
     folder = ensure_checkpoint(get_preset("h3-mini"), blocks=[0], kind=None, progress=False)
     with pytest.raises(DitprofError, match=r"needs blocks 0-1, but checkpoint .* holds only blocks 0 of 50"):
         _call("validate", "--checkpoint", str(folder), "--blocks", "2", "--device", "cpu", "--out", str(tmp_path))
-    with pytest.raises(DitprofError, match=r"too small to hold one block: it needs 8.03 MiB of weights .* = ~"):
+    with pytest.raises(DitprofError, match=r"too small to hold one block: it needs 6.30 MiB of weights .* = ~"):
         _call("validate", "--preset", "h3-mini", "--blocks", "2", "--tokens", "256", "--device", "cpu",
               "--gpu-memory", "4MiB", "--out", str(tmp_path / "b"))
     with pytest.raises(DitprofError, match="not a size"):
@@ -151,7 +152,7 @@ def test_activation_estimate_scales_with_tokens():
     b = V.estimate_forward_bytes(p.adapter, p.config, "main", preset=p, tokens=1024)
     assert 0 < a["activation_bytes"] < b["activation_bytes"] < 8 * a["activation_bytes"]
     # at least the FFN intermediate (tokens x ffn_dim bf16) is alive at the peak
-    assert b["activation_bytes"] >= 1024 * 2048 * 2
+    assert b["activation_bytes"] >= 1024 * 1024 * 2
 
 
 @pytest.mark.gpu

@@ -42,7 +42,7 @@ def test_rest_modules_really_run(name):
     assert all(v >= 0 for v in r["parts_ms"].values())
     # no block stack is left in the model that ran
     model = W.build_rest_model(src, device="cpu")
-    stacks = [getattr(model, k.attribute) for k in src.family.kinds]
+    stacks = [src.family.stack(model, k.name) for k in src.family.kinds]
     assert all(len(s) == 0 for s in stacks)
 
 
@@ -63,10 +63,25 @@ def test_rest_model_uses_checkpoint_tensors():
 
 
 def test_rest_input_matches_block_tokens():
-    src = open_source("h3-mini", "preset", None)
-    grid, text = W.grid_and_text(src, tokens=256)
+    src = open_source("wan-tiny", "preset", None)
+    grid, text = W.grid_and_text(src, tokens=24)
     kw = W.rest_inputs(src, grid, text, device="cpu", dtype=torch.bfloat16)
     pt, ph, pw = src.family.patch_size(src.config)
     x = kw["hidden_states"]
-    assert (x.shape[2] // pt) * (x.shape[3] // ph) * (x.shape[4] // pw) == 256
-    assert kw["encoder_hidden_states"].shape[1] == 512
+    assert (x.shape[2] // pt) * (x.shape[3] // ph) * (x.shape[4] // pw) == 24
+    assert kw["encoder_hidden_states"].shape[1] == 8
+
+
+def test_rest_input_of_a_packed_model_holds_the_block_rows():
+    """MiniMax-H3: the model's forward gets video, audio and text rows that pack into the block's row count,
+    with the pipeline's layout tensors; its output is the video rows."""
+    src = open_source("h3-mini", "preset", None)
+    grid, text = W.grid_and_text(src, tokens=256)
+    kw = W.rest_inputs(src, grid, text, device="cpu", dtype=torch.bfloat16)
+    rows = kw["hidden_states"].shape[1] + kw["audio_hidden_states"].shape[1] + kw["encoder_hidden_states"].shape[1]
+    assert rows == 256 == kw["position_ids"].shape[0] == kw["token_tags"].shape[0]
+    assert kw["encoder_hidden_states"].shape[1] == grid.text == 64  # a quarter of 256 rows at most
+    model = W.build_rest_model(src, device="cpu")
+    with torch.inference_mode():
+        video, audio = model(**kw)
+    assert video.shape == kw["hidden_states"].shape and audio.shape == kw["audio_hidden_states"].shape

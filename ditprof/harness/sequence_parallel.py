@@ -60,11 +60,6 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.memory import memory_budget
 
-SUPPORTED_FAMILIES = ("wan", "ltx-video", "flux", "hunyuan-video", "cogvideox")
-# Joint attention over [text, image] (Flux, CogVideoX) or [image, text] (HunyuanVideo): the text tokens are
-# replicated. CogVideoX's processor calls F.scaled_dot_product_attention itself, so the joint wrapper goes in
-# through swap's processor-replacement route (SDPA redirected) instead of a dispatcher backend.
-JOINT_TEXT_FIRST = {"flux": True, "hunyuan-video": False, "cogvideox": True}
 CROSS_MODES = ("local", "heads")
 _PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
             "diffusers.models.transformers.transformer_flux",
@@ -102,30 +97,33 @@ def check_degree(P: int, *, heads: int | None = None, tokens: int | None = None,
         raise DitprofError(f"--sp {P}: " + "; ".join(bad))
 
 
-def _preset_shape(spec) -> tuple[str, int, int] | None:
-    """(family, heads, tokens) of a preset run without loading anything; None for checkpoints."""
+def _preset_shape(spec) -> tuple[Any, str, int, int] | None:
+    """(family, kind, heads, tokens) of a preset run without loading anything; None for checkpoints."""
     if spec.source_kind != "preset":
         return None
     from ditprof.model_blocks import get_preset
 
+    from ditprof.model_blocks.inputs import resolve_grid
+
     preset = get_preset(spec.source)
     fam = preset.adapter
+    kind = fam.kind(spec.kind or preset.kind).name
     heads = fam.heads(preset.config)[0]
-    if spec.tokens is not None:
-        tokens = spec.tokens
-    elif spec.height or spec.width:
-        tokens = fam.grid_from_size(preset.config, spec.height, spec.width, spec.frames).tokens
-    else:
-        tokens = preset.default_tokens
-    return fam.name, heads, tokens
+    grid, _ = resolve_grid(fam, preset.config, preset, spec.tokens, spec.height, spec.width, spec.frames)
+    return fam, kind, heads, fam.rows(grid, kind)
 
 
-def check_family(name: str) -> None:
-    if name not in SUPPORTED_FAMILIES:
+def check_family(family, kind: str | None):
+    """The block's plan; a one-line error when the family declares no sequence split for it."""
+    plan = family.plan(kind)
+    if plan.sp is None:
+        from ditprof.model_blocks.families import FAMILIES
+
+        wired = [f.name for f in FAMILIES.values() if all(f.plan(k.name).sp is not None for k in f.kinds)]
         raise DitprofError(
-            f"--sp: sequence parallelism is implemented for {', '.join(SUPPORTED_FAMILIES)} blocks "
-            f"(self-attention over video tokens + cross-attention to replicated text, or joint text + image "
-            f"attention with the text replicated); {name} blocks are not wired up for it yet")
+            f"--sp: {family.name} {family.kind(kind).name} blocks declare no sequence split (BlockPlan.sp) yet; "
+            f"sequence parallelism is wired up for {', '.join(wired)}")
+    return plan
 
 
 # --------------------------------------------------------------------------- attention wrappers
@@ -246,52 +244,41 @@ def sp_swapped(module: torch.nn.Module, b: backends.BackendInfo, *, world: int, 
 
 # --------------------------------------------------------------------------- inputs
 
+def _split(t: torch.Tensor, how, name: str, S: int, T: int, lo: int, hi: int) -> torch.Tensor:
+    """Rows ``[lo, hi)`` of ``t`` along ``how.dim`` (a ``SeqSplit``), the replicated text rows kept whole."""
+    if how.ndim is not None and t.ndim != how.ndim:
+        return t
+    d = how.dim
+    want = S + (T if how.text else 0)
+    if t.ndim <= d or t.shape[d] != want:
+        raise DitprofError(f"--sp: expected {want} rows on dim {d} of {name}, got shape {tuple(t.shape)}")
+    if how.text == "first":
+        return torch.cat([t.narrow(d, 0, T), t.narrow(d, T + lo, hi - lo)], dim=d).contiguous()
+    if how.text == "last":
+        return torch.cat([t.narrow(d, lo, hi - lo), t.narrow(d, S, T)], dim=d).contiguous()
+    return t.narrow(d, lo, hi - lo).contiguous()
+
+
 def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
-    """This rank's share of the block inputs: tokens ``[r*S/P, (r+1)*S/P)`` of the hidden states and of
-    the RoPE table (and of a per-token temb); text and timestep embedding replicated."""
-    fam = getattr(getattr(loaded, "family", None), "name", None)
-    check_family(str(fam))
-    S = inputs.tokens
+    """This rank's share of the block inputs, as the family's ``BlockPlan.sp`` declares it: rows
+    ``[r*S/P, (r+1)*S/P)`` of every split input (each item of a tuple such as a rotary pair); text and
+    everything not named replicated."""
+    plan = check_family(loaded.family, loaded.kind)
+    S, T = inputs.tokens, inputs.text_tokens
     s = S // world
     lo, hi = rank * s, (rank + 1) * s
-
-    def part(t: torch.Tensor) -> torch.Tensor:
-        if t.shape[1] != S:
-            raise DitprofError(f"--sp: expected {S} tokens on dim 1, got shape {tuple(t.shape)}")
-        return t[:, lo:hi].contiguous()
-
-    if fam == "ltx-video":  # kwargs; rotary is (cos, sin), each (B, S, D); temb (B, 1, 6D) and text replicated
-        kw = dict(inputs.kwargs)
-        kw["hidden_states"] = part(kw["hidden_states"])
-        kw["image_rotary_emb"] = tuple(part(t) for t in kw["image_rotary_emb"])
-        return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
-    if fam == "flux":  # kwargs; rotary is (cos, sin), each (T + S, D), text rows first: keep them all
-        kw = dict(inputs.kwargs)
-        T = inputs.text_tokens
-        kw["hidden_states"] = part(kw["hidden_states"])
-        kw["image_rotary_emb"] = tuple(torch.cat([t[:T], t[T + lo:T + hi]]).contiguous()
-                                       for t in kw["image_rotary_emb"])
-        return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
-    if fam == "cogvideox":  # kwargs; rotary (cos, sin) each (S, D) over the video tokens only, or None
-        kw = dict(inputs.kwargs)
-        kw["hidden_states"] = part(kw["hidden_states"])
-        rotary = kw.get("image_rotary_emb")
-        if rotary is not None:
-            kw["image_rotary_emb"] = tuple(t[lo:hi].contiguous() if t.shape[0] == S else part(t) for t in rotary)
-        return dataclasses.replace(inputs, args=tuple(inputs.args), kwargs=kw, tokens=s)
-    if fam == "hunyuan-video":  # (hidden, text, temb, mask over [video, text], rotary (cos, sin) each (S, D))
-        hidden, text, temb, mask, rotary = inputs.args
-        if mask is not None:
-            mask = torch.cat([mask[..., lo:hi], mask[..., S:]], dim=-1).contiguous()
-        rotary = tuple(t[lo:hi].contiguous() if t.shape[0] == S else part(t) for t in rotary)
-        return dataclasses.replace(inputs, args=(part(hidden), text, temb, mask, rotary),
-                                   kwargs=dict(inputs.kwargs), tokens=s)
-    hidden, text, temb, rotary = inputs.args
-    if temb.ndim == 4:  # Wan 2.2 TI2V: per-token modulation (B, S, 6, D)
-        temb = part(temb)
-    rotary = tuple(part(t) for t in rotary)
-    return dataclasses.replace(inputs, args=(part(hidden), text, temb, rotary), kwargs=dict(inputs.kwargs),
-                               tokens=s)
+    kw = dict(inputs.kwargs)
+    if inputs.args:
+        raise DitprofError("--sp: block inputs must be named (make_inputs names them)")
+    for name, how in plan.sp.items():
+        value = kw.get(name)
+        if value is None:
+            continue
+        if isinstance(value, (tuple, list)):
+            kw[name] = type(value)(_split(t, how, name, S, T, lo, hi) for t in value)
+        else:
+            kw[name] = _split(value, how, name, S, T, lo, hi)
+    return dataclasses.replace(inputs, args=(), kwargs=kw, tokens=s)
 
 
 # --------------------------------------------------------------------------- one rank
@@ -341,8 +328,8 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
     work = stage / f".rank{rank}-{label}"
     name = f"rank{rank}.{label}"
-    fam = getattr(getattr(loaded, "family", None), "name", None)
-    joint = (local.text_tokens, JOINT_TEXT_FIRST[fam]) if fam in JOINT_TEXT_FIRST else None
+    text = loaded.family.plan(loaded.kind).joint_text
+    joint = (local.text_tokens, text == "first") if text else None
     with sp_swapped(loaded.module, b, world=world, rank=rank, cross=spec.sp_cross, uses_dispatcher=uses,
                     joint=joint) as st, \
             swap.norm_ranges(loaded.module), deferred_finite_checks():
@@ -436,7 +423,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
     with memory_budget(spec.gpu_memory, device) as budget:
         loaded = load_block(spec.source, spec.block, kind=spec.kind, device=device, dtype=spec.dtype,
                             progress=rank == 0)
-        check_family(str(getattr(loaded.family, "name", loaded.family)))
+        check_family(loaded.family, loaded.kind)
         full = make_inputs(loaded, tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames,
                            seed=spec.seed, device=device, dtype=spec.dtype)
         check_degree(world, heads=loaded.heads, tokens=full.tokens)
@@ -563,8 +550,8 @@ def _precheck(spec) -> None:
         backends.resolve(spec.swap, spec.device)
     shape = _preset_shape(spec)
     if shape is not None:
-        fam, heads, tokens = shape
-        check_family(fam)
+        fam, kind, heads, tokens = shape
+        check_family(fam, kind)
         check_degree(P, heads=heads, tokens=tokens)
 
 

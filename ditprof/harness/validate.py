@@ -114,48 +114,25 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
 
 # --------------------------------------------------------------------------- chaining
 
-def _hidden_slot(inputs) -> tuple[str, Any]:
-    return ("kw", "hidden_states") if "hidden_states" in inputs.kwargs else ("arg", 0)
-
-
-def _encoder_slot(inputs) -> tuple[str, Any] | None:
-    if "encoder_hidden_states" in inputs.kwargs:
-        return ("kw", "encoder_hidden_states")
-    if len(inputs.args) > 1 and isinstance(inputs.args[1], torch.Tensor):
-        return ("arg", 1)
-    return None
-
-
 class Chain:
-    """Calls blocks one after the other, feeding each block's outputs to the next, like the model does."""
+    """Calls blocks one after the other, feeding each block's outputs to the next, like the model does: the
+    family's ``BlockPlan.outputs`` names the inputs the returned values become."""
 
-    def __init__(self, inputs):
+    def __init__(self, inputs, plan):
         self.inputs = inputs
-        self.h_slot = _hidden_slot(inputs)
-        self.e_slot = _encoder_slot(inputs)
+        self.carried = plan.outputs
 
-    def _get(self, slot):
-        kind, key = slot
-        return self.inputs.kwargs[key] if kind == "kw" else self.inputs.args[key]
+    def start(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.inputs.kwargs[n] for n in self.carried)
 
-    def start(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self._get(self.h_slot), (self._get(self.e_slot) if self.e_slot else None)
+    def step(self, module, *carried):
+        kwargs = dict(self.inputs.kwargs)
+        kwargs.update(zip(self.carried, carried))
+        out = module(*self.inputs.args, **kwargs)
+        return (out,) if len(self.carried) == 1 else tuple(out)
 
-    def step(self, module, hidden, encoder):
-        args, kwargs = list(self.inputs.args), dict(self.inputs.kwargs)
-        for slot, value in ((self.h_slot, hidden), (self.e_slot, encoder)):
-            if slot is None or value is None:
-                continue
-            if slot[0] == "kw":
-                kwargs[slot[1]] = value
-            else:
-                args[slot[1]] = value
-        out = module(*args, **kwargs)
-        idx = self.inputs.output_index
-        if idx is None:
-            return out, encoder
-        other = out[1 - idx] if isinstance(out, (tuple, list)) and len(out) == 2 else encoder
-        return out[idx], other
+    def hidden(self, carried) -> torch.Tensor:
+        return carried[self.carried.index("hidden_states")]
 
 
 # --------------------------------------------------------------------------- spec and sources
@@ -415,25 +392,25 @@ def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: _Clock
     Streamed: the weights of block i are copied into the working block before its start mark, so the
     per-block times hold compute only; chain = their sum.
     """
-    hidden, encoder = chain.start()
+    carried = chain.start()
     per: list[float] = []
     if streamer is None:
         marks = [clock.mark()]
         for m in modules:
-            hidden, encoder = chain.step(m, hidden, encoder)
+            carried = chain.step(m, *carried)
             marks.append(clock.mark())
         clock.wait(marks[-1])
         per = [clock.elapsed(a, b) for a, b in zip(marks, marks[1:])]
-        return clock.elapsed(marks[0], marks[-1]), per, hidden
+        return clock.elapsed(marks[0], marks[-1]), per, chain.hidden(carried)
     pairs = []
     for i in range(n):
         streamer.load(i)
         a = clock.mark()
-        hidden, encoder = chain.step(streamer.working, hidden, encoder)
+        carried = chain.step(streamer.working, *carried)
         pairs.append((a, clock.mark()))
     clock.wait(pairs[-1][1])
     per = [clock.elapsed(a, b) for a, b in pairs]
-    return sum(per), per, hidden
+    return sum(per), per, chain.hidden(carried)
 
 
 # --------------------------------------------------------------------------- the command
@@ -482,7 +459,7 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
     build_s = time.perf_counter() - t_build
     working = modules if plan.mode == "resident" else [streamer.working]
     inputs = make_inputs(first, device=dev, dtype=spec.dtype, **input_args)
-    chain = Chain(inputs)
+    chain = Chain(inputs, src.family.plan(src.kind))
     block0 = working[0]
 
     def one_block():

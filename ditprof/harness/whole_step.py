@@ -21,10 +21,6 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.harness.session import time_block
 
-# How each family's pipeline hands over its timestep (in the units the model expects).
-TIMESTEP = {"wan": 500.0, "flux": 0.5, "hunyuan-video": 500.0, "ltx-video": 500.0, "cogvideox": 500}
-
-
 def rest_config(family, config: dict) -> dict:
     """The model's config with every block stack emptied."""
     cfg = dict(config)
@@ -91,54 +87,10 @@ def grid_and_text(src, tokens=None, height=None, width=None, frames=None):
 
 
 def rest_inputs(src, grid, text_tokens: int, *, device, dtype, seed: int = 0, batch: int = 1) -> dict:
-    """Keyword arguments of the model's ``forward`` for a latent of ``grid`` tokens, as its pipeline passes them."""
-    fam, name = src.family, src.family.name
-    a = fam.init_args(src.config)
+    """Keyword arguments of the model's ``forward`` for a latent of ``grid`` tokens, as its pipeline passes them
+    (declared by the family: ``BlockFamily.model_inputs``)."""
     gen = torch.Generator().manual_seed(seed + 1)
-
-    def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-
-    def ts(value):
-        return torch.full((batch,), value, device=device, dtype=torch.float32 if isinstance(value, float)
-                          else torch.long)
-
-    pt, ph, pw = fam.patch_size(src.config)
-    F, H, W = grid.frames, grid.height, grid.width
-    if name == "wan":
-        return dict(hidden_states=randn(batch, a["in_channels"], F * pt, H * ph, W * pw), timestep=ts(TIMESTEP[name]),
-                    encoder_hidden_states=randn(batch, text_tokens, a["text_dim"]), return_dict=False)
-    if name == "flux":
-        img_ids = torch.zeros(H, W, 3, device=device)
-        img_ids[..., 1] += torch.arange(H, device=device)[:, None]
-        img_ids[..., 2] += torch.arange(W, device=device)[None, :]
-        return dict(hidden_states=randn(batch, H * W, a["in_channels"]),
-                    encoder_hidden_states=randn(batch, text_tokens, a["joint_attention_dim"]),
-                    pooled_projections=randn(batch, a["pooled_projection_dim"]), timestep=ts(TIMESTEP[name]),
-                    img_ids=img_ids.reshape(-1, 3), txt_ids=torch.zeros(text_tokens, 3, device=device),
-                    guidance=ts(3.5) if a["guidance_embeds"] else None, return_dict=False)
-    if name == "hunyuan-video":
-        return dict(hidden_states=randn(batch, a["in_channels"], F * pt, H * ph, W * pw), timestep=ts(TIMESTEP[name]),
-                    encoder_hidden_states=randn(batch, text_tokens, a["text_embed_dim"]),
-                    encoder_attention_mask=torch.ones(batch, text_tokens, device=device, dtype=torch.long),
-                    pooled_projections=randn(batch, a["pooled_projection_dim"]),
-                    guidance=ts(6000.0) if a["guidance_embeds"] else None, return_dict=False)
-    if name == "ltx-video":
-        from ditprof.model_blocks.families.ltx import FRAME_RATE
-
-        st, sh, sw = fam.vae_stride
-        return dict(hidden_states=randn(batch, F * H * W, a["in_channels"]),
-                    encoder_hidden_states=randn(batch, text_tokens, a["caption_channels"]),
-                    timestep=ts(TIMESTEP[name]),
-                    encoder_attention_mask=torch.ones(batch, text_tokens, device=device, dtype=torch.long),
-                    num_frames=F, height=H, width=W, rope_interpolation_scale=(st / FRAME_RATE, sh, sw),
-                    return_dict=False)
-    if name == "cogvideox":
-        # RoPE is computed once per video by the pipeline and is only read by the blocks: None here.
-        return dict(hidden_states=randn(batch, F * pt, a["in_channels"], H * ph, W * pw),
-                    encoder_hidden_states=randn(batch, text_tokens, a["text_embed_dim"]),
-                    timestep=ts(TIMESTEP[name]), return_dict=False)
-    raise DitprofError(f"whole-step inputs for family {name!r} are not known")
+    return src.family.model_inputs(src.config, grid, text_tokens, batch, gen, torch.device(device), dtype)
 
 
 def _parts(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -14,10 +15,10 @@ from .loading import LoadedBlock
 
 @dataclass
 class BlockInputs:
-    args: tuple
+    args: tuple  # empty when made by make_inputs: every input is named in ``kwargs``
     kwargs: dict
-    tokens: int  # image/video tokens
-    text_tokens: int
+    tokens: int  # rows of the hidden states (image/video tokens; every packed row for a packed family)
+    text_tokens: int  # rows of the separate text stream (0: none, or packed into the hidden states)
     grid: LatentGrid
     output_index: int | None = None  # where the hidden states sit in the block's output tuple
 
@@ -27,7 +28,7 @@ class BlockInputs:
         return out if self.output_index is None else out[self.output_index]
 
 
-def resolve_grid(family, config, preset, tokens=None, height=None, width=None, frames=None):
+def resolve_grid(family, config, preset, tokens=None, height=None, width=None, frames=None, text_tokens=None):
     """The latent grid and prompt length the blocks see: ``tokens`` or ``height``/``width`` (+ ``frames``);
     with neither, the preset's default size (or the family's pipeline default)."""
     if tokens is not None and (height or width):
@@ -39,14 +40,22 @@ def resolve_grid(family, config, preset, tokens=None, height=None, width=None, f
             height, width, frames = preset.height, preset.width, preset.frames
         else:
             height, width, frames = family.default_size
+    text = preset.text_tokens if preset is not None else family.default_text_tokens
+    if text_tokens is not None:
+        text = int(text_tokens)
     if tokens is not None:
-        grid = family.grid_from_tokens(int(tokens))
+        grid = family.layout_from_tokens(config, int(tokens), text)
     else:
         if not (height and width):
             raise DitprofError("give both height and width")
-        grid = family.grid_from_size(config, int(height), int(width), frames)
-    text = preset.text_tokens if preset is not None else family.default_text_tokens
+        grid = family.layout_from_size(config, int(height), int(width), frames, text)
     return grid, text
+
+
+def named(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments by parameter name of ``module.forward`` (so plans can address them)."""
+    bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    return dict(bound.arguments)
 
 
 def make_inputs(
@@ -68,13 +77,14 @@ def make_inputs(
     preset's default (or the family's pipeline default size) is used.
     """
     family, config = loaded.family, loaded.config
-    grid, default_text = resolve_grid(family, config, loaded.preset, tokens, height, width, frames)
-    if text_tokens is None:
-        text_tokens = default_text
-    if batch < 1 or text_tokens < 1:
+    if batch < 1 or (text_tokens is not None and text_tokens < 1):
         raise DitprofError(f"batch and text_tokens must be positive (got {batch}, {text_tokens})")
+    grid, text_tokens = resolve_grid(family, config, loaded.preset, tokens, height, width, frames, text_tokens)
     device = torch.device(device) if device is not None else loaded.device
     dtype = dtype or loaded.dtype or torch.float32
     gen = torch.Generator().manual_seed(seed)
-    args, kwargs = family.build_inputs(config, loaded.kind, grid, text_tokens, batch, gen, device, dtype)
-    return BlockInputs(args, kwargs, grid.tokens, text_tokens, grid, family.output_index(loaded.kind))
+    args, kwargs = family.build_inputs(config, loaded.kind, grid, text_tokens, batch, gen, device, dtype,
+                                       parents=loaded.parents)
+    kwargs = named(loaded.module, args, kwargs)
+    stream = text_tokens if family.text_stream(loaded.kind) else 0
+    return BlockInputs((), kwargs, family.rows(grid, loaded.kind), stream, grid, family.output_index(loaded.kind))

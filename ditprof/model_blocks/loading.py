@@ -42,6 +42,18 @@ class LoadedBlock:
     folder: Path | None = None
     shards: list[str] = field(default_factory=list)  # shard files opened for this block
     preset: Preset | None = None
+    parents: dict[str, torch.nn.Module] = field(default_factory=dict)  # family.input_modules, weights set
+
+
+def parent_modules(family: BlockFamily, config: dict, kind: str, tensor) -> dict[str, torch.nn.Module]:
+    """The family's ``input_modules`` with their weights: ``tensor(full_name, shape, dtype)`` supplies each
+    one (read from the checkpoint, or synthetic), in the dtype diffusers would load it in."""
+    with torch.device("meta"):
+        mods = family.input_modules(config, kind)
+    for name, mod in mods.items():
+        state = {k: tensor(f"{name}.{k}", tuple(t.shape)) for k, t in mod.state_dict().items()}
+        install_state(mod, state, f"input module {name} has tensors not in the checkpoint")
+    return mods
 
 
 def module_bytes(module: torch.nn.Module) -> tuple[int, int]:
@@ -134,12 +146,35 @@ def load_block_from_layout(
     # a buffer the checkpoint does not carry: nothing in these families, but fail loudly
     params, nbytes = install_state(module, state, "block has tensors not in the checkpoint")
     del state
+    parents = parent_modules(family, layout.config, kind_name,
+                             _parent_reader(layout, family, dtype, device, fetch_shards))
     heads, head_dim = family.heads(layout.config)
     return LoadedBlock(
         module=module, family=family, kind=kind_name, index=block, n_blocks=n_blocks, config=layout.config,
         source=source or str(layout.folder), params=params, bytes=nbytes, heads=heads, head_dim=head_dim,
         load_s=time.perf_counter() - t0, device=device, dtype=dtype, folder=layout.folder, shards=list(by_shard),
+        parents=parents,
     )
+
+
+def _parent_reader(layout: CheckpointLayout, family: BlockFamily, dtype, device, fetch_shards):
+    """Reads one non-block tensor the block's inputs come from (e.g. the time embedder) from its shard."""
+
+    def read(name: str, shape: tuple) -> torch.Tensor:
+        shard = layout.weight_map.get(name)
+        if shard is None:
+            raise DitprofError(f"{layout.folder} lacks {name}, a weight of the module the block's inputs come "
+                               f"from ({name.split('.')[0]})")
+        if fetch_shards is not None:
+            fetch_shards([shard])
+        with TensorReader(layout.folder / shard) as reader:
+            t = reader.read(name)
+        if tuple(t.shape) != shape:
+            raise DitprofError(f"shape mismatch for {name} in {shard}: checkpoint {tuple(t.shape)}, model "
+                               f"expects {shape}")
+        return t.to(device=device, dtype=family.tensor_dtype(name, dtype) or t.dtype)
+
+    return read
 
 
 def _check_slice(sl, name: str, expected: torch.Tensor, shard: str) -> None:

@@ -1,4 +1,4 @@
-"""Built-in model presets: published diffusers configs, the H3-like target, and tiny test models.
+"""Built-in model presets: published diffusers configs (MiniMax-H3 the default), and tiny test models.
 
 Per-block parameter counts are not written down here: they come from building the block on the
 meta device from the config (see ``block_params``), so they can never drift from the config.
@@ -41,10 +41,45 @@ class Preset:
         return self.adapter.n_blocks(self.config, self.kind)
 
     @property
+    def default_layout(self):
+        """The grid (a packed layout for MiniMax-H3) of the preset's default size or token count."""
+        if self.tokens is not None:
+            return self.adapter.layout_from_tokens(self.config, self.tokens, self.text_tokens)
+        return self.adapter.layout_from_size(self.config, self.height, self.width, self.frames, self.text_tokens)
+
+    @property
     def default_tokens(self) -> int:
         if self.tokens is not None:
             return self.tokens
-        return self.adapter.grid_from_size(self.config, self.height, self.width, self.frames).tokens
+        return self.default_layout.tokens
+
+
+def _minimax_h3(**over) -> dict:
+    """MiniMaxH3Transformer3DModel's defaults (the released model), overridden by ``over``."""
+    cfg = {
+        "_class_name": "MiniMaxH3Transformer3DModel",
+        "_diffusers_version": "0.42.1",
+        "num_attention_heads": 56,
+        "attention_head_dim": 128,
+        "hidden_size": 5376,
+        "num_layers": 50,
+        "num_refiner_layers": 2,
+        "ffn_dim": 14336,
+        "in_channels": 24,
+        "audio_in_channels": 32,
+        "patch_size": [1, 2, 2],
+        "text_dim": 5120,
+        "freq_dim": 256,
+        "time_embed_hidden_dim": 5376,
+        "time_embed_dim": 2688,
+        "rope_freq_dim": 16,
+        "rope_theta": 10000.0,
+        "norm_eps": 1e-5,
+        "qk_norm_eps": 1e-5,
+        "final_norm_eps": 1e-5,
+    }
+    cfg.update(over)
+    return cfg
 
 
 def _wan(heads, head_dim, ffn, layers, **over) -> dict:
@@ -185,12 +220,17 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         Preset(
-            "h3", "wan", _wan(56, 128, 28672, 50), tokens=30272, text_tokens=512,
-            description="H3-like target: Wan-style block, dim 7168, cross-attention to 512 text tokens",
+            "h3", "minimax-h3", _minimax_h3(), tokens=30272, text_tokens=512,
+            description="MiniMaxAI/MiniMax-H3 (class defaults), the design write-up's 30272 packed rows: a row "
+                        "count, no request size gives it exactly (768x1344 px x 124 frames, the pipeline "
+                        "default, packs 38222 rows; --height/--width/--frames for that)",
         ),
         Preset(
-            "h3-mini", "wan", _wan(4, 128, 2048, 50), tokens=2048, text_tokens=512,
-            description="H3 architecture scaled down so a CPU runs one block in about a second",
+            "h3-mini", "minimax-h3",
+            _minimax_h3(num_attention_heads=4, hidden_size=384, ffn_dim=1024, text_dim=320,
+                        time_embed_hidden_dim=384, time_embed_dim=192),
+            tokens=2048, text_tokens=512,
+            description="MiniMax-H3 scaled down (4 x 128 heads, hidden 384) so a CPU runs one block in a second",
         ),
         Preset(
             "wan2.1-t2v-14b", "wan", _wan(40, 128, 13824, 40), height=720, width=1280, frames=81,
@@ -218,6 +258,13 @@ PRESETS: dict[str, Preset] = {
             text_tokens=226, description="THUDM/CogVideoX-5b, 720x480 x 49 frames",
         ),
         # Tiny whole models for CPU tests (each block runs in milliseconds).
+        Preset(
+            "minimax-h3-tiny", "minimax-h3",
+            _minimax_h3(num_attention_heads=2, attention_head_dim=16, hidden_size=24, num_layers=2,
+                        ffn_dim=48, in_channels=4, audio_in_channels=4, text_dim=16, freq_dim=16,
+                        time_embed_hidden_dim=24, time_embed_dim=12, rope_freq_dim=2),
+            tokens=64, text_tokens=8, description="tiny MiniMax-H3 for tests", **_TINY,
+        ),
         Preset(
             "wan-tiny", "wan", _wan(2, 12, 48, 2, text_dim=16, freq_dim=16, in_channels=4, out_channels=4),
             tokens=48, text_tokens=8, description="tiny Wan for tests", **_TINY,

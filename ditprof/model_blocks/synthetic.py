@@ -23,7 +23,7 @@ from ditprof.errors import DitprofError
 
 from .checkpoint import CONFIG_NAME, INDEX_NAME, read_json, shard_name
 from .families import BlockFamily
-from .loading import LoadedBlock, install_state
+from .loading import LoadedBlock, install_state, parent_modules
 from .presets import Preset, block_on_meta
 
 FORMAT_VERSION = 1  # bump when the generated values change, so caches are not reused
@@ -96,13 +96,18 @@ def _plan(preset: Preset, blocks: list[int] | None, kind: str) -> list[list[tupl
         groups: dict[str, list] = {}
         for name, t in model.state_dict().items():
             stack = next((k for k in family.kinds if name.startswith(k.attribute + ".")), None)
-            key = ".".join(name.split(".")[:2]) if stack else "_rest"
+            # one shard per block: the stack attribute (possibly dotted) and the block index
+            key = ".".join(name.split(".")[:stack.attribute.count(".") + 2]) if stack else "_rest"
             groups.setdefault(key, []).append((name, tuple(t.shape)))
         return list(groups.values())
     family.checked_n_blocks(preset.config, kind, blocks, preset.name)
     block = block_on_meta(family, preset.config, kind)
     shapes = [(k, tuple(t.shape)) for k, t in block.state_dict().items()]
-    return [[(family.prefix(kind, b) + k, s) for k, s in shapes] for b in blocks]
+    plan = [[(family.prefix(kind, b) + k, s) for k, s in shapes] for b in blocks]
+    with torch.device("meta"):  # the parent modules the block's inputs come from, in a shard of their own
+        parents = family.input_modules(preset.config, kind)
+    extra = [(f"{n}.{k}", tuple(t.shape)) for n, m in parents.items() for k, t in m.state_dict().items()]
+    return plan + ([extra] if extra else [])
 
 
 def checkpoint_hash(preset: Preset, blocks: list[int] | None, kind: str, seed: int, dtype: str) -> str:
@@ -255,10 +260,13 @@ def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: 
     }
     params, nbytes = install_state(module, state, "synthetic block has tensors with no generator rule")
     del state
+    parents = parent_modules(family, preset.config, kind_name,
+                             lambda name, shape: synth_tensor(name, shape, seed, family.tensor_dtype(name, dtype),
+                                                              device))
     heads, head_dim = family.heads(preset.config)
     return LoadedBlock(
         module=module, family=family, kind=kind_name, index=index, n_blocks=n_blocks, config=preset.config,
         source=preset.name, params=params, bytes=nbytes, heads=heads, head_dim=head_dim,
-        load_s=time.perf_counter() - t0, device=device, dtype=dtype, preset=preset,
+        load_s=time.perf_counter() - t0, device=device, dtype=dtype, preset=preset, parents=parents,
     )
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, LatentGrid
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit
 from .cogvideox import CogVideoXFamily
 from .flux import FluxFamily
 from .hunyuan_video import HunyuanVideoFamily
 from .ltx import LTXVideoFamily
+from .minimax_h3 import MiniMaxH3Family
 from .wan import WanFamily
 
 FAMILIES: dict[str, BlockFamily] = {
-    f.name: f for f in (WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(), CogVideoXFamily())
+    f.name: f for f in (MiniMaxH3Family(), WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(), CogVideoXFamily())
 }
 
 
@@ -33,4 +34,4 @@ def family_for_config(config: dict) -> BlockFamily:
     raise DitprofError(f"unknown model class {class_name!r} in config.json (known: {known})")
 
 
-__all__ = ["FAMILIES", "BlockFamily", "BlockKind", "LatentGrid", "family_for_config", "get_family"]
+__all__ = ["FAMILIES", "BlockFamily", "BlockKind", "BlockPlan", "LatentGrid", "SeqSplit", "family_for_config", "get_family"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,54 @@ class LatentGrid:
 
     @property
     def tokens(self) -> int:
+        """Rows of the block's hidden states (a packed layout counts every modality's rows)."""
         return self.frames * self.height * self.width
+
+    @property
+    def video_tokens(self) -> int:
+        return self.frames * self.height * self.width
+
+    def describe(self) -> str:
+        return f"{self.frames}x{self.height}x{self.width} (frames x height x width tokens)"
+
+
+@dataclass(frozen=True)
+class SeqSplit:
+    """How one block input is split under sequence parallelism (the role of diffusers' ContextParallelInput).
+
+    ``dim`` is the sequence dimension. ``text``: the same dimension also holds the replicated text rows, kept
+    whole on every rank -- ``"first"`` (the text rows come before the image rows) or ``"last"``. ``ndim``: split
+    only a tensor of that rank (an input whose layout depends on the config, e.g. Wan 2.2 TI2V's per-token temb).
+    """
+
+    dim: int
+    text: str | None = None
+    ndim: int | None = None
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """What the harness needs to know about a block's inputs and outputs, declared by the family (the role of
+    diffusers' ``_cp_plan``): generic code reads this instead of branching on family names.
+
+    ``outputs``: names of the inputs the block's return values feed in the next block, in return order (one
+    name: a bare tensor). ``sp``: per input name the sequence split (a tuple input such as a rotary
+    ``(cos, sin)`` pair takes one split for each item); inputs not named are replicated; ``None``: sequence
+    parallelism is not wired up for this block. ``joint_text``: ``"first"`` / ``"last"`` when self-attention runs
+    jointly over [text, image] with the text replicated; ``None``: plain self-attention over the sharded rows.
+    """
+
+    outputs: tuple[str, ...] = ("hidden_states",)
+    sp: dict[str, SeqSplit] | None = None
+    joint_text: str | None = None
+
+    @property
+    def hidden(self) -> str:
+        return "hidden_states"
+
+    @property
+    def output_index(self) -> int | None:
+        return None if len(self.outputs) == 1 else self.outputs.index(self.hidden)
 
 
 class BlockFamily:
@@ -51,6 +99,7 @@ class BlockFamily:
     is_video: bool = True
     default_size: tuple[int, int, int] = (480, 832, 81)  # (height, width, frames)
     max_axis_tokens: int | None = None  # longest grid axis the model's RoPE table covers
+    pipeline_timestep: float = 500.0  # the timestep the pipeline hands the model mid-denoising, in its units
 
     # ----- model / block classes -------------------------------------------------------------
     @property
@@ -90,6 +139,10 @@ class BlockFamily:
         raise DitprofError(
             f"family {self.name} has no block kind {name!r} (known: {', '.join(k.name for k in self.kinds)})"
         )
+
+    def stack(self, model: torch.nn.Module, kind: str | None) -> torch.nn.ModuleList:
+        """The ``kind`` stack's ModuleList inside a whole model (the attribute may be dotted)."""
+        return operator.attrgetter(self.kind(kind).attribute)(model)
 
     def prefix(self, kind: str | None, index: int) -> str:
         """State-dict prefix of block ``index`` of the given stack, e.g. ``blocks.3.``."""
@@ -178,13 +231,49 @@ class BlockFamily:
         gen: torch.Generator,
         device: torch.device,
         dtype: torch.dtype,
+        parents: dict[str, torch.nn.Module] | None = None,
     ) -> tuple[tuple, dict]:
-        """(args, kwargs) for ``block.forward``, shaped as the parent model passes them."""
+        """(args, kwargs) for ``block.forward``, shaped as the parent model passes them. ``parents``: the
+        ``input_modules`` with their weights (None on the meta device: build them there)."""
         raise NotImplementedError
+
+    def plan(self, kind: str | None) -> BlockPlan:
+        """The block's input/output plan (see ``BlockPlan``); families override it."""
+        return BlockPlan()
 
     def output_index(self, kind: str | None) -> int | None:
         """Where the image/video hidden states sit in the block's output (None: a bare tensor)."""
-        return None
+        return self.plan(kind).output_index
+
+    def input_modules(self, config: dict, kind: str | None) -> dict[str, torch.nn.Module]:
+        """Modules of the parent model (not of the block) whose outputs the block's inputs are, by the model's
+        attribute name: their weights are read with the block (e.g. MiniMax-H3's ``time_embedder``). Built on the
+        current device context (the loader calls it under ``torch.device("meta")``)."""
+        return {}
+
+    def rows(self, grid: LatentGrid, kind: str | None) -> int:
+        """Rows of the hidden states the block of stack ``kind`` sees for ``grid``."""
+        return grid.tokens
+
+    def text_stream(self, kind: str | None) -> bool:
+        """Whether the block takes the prompt as a separate input (False: text rows are packed into the hidden
+        states, or there is no text)."""
+        return True
+
+    def model_inputs(self, config: dict, grid: LatentGrid, text_tokens: int, batch: int, gen: torch.Generator,
+                     device: torch.device, dtype: torch.dtype) -> dict:
+        """Keyword arguments of the whole model's ``forward`` for a latent of ``grid`` tokens, as its pipeline
+        passes them (the whole-step estimate times the model's non-block modules with these)."""
+        raise DitprofError(f"whole-step inputs for family {self.name!r} are not known")
+
+    # ----- layouts ---------------------------------------------------------------------------
+    def layout_from_tokens(self, config: dict, tokens: int, text_tokens: int) -> LatentGrid:
+        """The grid for ``--tokens`` (a packed family spreads the rows over its modalities)."""
+        return self.grid_from_tokens(tokens)
+
+    def layout_from_size(self, config: dict, height: int, width: int, frames: int | None,
+                         text_tokens: int) -> LatentGrid:
+        return self.grid_from_size(config, height, width, frames)
 
 
 def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:

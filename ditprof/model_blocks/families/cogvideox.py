@@ -10,7 +10,9 @@ from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBloc
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, LatentGrid, randn
+import torch
+
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 
 def get_resize_crop_region_for_grid(src, tgt_width, tgt_height):
@@ -41,6 +43,21 @@ class CogVideoXFamily(BlockFamily):
     def block_class(self, kind):
         return CogVideoXBlock
 
+    def plan(self, kind):
+        # joint attention over [text, image] (the processor concatenates text first); rotary (S, D) or None
+        return BlockPlan(outputs=("hidden_states", "encoder_hidden_states"),
+                         sp={"hidden_states": SeqSplit(1), "image_rotary_emb": SeqSplit(0)}, joint_text="first")
+
+    def model_inputs(self, config, grid, text_tokens, batch, gen, device, dtype):
+        # RoPE is computed once per video by the pipeline and is only read by the blocks: None here.
+        a = self.init_args(config)
+        pt, ph, pw = self.patch_size(config)
+        return dict(hidden_states=randn((batch, grid.frames * pt, a["in_channels"], grid.height * ph,
+                                         grid.width * pw), gen, device, dtype),
+                    encoder_hidden_states=randn((batch, text_tokens, a["text_embed_dim"]), gen, device, dtype),
+                    timestep=torch.full((batch,), int(self.pipeline_timestep), device=device, dtype=torch.long),
+                    return_dict=False)
+
     def patch_size(self, config):
         a = self.init_args(config)
         return (a["patch_size_t"] or 1, a["patch_size"], a["patch_size"])
@@ -59,7 +76,7 @@ class CogVideoXFamily(BlockFamily):
             norm_eps=a["norm_eps"],
         )
 
-    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype):
+    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype, parents=None):
         a = self.init_args(config)
         dim = self.dim(config)
         hidden = randn((batch, grid.tokens, dim), gen, device, dtype)
@@ -81,5 +98,3 @@ class CogVideoXFamily(BlockFamily):
         kwargs = dict(hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rotary)
         return (), kwargs
 
-    def output_index(self, kind):
-        return 0  # (hidden_states, encoder_hidden_states)

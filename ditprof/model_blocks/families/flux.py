@@ -10,7 +10,7 @@ from diffusers.models.transformers.transformer_flux import (
     FluxTransformerBlock,
 )
 
-from .base import BlockFamily, BlockKind, LatentGrid, randn
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 
 class FluxFamily(BlockFamily):
@@ -24,6 +24,7 @@ class FluxFamily(BlockFamily):
     vae_stride = (1, 8, 8)
     is_video = False
     default_size = (1024, 1024, 1)
+    pipeline_timestep = 0.5  # Flux takes sigmas in [0, 1]
 
     @property
     def model_class(self):
@@ -31,6 +32,30 @@ class FluxFamily(BlockFamily):
 
     def block_class(self, kind):
         return FluxTransformerBlock if self.kind(kind).name == "double" else FluxSingleTransformerBlock
+
+    def plan(self, kind):
+        # joint attention over [text, image]; rotary (cos, sin) each (T + S, D), text rows first
+        return BlockPlan(outputs=("encoder_hidden_states", "hidden_states"),
+                         sp={"hidden_states": SeqSplit(1), "image_rotary_emb": SeqSplit(0, text="first")},
+                         joint_text="first")
+
+    @staticmethod
+    def image_ids(grid, device) -> torch.Tensor:
+        """Position ids exactly as FluxPipeline._prepare_latent_image_ids: (0, row, col)."""
+        img_ids = torch.zeros(grid.height, grid.width, 3, device=device)
+        img_ids[..., 1] += torch.arange(grid.height, device=device)[:, None]
+        img_ids[..., 2] += torch.arange(grid.width, device=device)[None, :]
+        return img_ids.reshape(-1, 3)
+
+    def model_inputs(self, config, grid, text_tokens, batch, gen, device, dtype):
+        a = self.init_args(config)
+        ts = lambda v: torch.full((batch,), v, device=device)  # noqa: E731
+        return dict(hidden_states=randn((batch, grid.height * grid.width, a["in_channels"]), gen, device, dtype),
+                    encoder_hidden_states=randn((batch, text_tokens, a["joint_attention_dim"]), gen, device, dtype),
+                    pooled_projections=randn((batch, a["pooled_projection_dim"]), gen, device, dtype),
+                    timestep=ts(self.pipeline_timestep), img_ids=self.image_ids(grid, device),
+                    txt_ids=torch.zeros(text_tokens, 3, device=device),
+                    guidance=ts(3.5) if a["guidance_embeds"] else None, return_dict=False)
 
     def patch_size(self, config):
         # The pipeline packs 2x2 latent patches into one token before x_embedder.
@@ -42,21 +67,15 @@ class FluxFamily(BlockFamily):
         cls = self.block_class(kind)
         return cls(dim=dim, num_attention_heads=a["num_attention_heads"], attention_head_dim=a["attention_head_dim"])
 
-    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype):
+    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype, parents=None):
         a = self.init_args(config)
         dim = self.dim(config)
         hidden = randn((batch, grid.tokens, dim), gen, device, dtype)
         text = randn((batch, text_tokens, dim), gen, device, dtype)
         temb = randn((batch, dim), gen, device, dtype)  # pooled time/guidance/text embedding
-        # Position ids exactly as FluxPipeline._prepare_latent_image_ids: (0, row, col); text ids 0.
-        img_ids = torch.zeros(grid.height, grid.width, 3, device=device)
-        img_ids[..., 1] += torch.arange(grid.height, device=device)[:, None]
-        img_ids[..., 2] += torch.arange(grid.width, device=device)[None, :]
-        txt_ids = torch.zeros(text_tokens, 3, device=device)
-        ids = torch.cat([txt_ids, img_ids.reshape(-1, 3)], dim=0)
+        txt_ids = torch.zeros(text_tokens, 3, device=device)  # text ids are 0
+        ids = torch.cat([txt_ids, self.image_ids(grid, device)], dim=0)
         rotary = FluxPosEmbed(theta=10000, axes_dim=list(a["axes_dims_rope"]))(ids)
         kwargs = dict(hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rotary)
         return (), kwargs
 
-    def output_index(self, kind):
-        return 1  # both Flux blocks return (encoder_hidden_states, hidden_states)

@@ -12,7 +12,7 @@ from diffusers.models.transformers.transformer_hunyuan_video import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, LatentGrid, randn, shape_only
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, shape_only
 
 
 class HunyuanVideoFamily(BlockFamily):
@@ -35,6 +35,26 @@ class HunyuanVideoFamily(BlockFamily):
             return HunyuanVideoTransformerBlock
         return HunyuanVideoSingleTransformerBlock
 
+    def plan(self, kind):
+        # joint attention over [image, text]; mask (B, 1, 1, S + T); rotary (cos, sin) each (S, D)
+        rotary = "freqs_cis" if self.kind(kind).name == "double" else "image_rotary_emb"
+        return BlockPlan(outputs=("hidden_states", "encoder_hidden_states"),
+                         sp={"hidden_states": SeqSplit(1), "attention_mask": SeqSplit(3, text="last"),
+                             rotary: SeqSplit(0)},
+                         joint_text="last")
+
+    def model_inputs(self, config, grid, text_tokens, batch, gen, device, dtype):
+        a = self.init_args(config)
+        pt, ph, pw = self.patch_size(config)
+        ts = lambda v: torch.full((batch,), v, device=device)  # noqa: E731
+        return dict(hidden_states=randn((batch, a["in_channels"], grid.frames * pt, grid.height * ph,
+                                         grid.width * pw), gen, device, dtype),
+                    timestep=ts(self.pipeline_timestep),
+                    encoder_hidden_states=randn((batch, text_tokens, a["text_embed_dim"]), gen, device, dtype),
+                    encoder_attention_mask=torch.ones(batch, text_tokens, device=device, dtype=torch.long),
+                    pooled_projections=randn((batch, a["pooled_projection_dim"]), gen, device, dtype),
+                    guidance=ts(6000.0) if a["guidance_embeds"] else None, return_dict=False)
+
     def patch_size(self, config):
         a = self.init_args(config)
         return (a["patch_size_t"], a["patch_size"], a["patch_size"])
@@ -46,7 +66,7 @@ class HunyuanVideoFamily(BlockFamily):
         cls = self.block_class(kind)
         return cls(a["num_attention_heads"], a["attention_head_dim"], mlp_ratio=a["mlp_ratio"], qk_norm=a["qk_norm"])
 
-    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype):
+    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype, parents=None):
         a = self.init_args(config)
         dim = self.dim(config)
         pt, ph, pw = self.patch_size(config)
@@ -60,5 +80,3 @@ class HunyuanVideoFamily(BlockFamily):
         rotary = rope(shape_only((batch, 1, grid.frames * pt, grid.height * ph, grid.width * pw), device))
         return (hidden, text, temb, mask, rotary), {}
 
-    def output_index(self, kind):
-        return 0  # (hidden_states, encoder_hidden_states)

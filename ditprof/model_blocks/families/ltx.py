@@ -9,7 +9,7 @@ from diffusers.models.transformers.transformer_ltx import (
     LTXVideoTransformerBlock,
 )
 
-from .base import BlockFamily, BlockKind, LatentGrid, randn
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 FRAME_RATE = 25  # LTXPipeline default; RoPE time positions are scaled by vae_stride_t / frame_rate
 
@@ -28,6 +28,20 @@ class LTXVideoFamily(BlockFamily):
 
     def block_class(self, kind):
         return LTXVideoTransformerBlock
+
+    def plan(self, kind):
+        # rotary (cos, sin) each (B, S, D); temb (B, 1, 6D) and the text replicated
+        return BlockPlan(sp={"hidden_states": SeqSplit(1), "image_rotary_emb": SeqSplit(1)})
+
+    def model_inputs(self, config, grid, text_tokens, batch, gen, device, dtype):
+        a = self.init_args(config)
+        st, sh, sw = self.vae_stride
+        return dict(hidden_states=randn((batch, grid.tokens, a["in_channels"]), gen, device, dtype),
+                    encoder_hidden_states=randn((batch, text_tokens, a["caption_channels"]), gen, device, dtype),
+                    timestep=torch.full((batch,), self.pipeline_timestep, device=device),
+                    encoder_attention_mask=torch.ones(batch, text_tokens, device=device, dtype=torch.long),
+                    num_frames=grid.frames, height=grid.height, width=grid.width,
+                    rope_interpolation_scale=(st / FRAME_RATE, sh, sw), return_dict=False)
 
     def patch_size(self, config):
         a = self.init_args(config)
@@ -48,7 +62,7 @@ class LTXVideoFamily(BlockFamily):
             elementwise_affine=a["norm_elementwise_affine"],
         )
 
-    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype):
+    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype, parents=None):
         a = self.init_args(config)
         dim = self.dim(config)
         st, sh, sw = self.vae_stride

@@ -9,7 +9,7 @@ from diffusers.models.transformers.transformer_wan import (
     WanTransformerBlock,
 )
 
-from .base import BlockFamily, BlockKind, LatentGrid, randn, shape_only
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, shape_only
 
 
 class WanFamily(BlockFamily):
@@ -23,6 +23,20 @@ class WanFamily(BlockFamily):
     @property
     def model_class(self) -> type:
         return WanTransformer3DModel
+
+    def plan(self, kind):
+        # rotary (cos, sin) each (1, S, 1, hd); Wan 2.2 TI2V hands a per-token temb (B, S, 6, D)
+        return BlockPlan(sp={"hidden_states": SeqSplit(1), "rotary_emb": SeqSplit(1),
+                             "temb": SeqSplit(1, ndim=4)})
+
+    def model_inputs(self, config, grid, text_tokens, batch, gen, device, dtype):
+        a = self.init_args(config)
+        pt, ph, pw = self.patch_size(config)
+        return dict(hidden_states=randn((batch, a["in_channels"], grid.frames * pt, grid.height * ph,
+                                         grid.width * pw), gen, device, dtype),
+                    timestep=torch.full((batch,), self.pipeline_timestep, device=device),
+                    encoder_hidden_states=randn((batch, text_tokens, a["text_dim"]), gen, device, dtype),
+                    return_dict=False)
 
     def block_class(self, kind):
         return WanTransformerBlock
@@ -42,7 +56,7 @@ class WanFamily(BlockFamily):
             a["added_kv_proj_dim"],
         )
 
-    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype):
+    def build_inputs(self, config, kind, grid: LatentGrid, text_tokens, batch, gen, device, dtype, parents=None):
         a = self.init_args(config)
         dim = self.dim(config)
         pt, ph, pw = self.patch_size(config)
