@@ -241,6 +241,15 @@ PRESETS: dict[str, Preset] = {
             description="Wan-AI/Wan2.1-T2V-1.3B-Diffusers, 480p x 81 frames",
         ),
         Preset(
+            "wan2.2-t2v-a14b", "wan", _wan(40, 128, 13824, 40), height=720, width=1280, frames=81,
+            description="Wan-AI/Wan2.2-T2V-A14B-Diffusers (each of its two experts), 720p x 81 frames",
+        ),
+        Preset(
+            "wan2.2-ti2v-5b", "wan", _wan(24, 128, 14336, 30, in_channels=48, out_channels=48),
+            height=704, width=1280, frames=121,
+            description="Wan-AI/Wan2.2-TI2V-5B-Diffusers, 1280x704 x 121 frames (16x VAE, per-token timestep)",
+        ),
+        Preset(
             "flux.1-dev", "flux", _flux(24, 128, 19, 38), kind="double", height=1024, width=1024,
             description="black-forest-labs/FLUX.1-dev, 1024x1024 (use kind=single for the single stack)",
         ),

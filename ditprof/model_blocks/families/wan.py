@@ -9,7 +9,15 @@ from diffusers.models.transformers.transformer_wan import (
     WanTransformerBlock,
 )
 
+from ditprof.errors import DitprofError
+
 from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, shape_only
+
+# diffusers' Wan attention processor splits the prompt at this many text rows (hardcoded there): everything before
+# them is the image context of I2V / FLF2V models.
+WAN_TEXT_LEN = 512
+CLIP_IMAGE_TOKENS = 257  # CLIP ViT-H/14 image embedding rows the I2V pipeline hands over (x2 for FLF2V)
+WAN22_LATENT_CHANNELS = 48  # Wan 2.2's VAE (16x spatial) latents; every Wan 2.1 model has 16 (36 for I2V)
 
 
 class WanFamily(BlockFamily):
@@ -32,11 +40,17 @@ class WanFamily(BlockFamily):
     def model_inputs(self, config, grid, text_tokens, batch, gen, device, dtype):
         a = self.init_args(config)
         pt, ph, pw = self.patch_size(config)
-        return dict(hidden_states=randn((batch, a["in_channels"], grid.frames * pt, grid.height * ph,
-                                         grid.width * pw), gen, device, dtype),
-                    timestep=torch.full((batch,), self.pipeline_timestep, device=device),
-                    encoder_hidden_states=randn((batch, text_tokens, a["text_dim"]), gen, device, dtype),
-                    return_dict=False)
+        # TI2V-5B: the pipeline's expand_timesteps hands one timestep per token
+        shape = (batch, grid.tokens) if self.is_wan22_vae(a) else (batch,)
+        kw = dict(hidden_states=randn((batch, a["in_channels"], grid.frames * pt, grid.height * ph,
+                                       grid.width * pw), gen, device, dtype),
+                  timestep=torch.full(shape, self.pipeline_timestep, device=device),
+                  encoder_hidden_states=randn((batch, text_tokens, a["text_dim"]), gen, device, dtype),
+                  return_dict=False)
+        if self.image_tokens(a):
+            kw["encoder_hidden_states_image"] = randn((batch, self.image_tokens(a), a["image_dim"]), gen, device,
+                                                      dtype)
+        return kw
 
     def block_class(self, kind):
         return WanTransformerBlock
@@ -47,6 +61,42 @@ class WanFamily(BlockFamily):
     @property
     def max_axis_tokens(self):  # rope_max_seq_len default; checked again per config below
         return 1024
+
+    @staticmethod
+    def is_wan22_vae(a: dict) -> bool:
+        """TI2V-5B: latents of Wan 2.2's VAE (16x spatial); its pipeline expands the timestep per token."""
+        return a["in_channels"] == WAN22_LATENT_CHANNELS
+
+    def image_tokens(self, a: dict) -> int:
+        """Rows of CLIP image context in front of the prompt (I2V / FLF2V blocks), else 0."""
+        if a["added_kv_proj_dim"] is None:
+            return 0
+        return int(a["pos_embed_seq_len"] or CLIP_IMAGE_TOKENS)
+
+    def _checked(self, config, grid: LatentGrid) -> LatentGrid:
+        """The model's RoPE table has ``rope_max_seq_len`` positions per axis: a longer axis has none."""
+        limit = self.init_args(config)["rope_max_seq_len"]
+        for axis in ("frames", "height", "width"):
+            if getattr(grid, axis) > limit:
+                raise DitprofError(
+                    f"the {axis} axis of the {grid.frames}x{grid.height}x{grid.width} token grid has "
+                    f"{getattr(grid, axis)} positions, more than this model's rope_max_seq_len={limit}; "
+                    f"pick a smaller size or token count")
+        return grid
+
+    def layout_from_tokens(self, config, tokens, text_tokens):
+        return self._checked(config, self.grid_from_tokens(tokens))
+
+    def layout_from_size(self, config, height, width, frames, text_tokens):
+        a = self.init_args(config)
+        if self.is_wan22_vae(a):  # 16x spatial VAE, 4x temporal
+            pt, ph, pw = self.patch_size(config)
+            f = ((frames or 1) - 1) // 4 + 1
+            grid = LatentGrid(-(-f // pt), height // (16 * ph), width // (16 * pw))
+            if min(grid.frames, grid.height, grid.width) < 1:
+                raise DitprofError(f"size {height}x{width}x{frames} is too small for {self.name} (no tokens)")
+            return self._checked(config, grid)
+        return self._checked(config, self.grid_from_size(config, height, width, frames))
 
     def build_block(self, config, kind):
         a = self.init_args(config)
@@ -62,9 +112,18 @@ class WanFamily(BlockFamily):
         pt, ph, pw = self.patch_size(config)
         hidden = randn((batch, grid.tokens, dim), gen, device, dtype)
         text = randn((batch, text_tokens, dim), gen, device, dtype)
+        n_img = self.image_tokens(a)
+        if n_img:  # I2V / FLF2V: the embedded CLIP image rows go in front of the prompt
+            if text_tokens != WAN_TEXT_LEN:
+                raise DitprofError(f"Wan image-conditioned blocks (added_kv_proj_dim) split their context at "
+                                   f"{WAN_TEXT_LEN} prompt rows (diffusers hardcodes it): the prompt must have "
+                                   f"{WAN_TEXT_LEN} text tokens, got {text_tokens}")
+            text = torch.cat([randn((batch, n_img, dim), gen, device, dtype), text], dim=1)
         # timestep_proj.unflatten(1, (6, -1)): the parent keeps the time embedder in fp32, so temb is
         # fp32 whatever the block dtype. Modulation values are small next to the 1 in (1 + scale).
-        temb = randn((batch, 6, dim), gen, device, torch.float32, std=0.1)
+        # TI2V-5B's pipeline expands the timestep per token: one modulation per row, (B, S, 6, D).
+        shape = (batch, grid.tokens, 6, dim) if self.is_wan22_vae(a) else (batch, 6, dim)
+        temb = randn(shape, gen, device, torch.float32, std=0.1)
         # The model's own rotary module only reads the latent's shape (B, C, F, H, W).
         rope = WanRotaryPosEmbed(a["attention_head_dim"], (pt, ph, pw), a["rope_max_seq_len"]).to(device)
         latent = shape_only((batch, 1, grid.frames * pt, grid.height * ph, grid.width * pw), device)
