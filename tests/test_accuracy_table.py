@@ -11,7 +11,7 @@ from ditprof.cli import build_parser, main
 from ditprof.errors import DitprofError
 from ditprof.harness.validate_commands import ACCURACY_SCHEMA, accuracy_table
 
-TINY = ["minimax-h3-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny"]
+TINY = ["minimax-h3-tiny", "qwen-image-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny"]
 
 
 def test_accuracy_table_structure(tmp_path, capsys):
@@ -22,7 +22,7 @@ def test_accuracy_table_structure(tmp_path, capsys):
     assert rep["schema"] == ACCURACY_SCHEMA and rep["baseline"] == "sdpa" and rep["backends"] == ["fp8-emulated"]
     assert len(rep["rows"]) == len(TINY) * 2
     families = {r["family"] for r in rep["rows"]}
-    assert families == {"minimax-h3", "wan", "flux", "hunyuan-video", "ltx-video", "cogvideox"}  # every family with a preset
+    assert families == {"minimax-h3", "qwen-image", "wan", "flux", "hunyuan-video", "ltx-video", "cogvideox"}  # every family with a preset
     ok = [r for r in rep["rows"] if r["status"] == "ok"]
     assert {r["preset"] for r in ok if r["tokens"] == 48} == set(TINY)
     for r in ok:

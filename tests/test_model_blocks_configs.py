@@ -13,7 +13,8 @@ from ditprof.errors import DitprofError
 from ditprof.model_blocks import get_preset, load_block, make_inputs
 from ditprof.model_blocks.presets import _wan
 
-TINY = ["minimax-h3-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny"]
+TINY = ["minimax-h3-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny",
+        "qwen-image-tiny"]
 
 
 def _save(cls, config: dict, folder, seed: int = 0):
@@ -123,3 +124,16 @@ def test_minimax_h3_with_other_head_counts_and_prompt_lengths(tmp_path, capsys):
     assert inputs.grid.text == 20 and inputs.tokens == 20 + 74 + 7 * 2 * 2
     with torch.no_grad():
         assert inputs.run(loaded.module).shape == (1, inputs.tokens, 32)
+
+
+def test_qwen_image_variants_and_sp_are_one_line(tmp_path, capsys):
+    """Qwen-Image's edit/layered configs are named as unsupported; --sp says the family declares no split."""
+    from ditprof.model_blocks import get_family
+
+    fam = get_family("qwen-image")
+    cfg = dict(get_preset("qwen-image-tiny").config, zero_cond_t=True)
+    with pytest.raises(DitprofError, match="zero_cond_t=True .* not supported yet"):
+        fam.build_block(cfg, "main")
+    rc = main(["profile", "--preset", "qwen-image-tiny", "--device", "cpu", "--sp", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "qwen-image main blocks declare no sequence split" in err[0]

@@ -55,6 +55,13 @@ def _full_model_call(family: str, model, b: int = 1):
             hidden_states=r(b, 3, cfg.in_channels, 8, 8), encoder_hidden_states=r(b, 8, cfg.text_embed_dim),
             timestep=t, image_rotary_emb=rope,
         )
+    if family == "qwen-image":
+        h, w = 4, 6
+        return dict(
+            hidden_states=r(b, h * w, cfg.in_channels), encoder_hidden_states=r(b, 8, cfg.joint_attention_dim),
+            encoder_hidden_states_mask=torch.ones(b, 8, dtype=torch.long), timestep=t / 1000,
+            img_shapes=[[(1, h, w)]] * b,
+        )
     if family == "minimax-h3":
         # The pipeline's own layout and timestep code for 64 x 96 px x 22 frames, an 8-row prompt, at the
         # middle of 50 steps of the two schedules (video shift 12, audio shift 3).
@@ -84,12 +91,13 @@ def _full_model_call(family: str, model, b: int = 1):
 SIZE = {  # (height, width, frames) giving the same token grid as _full_model_call
     "wan": (64, 64, 9), "flux": (64, 96, None), "hunyuan-video": (64, 64, 9),
     "ltx-video": (128, 128, 17), "cogvideox": (64, 64, 9), "minimax-h3": (64, 96, 22),
+    "qwen-image": (64, 96, None),
 }
 # Inputs that are not random in the model (embeddings of the timestep, per-row indices): equal by value.
 DETERMINISTIC = {"minimax-h3": {"temb", "adaln_indices"}}
 
 CASES = [
-    ("minimax-h3-tiny", "main"), ("minimax-h3-tiny", "refiner"),
+    ("minimax-h3-tiny", "main"), ("minimax-h3-tiny", "refiner"), ("qwen-image-tiny", "main"),
     ("wan-tiny", "main"), ("flux-tiny", "double"), ("flux-tiny", "single"), ("hunyuan-video-tiny", "double"),
     ("hunyuan-video-tiny", "single"), ("ltx-video-tiny", "main"), ("cogvideox-tiny", "main"),
 ]

@@ -17,7 +17,8 @@ import torch
 from ditprof.errors import DitprofError
 
 ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
-CUDA_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "flux.1-dev", "hunyuan-video", "ltx-video", "cogvideox-5b")
+CUDA_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "qwen-image", "flux.1-dev", "hunyuan-video", "ltx-video",
+                         "cogvideox-5b")
 CPU_ACCURACY_PRESETS = CUDA_ACCURACY_PRESETS
 CUDA_ACCURACY_TOKENS = (1024, 4096, 16384)
 CPU_ACCURACY_TOKENS = (256, 1024)

@@ -47,13 +47,17 @@ def cmd_presets(args: argparse.Namespace) -> int:
         ("tokens", "right"), ("text", "right"), ("params/block", "right"), ("bf16/block", "right"),
     ):
         table.add_column(col, justify=justify, no_wrap=True)
+    notes = []
     for preset in list_presets():
+        layout = preset.default_layout
+        if "packed" in layout.describe():  # one sequence of several modalities: say where the count comes from
+            notes.append(f"{preset.name}: {layout.describe()}")
         for kind in preset.adapter.kinds:
             heads, head_dim = preset.adapter.heads(preset.config)
             params = block_params(preset, kind.name)
             table.add_row(
                 preset.name, preset.family, kind.name, str(preset.adapter.n_blocks(preset.config, kind.name)),
-                f"{heads} x {head_dim}", f"{preset.default_tokens:,}", str(preset.text_tokens),
+                f"{heads} x {head_dim}", f"{preset.adapter.rows(layout, kind.name):,}", str(preset.text_tokens),
                 f"{params / 1e6:,.1f} M" if params >= 1e5 else f"{params:,}",
                 _size(block_bytes(preset, kind.name)),
             )
@@ -61,6 +65,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
         console = Console(width=130)
     console.print(table)
+    for line in notes:
+        console.print(line, highlight=False)
     return 0
 
 

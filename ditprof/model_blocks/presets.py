@@ -82,6 +82,24 @@ def _minimax_h3(**over) -> dict:
     return cfg
 
 
+def _qwen_image(heads, head_dim, layers, **over) -> dict:
+    cfg = {
+        "_class_name": "QwenImageTransformer2DModel",
+        "_diffusers_version": "0.42.1",
+        "patch_size": 2,
+        "in_channels": 64,
+        "out_channels": 16,
+        "num_layers": layers,
+        "attention_head_dim": head_dim,
+        "num_attention_heads": heads,
+        "joint_attention_dim": 3584,
+        "guidance_embeds": False,
+        "axes_dims_rope": [16, 56, 56],
+    }
+    cfg.update(over)
+    return cfg
+
+
 def _wan(heads, head_dim, ffn, layers, **over) -> dict:
     cfg = {
         "_class_name": "WanTransformer3DModel",
@@ -266,7 +284,16 @@ PRESETS: dict[str, Preset] = {
             "cogvideox-5b", "cogvideox", _cogvideox(48, 64, 42), height=480, width=720, frames=49,
             text_tokens=226, description="THUDM/CogVideoX-5b, 720x480 x 49 frames",
         ),
+        Preset(
+            "qwen-image", "qwen-image", _qwen_image(24, 128, 60), height=1024, width=1024, text_tokens=128,
+            description="Qwen/Qwen-Image, 1024x1024, a 128-token prompt (joint attention with the prompt mask)",
+        ),
         # Tiny whole models for CPU tests (each block runs in milliseconds).
+        Preset(
+            "qwen-image-tiny", "qwen-image",
+            _qwen_image(2, 16, 2, in_channels=8, out_channels=2, joint_attention_dim=16, axes_dims_rope=[4, 6, 6]),
+            tokens=36, text_tokens=8, description="tiny Qwen-Image for tests", **_TINY,
+        ),
         Preset(
             "minimax-h3-tiny", "minimax-h3",
             _minimax_h3(num_attention_heads=2, attention_head_dim=16, hidden_size=24, num_layers=2,

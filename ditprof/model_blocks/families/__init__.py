@@ -10,10 +10,12 @@ from .flux import FluxFamily
 from .hunyuan_video import HunyuanVideoFamily
 from .ltx import LTXVideoFamily
 from .minimax_h3 import MiniMaxH3Family
+from .qwen_image import QwenImageFamily
 from .wan import WanFamily
 
 FAMILIES: dict[str, BlockFamily] = {
-    f.name: f for f in (MiniMaxH3Family(), WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(), CogVideoXFamily())
+    f.name: f for f in (MiniMaxH3Family(), WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(), CogVideoXFamily(),
+                             QwenImageFamily())
 }
 
 
