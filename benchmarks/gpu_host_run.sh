@@ -16,6 +16,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh issue6  # accuracy table with the fp8 row, 16 GiB feasibility, sm90 tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh families # real MiniMax-H3 default compare, accuracy table, feasibility, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh families2 # h3 at 768x1344x124, validate 50 h3 blocks, Wan 2.2 feasibility
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh qwen      # Qwen-Image: compare, accuracy table, feasibility
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,6 +46,11 @@ families2)  # session 6, second batch: h3 at the pipeline's own request size, 50
   step compare-h3-768x1344x124 200 python -m ditprof compare --height 768 --width 1344 --frames 124 --out "$out/compare-h3-768"
   step validate-h3 260 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --out "$out/validate-h3"
   step feasibility-wan22 90 python benchmarks/feasibility.py --device cuda --presets wan2.2-t2v-a14b,wan2.2-ti2v-5b --json "$out/feasibility-wan22.json"
+  ;;
+qwen)  # session 6, third batch: the Qwen-Image family
+  step compare-qwen-image 150 python -m ditprof compare --preset qwen-image --out "$out/compare-qwen-image"
+  step accuracy-qwen-image 150 python -m ditprof accuracy-table --device cuda --presets qwen-image --out "$out/accuracy-qwen-image"
+  step feasibility-qwen-image 90 python benchmarks/feasibility.py --device cuda --presets qwen-image --json "$out/feasibility-qwen-image.json"
   ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
