@@ -25,7 +25,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")
-    run.add_argument("--tokens", type=int, metavar="N", help="video/image tokens (default: the preset's)")
+    run.add_argument("--tokens", type=int, metavar="N",
+                     help="video/image tokens; MiniMax-H3: packed rows, split into text, audio and video "
+                          "(default: the preset's)")
     run.add_argument("--height", type=int, metavar="H", help="pixel height (with --width, --frames)")
     run.add_argument("--width", type=int, metavar="W", help="pixel width")
     run.add_argument("--frames", type=int, metavar="F", help="video frames")

@@ -283,7 +283,9 @@ def register(subparsers) -> None:
     src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
-    run.add_argument("--tokens", type=int, metavar="N", help="video/image tokens (default: the preset's)")
+    run.add_argument("--tokens", type=int, metavar="N",
+                     help="video/image tokens; MiniMax-H3: packed rows, split into text, audio and video "
+                          "(default: the preset's)")
     run.add_argument("--height", type=int, metavar="H")
     run.add_argument("--width", type=int, metavar="W")
     run.add_argument("--frames", type=int, metavar="F")
