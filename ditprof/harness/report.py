@@ -224,7 +224,7 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
 def model_line(report: dict) -> str:
     m = report["model"]
     tok = f"{m['tokens']} tokens" + (f" + {m['text_tokens']} text" if m.get("text_tokens") else "")
-    if m.get("layout") and "packed" in m["layout"]:  # one sequence of several modalities: say how it splits
+    if m.get("layout"):  # one sequence of several modalities: say how it splits
         tok = m["layout"]
     return (f"{m.get('preset') or m.get('checkpoint')} · {m['family']} block {m['block_index']}/{m['n_blocks']} "
             f"({m.get('kind') or 'main'}) · {m['heads']}×{m['head_dim']} heads · {tok} · "

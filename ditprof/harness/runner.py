@@ -154,8 +154,8 @@ def _model_section(spec: RunSpec, loaded: Any, inputs: Any) -> dict:
         "tokens": g(inputs, "tokens"),
         "text_tokens": g(inputs, "text_tokens"),
         "grid": str(g(inputs, "grid")) if g(inputs, "grid") is not None else None,
-        # how the rows were laid out (a packed family: its modalities' rows), in words
-        "layout": g(inputs, "grid").describe() if g(inputs, "grid") is not None else None,
+        # a packed family: how the one sequence splits into its modalities' rows, in words
+        "layout": (g(inputs, "grid").describe() if getattr(g(inputs, "grid"), "packed", False) else None),
         "batch": 1,
         "dtype": str(spec.dtype).replace("torch.", ""),
         "block_params": g(loaded, "params"),

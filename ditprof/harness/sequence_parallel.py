@@ -102,7 +102,6 @@ def _preset_shape(spec) -> tuple[Any, str, int, int] | None:
     if spec.source_kind != "preset":
         return None
     from ditprof.model_blocks import get_preset
-
     from ditprof.model_blocks.inputs import resolve_grid
 
     preset = get_preset(spec.source)

@@ -21,6 +21,7 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.harness.session import time_block
 
+
 def rest_config(family, config: dict) -> dict:
     """The model's config with every block stack emptied."""
     cfg = dict(config)
@@ -30,33 +31,16 @@ def rest_config(family, config: dict) -> dict:
 
 
 def _rest_tensors(src, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, seed: int) -> dict:
-    from ditprof.model_blocks.synthetic import synth_tensor
-
     names = {k: tuple(t.shape) for k, t in model.state_dict().items()}
     if src.preset is not None:
-        return {k: synth_tensor(k, shape, seed, src.family.tensor_dtype(k, dtype), device) for k, shape in names.items()}
-    from ditprof.model_blocks.checkpoint import TensorReader
+        from ditprof.model_blocks.synthetic import synth_tensors
 
-    wmap = src.layout.weight_map
-    missing = sorted(k for k in names if k not in wmap)
-    if missing:
-        raise DitprofError(f"checkpoint {src.name} lacks {len(missing)} non-block tensor(s) of the model: "
-                           f"{', '.join(missing[:5])}")
-    shards: dict[str, list[str]] = {}
-    for k in names:
-        shards.setdefault(wmap[k], []).append(k)
-    if src.hub is not None:
-        src.hub.fetch_shards(sorted(shards))
-    out = {}
-    for shard, keys in sorted(shards.items()):
-        with TensorReader(src.layout.folder / shard) as reader:
-            for k in keys:
-                t = reader.read(k)
-                if tuple(t.shape) != names[k]:
-                    raise DitprofError(f"shape mismatch for {k} in {shard}: checkpoint {tuple(t.shape)}, "
-                                       f"model expects {names[k]}")
-                out[k] = t.to(device=device, dtype=src.family.tensor_dtype(k, dtype))
-    return out
+        return synth_tensors(src.family, names, seed, dtype, device)
+    from ditprof.model_blocks.loading import read_tensors
+
+    return read_tensors(src.layout, src.family, names, device=device, dtype=dtype,
+                        fetch_shards=src.hub.fetch_shards if src.hub is not None else None,
+                        owner=f"checkpoint {src.name}", what="non-block tensor(s) of the model")
 
 
 def build_rest_model(src, *, device: torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0):

@@ -50,7 +50,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     notes = []
     for preset in list_presets():
         layout = preset.default_layout
-        if "packed" in layout.describe():  # one sequence of several modalities: say where the count comes from
+        if layout.packed:  # one sequence of several modalities: say where the count comes from
             notes.append(f"{preset.name}: {layout.describe()}")
         for kind in preset.adapter.kinds:
             heads, head_dim = preset.adapter.heads(preset.config)

@@ -45,15 +45,41 @@ class LoadedBlock:
     parents: dict[str, torch.nn.Module] = field(default_factory=dict)  # family.input_modules, weights set
 
 
-def parent_modules(family: BlockFamily, config: dict, kind: str, tensor) -> dict[str, torch.nn.Module]:
-    """The family's ``input_modules`` with their weights: ``tensor(full_name, shape, dtype)`` supplies each
-    one (read from the checkpoint, or synthetic), in the dtype diffusers would load it in."""
+def parent_modules(family: BlockFamily, config: dict, kind: str, tensors) -> dict[str, torch.nn.Module]:
+    """The family's ``input_modules`` with their weights: ``tensors({full_name: shape})`` supplies them (read
+    from the checkpoint with ``read_tensors``, or synthetic), in the dtype diffusers would load them in."""
     with torch.device("meta"):
         mods = family.input_modules(config, kind)
     for name, mod in mods.items():
-        state = {k: tensor(f"{name}.{k}", tuple(t.shape)) for k, t in mod.state_dict().items()}
-        install_state(mod, state, f"input module {name} has tensors not in the checkpoint")
+        state = tensors({f"{name}.{k}": tuple(t.shape) for k, t in mod.state_dict().items()})
+        install_state(mod, {k[len(name) + 1:]: t for k, t in state.items()},
+                      f"input module {name} has tensors not in the checkpoint")
     return mods
+
+
+def read_tensors(layout: CheckpointLayout, family: BlockFamily, shapes: dict[str, tuple], *, device, dtype,
+                 fetch_shards=None, owner: str, what: str) -> dict[str, torch.Tensor]:
+    """Named tensors of a checkpoint outside the block (``shapes``: full name -> expected shape), each shard
+    opened once, in the dtype diffusers would load them in; a one-line error for a missing name or a shape."""
+    wmap = layout.weight_map
+    missing = sorted(k for k in shapes if k not in wmap)
+    if missing:
+        raise DitprofError(f"{owner} lacks {len(missing)} {what}: {', '.join(missing[:5])}")
+    shards: dict[str, list[str]] = {}
+    for k in shapes:
+        shards.setdefault(wmap[k], []).append(k)
+    if fetch_shards is not None:
+        fetch_shards(sorted(shards))
+    out = {}
+    for shard, keys in sorted(shards.items()):
+        with TensorReader(layout.folder / shard) as reader:
+            for k in keys:
+                t = reader.read(k)
+                if tuple(t.shape) != shapes[k]:
+                    raise DitprofError(f"shape mismatch for {k} in {shard}: checkpoint {tuple(t.shape)}, "
+                                       f"model expects {shapes[k]}")
+                out[k] = t.to(device=device, dtype=family.tensor_dtype(k, dtype) or t.dtype)
+    return out
 
 
 def module_bytes(module: torch.nn.Module) -> tuple[int, int]:
@@ -146,8 +172,11 @@ def load_block_from_layout(
     # a buffer the checkpoint does not carry: nothing in these families, but fail loudly
     params, nbytes = install_state(module, state, "block has tensors not in the checkpoint")
     del state
-    parents = parent_modules(family, layout.config, kind_name,
-                             _parent_reader(layout, family, dtype, device, fetch_shards))
+    parents = parent_modules(
+        family, layout.config, kind_name,
+        lambda shapes: read_tensors(layout, family, shapes, device=device, dtype=dtype, fetch_shards=fetch_shards,
+                                    owner=str(layout.folder), what="tensor(s) of the modules the block's inputs "
+                                                                   "come from"))
     heads, head_dim = family.heads(layout.config)
     return LoadedBlock(
         module=module, family=family, kind=kind_name, index=block, n_blocks=n_blocks, config=layout.config,
@@ -155,26 +184,6 @@ def load_block_from_layout(
         load_s=time.perf_counter() - t0, device=device, dtype=dtype, folder=layout.folder, shards=list(by_shard),
         parents=parents,
     )
-
-
-def _parent_reader(layout: CheckpointLayout, family: BlockFamily, dtype, device, fetch_shards):
-    """Reads one non-block tensor the block's inputs come from (e.g. the time embedder) from its shard."""
-
-    def read(name: str, shape: tuple) -> torch.Tensor:
-        shard = layout.weight_map.get(name)
-        if shard is None:
-            raise DitprofError(f"{layout.folder} lacks {name}, a weight of the module the block's inputs come "
-                               f"from ({name.split('.')[0]})")
-        if fetch_shards is not None:
-            fetch_shards([shard])
-        with TensorReader(layout.folder / shard) as reader:
-            t = reader.read(name)
-        if tuple(t.shape) != shape:
-            raise DitprofError(f"shape mismatch for {name} in {shard}: checkpoint {tuple(t.shape)}, model "
-                               f"expects {shape}")
-        return t.to(device=device, dtype=family.tensor_dtype(name, dtype) or t.dtype)
-
-    return read
 
 
 def _check_slice(sl, name: str, expected: torch.Tensor, shard: str) -> None:

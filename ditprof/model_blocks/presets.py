@@ -43,9 +43,9 @@ class Preset:
     @property
     def default_layout(self):
         """The grid (a packed layout for MiniMax-H3) of the preset's default size or token count."""
-        if self.tokens is not None:
-            return self.adapter.layout_from_tokens(self.config, self.tokens, self.text_tokens)
-        return self.adapter.layout_from_size(self.config, self.height, self.width, self.frames, self.text_tokens)
+        from .inputs import resolve_grid  # inputs imports the loader, which imports presets
+
+        return resolve_grid(self.adapter, self.config, self)[0]
 
     @property
     def default_tokens(self) -> int:

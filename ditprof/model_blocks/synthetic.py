@@ -238,6 +238,12 @@ def synth_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dtyp
     return out
 
 
+def synth_tensors(family: BlockFamily, shapes: dict[str, tuple], seed: int, dtype: torch.dtype,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """``synth_tensor`` for every (full name -> shape), fp32 where diffusers keeps the tensor in fp32."""
+    return {k: synth_tensor(k, shape, seed, family.tensor_dtype(k, dtype), device) for k, shape in shapes.items()}
+
+
 def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: str | torch.device = "cpu",
                     dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> LoadedBlock:
     """Block ``index`` of a preset with synthetic weights made on ``device`` (nothing read or written).
@@ -261,8 +267,7 @@ def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: 
     params, nbytes = install_state(module, state, "synthetic block has tensors with no generator rule")
     del state
     parents = parent_modules(family, preset.config, kind_name,
-                             lambda name, shape: synth_tensor(name, shape, seed, family.tensor_dtype(name, dtype),
-                                                              device))
+                             lambda shapes: synth_tensors(family, shapes, seed, dtype, device))
     heads, head_dim = family.heads(preset.config)
     return LoadedBlock(
         module=module, family=family, kind=kind_name, index=index, n_blocks=n_blocks, config=preset.config,

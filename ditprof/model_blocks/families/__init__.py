@@ -14,8 +14,8 @@ from .qwen_image import QwenImageFamily
 from .wan import WanFamily
 
 FAMILIES: dict[str, BlockFamily] = {
-    f.name: f for f in (MiniMaxH3Family(), WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(), CogVideoXFamily(),
-                             QwenImageFamily())
+    f.name: f for f in (MiniMaxH3Family(), WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(),
+                        CogVideoXFamily(), QwenImageFamily())
 }
 
 
@@ -36,4 +36,5 @@ def family_for_config(config: dict) -> BlockFamily:
     raise DitprofError(f"unknown model class {class_name!r} in config.json (known: {known})")
 
 
-__all__ = ["FAMILIES", "BlockFamily", "BlockKind", "BlockPlan", "LatentGrid", "SeqSplit", "family_for_config", "get_family"]
+__all__ = ["FAMILIES", "BlockFamily", "BlockKind", "BlockPlan", "LatentGrid", "SeqSplit", "family_for_config",
+           "get_family"]

@@ -34,11 +34,12 @@ class LatentGrid:
     frames: int
     height: int
     width: int
+    packed = False  # class constant, not a field: a layout of several modalities in one sequence overrides it
 
     @property
     def tokens(self) -> int:
         """Rows of the block's hidden states (a packed layout counts every modality's rows)."""
-        return self.frames * self.height * self.width
+        return self.video_tokens
 
     @property
     def video_tokens(self) -> int:

@@ -5,12 +5,11 @@ Its attention processor calls ``F.scaled_dot_product_attention`` directly (not t
 
 from __future__ import annotations
 
+import torch
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock, CogVideoXTransformer3DModel
 
 from ditprof.errors import DitprofError
-
-import torch
 
 from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
@@ -97,4 +96,3 @@ class CogVideoXFamily(BlockFamily):
             )
         kwargs = dict(hidden_states=hidden, encoder_hidden_states=text, temb=temb, image_rotary_emb=rotary)
         return (), kwargs
-

@@ -52,6 +52,7 @@ class PackedLayout(LatentGrid):
     audio_latents: int = 0
     audio_channels: int = 2
     pixel_size: tuple[int, int, int] | None = None  # (height, width, frames) of the request
+    packed = True
 
     @property
     def audio_rows(self) -> int:
@@ -197,11 +198,11 @@ class MiniMaxH3Family(BlockFamily):
         """(position_ids float64 (S, 3), token_tags, video_indices, audio_indices, text_indices) from the
         pipeline's ``MiniMaxH3PrepareLayoutStep.build_packed_sequence``."""
         bd, mp = _pipeline()
-        _, ph, pw = self.patch_size(config)
+        patch = self.patch_size(config)
         text_tags = torch.full((layout.text,), mp.MINIMAX_H3_TEXT_TAG, dtype=torch.long)
         pos, tags, vid, aud, txt, _, _ = bd.MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-            text_tags, layout.frames, layout.height * ph, layout.width * pw, layout.audio_latents,
-            self.patch_size(config), layout.audio_channels, mp.MINIMAX_H3_AUDIO_TAG, mp.MINIMAX_H3_VIDEO_TAG)
+            text_tags, layout.frames, layout.height * patch[1], layout.width * patch[2], layout.audio_latents,
+            patch, layout.audio_channels, mp.MINIMAX_H3_AUDIO_TAG, mp.MINIMAX_H3_VIDEO_TAG)
         return pos, tags, vid, aud, txt
 
     def mid_step_timesteps(self, video_indices, audio_indices, text_rows: int):
