@@ -263,6 +263,8 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
             for row in sec["top_ops"][:5]:
                 top.add_row(sec["label"], row["op"], row["category"], _ms(row["ms"]))
     console.print(top)
+    if report.get("swap_skipped"):
+        console.print(f"swap not run: {report['swap_skipped']}")
     console.print(f"outputs: {out_dir}")
 
 
@@ -282,6 +284,10 @@ def markdown(report: dict) -> str:
     for metric, b, s, c in summary_rows(report):
         cells = [metric.strip(), b, s, c] if has_s else [metric.strip(), b]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    if report.get("swap_skipped"):
+        lines += ["", f"**Swap not run:** {report['swap_skipped']}."]
+    elif report["model"].get("attention_mask"):
+        lines += ["", f"**Attention mask:** {report['model']['attention_mask']}."]
     b = report["baseline"]
     lines += ["", "## How to read this", "",
               "- Block time comes from " + ("CUDA events" if b["timing_source"] == "cuda_events" else

@@ -162,6 +162,7 @@ def _model_section(spec: RunSpec, loaded: Any, inputs: Any) -> dict:
         "block_bytes": g(loaded, "bytes"),
         "load_s": g(loaded, "load_s"),
         "uses_dispatcher": g(family, "uses_dispatcher"),
+        "attention_mask": g(inputs, "mask_note"),
     }
 
 
@@ -179,6 +180,14 @@ class _Phases:
         if phase not in self.tasks:
             self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total)
         self.progress.update(self.tasks[phase], completed=done, total=total)
+
+
+def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str | None:
+    """Why the swap cannot run on this block (its mask masks positions, the backend takes no mask), or None."""
+    if b is None or mask_note is None or swap.accepts_mask(b.fn):
+        return None
+    return (f"{b.name} was not run: {mask_note}, and the {b.name} backend takes no attention mask -- the fp8 swap "
+            f"needs key-padding mask support for this family")
 
 
 def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
@@ -232,9 +241,13 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                 if fail_after == "baseline":
                     raise DitprofError("forced failure after the baseline run (test)")
                 swap_run = None
-                if swap_b:
+                skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
+                if swap_b and not skipped:
                     swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident)
             rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
+            if skipped:
+                rep["swap_skipped"] = skipped
+                console.print(f"[yellow]swap not run[/]: {skipped}")
             _write(stage, rep, fail_after=fail_after)
     return rep, out
 

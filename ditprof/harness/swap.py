@@ -54,6 +54,11 @@ def is_all_attend(mask: torch.Tensor) -> bool:
     return bool((mask == 0).all().item())
 
 
+def accepts_mask(fn: Callable) -> bool:
+    """Whether a registry backend takes ``attn_mask`` (else only all-attend masks can be dropped)."""
+    return _accepts(fn, "attn_mask")
+
+
 def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable:
     """``fn(q, k, v, *, scale=None)`` on (B, S, H, D), marked with the attention range.
 

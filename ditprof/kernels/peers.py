@@ -61,22 +61,24 @@ def _anywhere(_device: torch.device) -> tuple[bool, str]:
 
 # ------------------------------------------------------------------------------------------ torch SDPA
 
-def _sdpa_bshd(q, k, v, scale):
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+def _sdpa_bshd(q, k, v, scale, attn_mask=None):
+    # the mask broadcasts over (B, H, S_q, S_k) in either layout: only q, k, v are transposed
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=attn_mask, scale=scale)
     return o.transpose(1, 2)
 
 
 @register("sdpa", description="torch scaled_dot_product_attention, torch picks the kernel", available=_anywhere)
-def sdpa(q, k, v, *, scale=None):
-    return _sdpa_bshd(q, k, v, scale)
+def sdpa(q, k, v, *, scale=None, attn_mask=None):
+    return _sdpa_bshd(q, k, v, scale, attn_mask)
 
 
 def _forced_sdpa(name: str, backend_attr: str, description: str, available):
-    def forced(q, k, v, *, scale=None):
+    def forced(q, k, v, *, scale=None, attn_mask=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(getattr(SDPBackend, backend_attr)):
-            return _sdpa_bshd(q, k, v, scale)
+            return _sdpa_bshd(q, k, v, scale, attn_mask)
 
     forced.__name__ = name.replace("-", "_")
     register(name, description=description, available=available)(forced)

@@ -21,6 +21,7 @@ class BlockInputs:
     text_tokens: int  # rows of the separate text stream (0: none, or packed into the hidden states)
     grid: LatentGrid
     output_index: int | None = None  # where the hidden states sit in the block's output tuple
+    mask_note: str | None = None  # why the block's attention mask masks positions (None: it keeps every key)
 
     def run(self, module: torch.nn.Module) -> torch.Tensor:
         """Call the block; return the image/video hidden states whatever tuple order it uses."""
@@ -86,5 +87,6 @@ def make_inputs(
     args, kwargs = family.build_inputs(config, loaded.kind, grid, text_tokens, batch, gen, device, dtype,
                                        parents=loaded.parents)
     kwargs = named(loaded.module, args, kwargs)
-    stream = text_tokens if family.text_stream(loaded.kind) else 0
-    return BlockInputs((), kwargs, family.rows(grid, loaded.kind), stream, grid, family.output_index(loaded.kind))
+    stream = family.stream_rows(config, text_tokens, loaded.kind)
+    return BlockInputs((), kwargs, family.rows(grid, loaded.kind), stream, grid, family.output_index(loaded.kind),
+                       family.masks_positions(config, text_tokens))

@@ -232,6 +232,11 @@ def _cogvideox(heads, head_dim, layers, **over) -> dict:
     return cfg
 
 
+def _class_defaults(class_name: str, **over) -> dict:
+    """A config that is the diffusers class's own defaults (the released model), overridden by ``over``."""
+    return {"_class_name": class_name, "_diffusers_version": "0.42.1", **over}
+
+
 _TINY = dict(tiny=True, checkpoint_dtype="float32")
 
 PRESETS: dict[str, Preset] = {
@@ -288,7 +293,48 @@ PRESETS: dict[str, Preset] = {
             "qwen-image", "qwen-image", _qwen_image(24, 128, 60), height=1024, width=1024, text_tokens=128,
             description="Qwen/Qwen-Image, 1024x1024, a 128-token prompt (joint attention with the prompt mask)",
         ),
+        Preset(
+            "flux.2-dev", "flux2", _class_defaults("Flux2Transformer2DModel"), kind="double",
+            height=1024, width=1024, text_tokens=512,
+            description="black-forest-labs/FLUX.2-dev (class defaults), 1024x1024, the prompt padded to 512 "
+                        "(use kind=single for the single stack)",
+        ),
+        Preset(
+            "ltx-2", "ltx2", _class_defaults("LTX2VideoTransformer3DModel"), height=512, width=768, frames=121,
+            text_tokens=1024,
+            description="Lightricks/LTX-2 (class defaults), 768x512 x 121 frames at 24 fps with its audio stream",
+        ),
+        Preset(
+            "hunyuan-video-1.5", "hunyuan-video-1.5",
+            _class_defaults("HunyuanVideo15Transformer3DModel", task_type="t2v"), height=480, width=848,
+            frames=121, text_tokens=128,
+            description="hunyuanvideo-community/HunyuanVideo-1.5 480p T2V, 848x480 x 121 frames, a 128-token "
+                        "prompt in a 1985-row padded text stream (its attention masks the padding)",
+        ),
         # Tiny whole models for CPU tests (each block runs in milliseconds).
+        Preset(
+            "flux2-tiny", "flux2",
+            _class_defaults("Flux2Transformer2DModel", num_layers=2, num_single_layers=2, attention_head_dim=16,
+                            num_attention_heads=2, joint_attention_dim=16, in_channels=8,
+                            timestep_guidance_channels=16, axes_dims_rope=[4, 4, 4, 4]),
+            kind="double", tokens=36, text_tokens=8, description="tiny FLUX.2 for tests", **_TINY,
+        ),
+        Preset(
+            "ltx2-tiny", "ltx2",
+            _class_defaults("LTX2VideoTransformer3DModel", in_channels=8, out_channels=8, num_attention_heads=2,
+                            attention_head_dim=8, cross_attention_dim=16, audio_in_channels=8,
+                            audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=4,
+                            audio_cross_attention_dim=8, num_layers=2, caption_channels=16),
+            tokens=48, text_tokens=8, description="tiny LTX-2 for tests", **_TINY,
+        ),
+        Preset(
+            "hunyuan-video-1.5-tiny", "hunyuan-video-1.5",
+            _class_defaults("HunyuanVideo15Transformer3DModel", in_channels=9, out_channels=4,
+                            num_attention_heads=2, attention_head_dim=16, num_layers=2, num_refiner_layers=1,
+                            text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=[4, 6, 6],
+                            task_type="t2v"),
+            tokens=48, text_tokens=8, description="tiny HunyuanVideo-1.5 for tests", **_TINY,
+        ),
         Preset(
             "qwen-image-tiny", "qwen-image",
             _qwen_image(2, 16, 2, in_channels=8, out_channels=2, joint_attention_dim=16, axes_dims_rope=[4, 6, 6]),

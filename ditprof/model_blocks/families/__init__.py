@@ -7,15 +7,18 @@ from ditprof.errors import DitprofError
 from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit
 from .cogvideox import CogVideoXFamily
 from .flux import FluxFamily
+from .flux2 import Flux2Family
 from .hunyuan_video import HunyuanVideoFamily
+from .hunyuan_video15 import HunyuanVideo15Family
 from .ltx import LTXVideoFamily
+from .ltx2 import LTX2Family
 from .minimax_h3 import MiniMaxH3Family
 from .qwen_image import QwenImageFamily
 from .wan import WanFamily
 
 FAMILIES: dict[str, BlockFamily] = {
     f.name: f for f in (MiniMaxH3Family(), WanFamily(), FluxFamily(), HunyuanVideoFamily(), LTXVideoFamily(),
-                        CogVideoXFamily(), QwenImageFamily())
+                        CogVideoXFamily(), QwenImageFamily(), Flux2Family(), LTX2Family(), HunyuanVideo15Family())
 }
 
 

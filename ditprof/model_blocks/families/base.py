@@ -88,6 +88,26 @@ class BlockPlan:
         return None if len(self.outputs) == 1 else self.outputs.index(self.hidden)
 
 
+class _BlockReached(Exception):
+    """Raised by the placeholder block: the model's forward got as far as its first block of the stack."""
+
+    def __init__(self, args: tuple, kwargs: dict):
+        super().__init__("block reached")
+        self.args, self.kwargs = args, kwargs
+
+
+class _StopAtBlock(torch.nn.Module):
+    def forward(self, *args, **kwargs):
+        raise _BlockReached(args, kwargs)
+
+
+class _Unused(torch.nn.Module):
+    """Stands in for a module whose output the captured path never reads (it would need weights)."""
+
+    def forward(self, *args, **kwargs):
+        return None
+
+
 class BlockFamily:
     """Base adapter. Subclasses fill the class attributes and the input builder."""
 
@@ -170,7 +190,10 @@ class BlockFamily:
         return heads * head_dim
 
     def build_block(self, config: dict, kind: str | None) -> torch.nn.Module:
-        """Build one block with the parent model's constructor arguments (call under a device ctx)."""
+        """Build one block with the parent model's constructor arguments (call under a device ctx). A captured
+        family takes it from the model's own constructor (a one-block model), so no argument can drift."""
+        if self.captured:
+            return self.stack(self._one_block_model(config, kind), kind)[0]
         raise NotImplementedError
 
     # ----- inputs ----------------------------------------------------------------------------
@@ -236,6 +259,9 @@ class BlockFamily:
     ) -> tuple[tuple, dict]:
         """(args, kwargs) for ``block.forward``, shaped as the parent model passes them. ``parents``: the
         ``input_modules`` with their weights (None on the meta device: build them there)."""
+        if self.captured:
+            call = self.model_inputs(config, grid, text_tokens, batch, gen, device, dtype)
+            return (), self.capture_block_inputs(config, kind, parents, call, device)
         raise NotImplementedError
 
     def plan(self, kind: str | None) -> BlockPlan:
@@ -250,11 +276,82 @@ class BlockFamily:
         """Modules of the parent model (not of the block) whose outputs the block's inputs are, by the model's
         attribute name: their weights are read with the block (e.g. MiniMax-H3's ``time_embedder``). Built on the
         current device context (the loader calls it under ``torch.device("meta")``)."""
-        return {}
+        return self.captured_modules(config, kind) if self.captured else {}
+
+    # ----- inputs captured from the model's own forward --------------------------------------
+    # A family whose forward prepares many block inputs (several streams, masks, reordered text) declares
+    # ``captured = True``: the block's inputs are then what the model's own ``forward`` hands its first block of
+    # the stack, called with ``model_inputs`` on a shell of the model -- every stack emptied, the block replaced by
+    # a placeholder that stops the forward -- whose modules before the blocks (``input_modules``) carry the
+    # checkpoint's weights.
+    captured: bool = False
+    output_children: tuple[str, ...] = ()  # modules only the output path after the blocks uses
+
+    def unused_children(self, kind: str | None) -> tuple[str, ...]:
+        """Modules the forward runs before the blocks whose output the ``kind`` stack never reads."""
+        return ()
+
+    def _one_block_model(self, config: dict, kind: str | None) -> torch.nn.Module:
+        """The model built with every stack emptied but one block in ``kind``'s (current device ctx)."""
+        self.check_config(config)
+        cfg = dict(config)
+        for k in self.kinds:
+            cfg[k.count_key] = 0
+        cfg[self.kind(kind).count_key] = 1
+        return self.model_class.from_config(cfg)
+
+    def _shell(self, config: dict, kind: str | None) -> torch.nn.Module:
+        """The one-block model with its block replaced by the placeholder that stops the forward."""
+        model = self._one_block_model(config, kind)
+        self.stack(model, kind)[0] = _StopAtBlock()
+        return model
+
+    def check_config(self, config: dict) -> None:
+        """One-line error for a config option the adapter does not support (families override it)."""
+
+    def captured_modules(self, config: dict, kind: str | None) -> dict[str, torch.nn.Module]:
+        """The shell's top-level modules with weights that run before the blocks."""
+        stacks = {k.attribute.split(".")[0] for k in self.kinds}
+        skip = stacks | set(self.output_children) | set(self.unused_children(kind))
+        shell = self._shell(config, kind)
+        return {n: m for n, m in shell.named_children()
+                if n not in skip and any(True for _ in m.parameters())}
+
+    def capture_block_inputs(self, config: dict, kind: str | None, parents: dict[str, torch.nn.Module] | None,
+                             call: dict, device) -> dict:
+        """The block's inputs by name, as the model's own forward hands them to its first ``kind`` block, called
+        with ``call`` (``model_inputs``); ``parents``: ``captured_modules`` with weights (None on meta)."""
+        device = torch.device(device)
+        with torch.device("meta"):
+            shell = self._shell(config, kind)
+            if parents is None:
+                if device.type != "meta":
+                    raise DitprofError(f"{self.name} block inputs need the model's modules before the blocks "
+                                       f"({', '.join(self.captured_modules(config, kind))})")
+                parents = self.captured_modules(config, kind)
+        for name, module in parents.items():
+            setattr(shell, name, module)
+        for name in self.unused_children(kind):
+            setattr(shell, name, _Unused())
+        try:
+            with torch.no_grad():
+                shell(**call)
+        except _BlockReached as reached:
+            bound = inspect.signature(self.block_class(kind).forward).bind(None, *reached.args, **reached.kwargs)
+            return {k: v for k, v in bound.arguments.items() if k != "self"}
+        raise DitprofError(f"{self.name}: the model's forward never reached a {self.kind(kind).name} block")
 
     def rows(self, grid: LatentGrid, kind: str | None) -> int:
         """Rows of the hidden states the block of stack ``kind`` sees for ``grid``."""
         return grid.tokens
+
+    def stream_rows(self, config: dict, text_tokens: int, kind: str | None) -> int:
+        """Rows of the separate text stream the block sees for a prompt of ``text_tokens`` (0: none)."""
+        return text_tokens if self.text_stream(kind) else 0
+
+    def masks_positions(self, config: dict, text_tokens: int) -> str | None:
+        """Why the block's attention mask masks positions, for the report (None: the masks keep every key)."""
+        return None
 
     def text_stream(self, kind: str | None) -> bool:
         """Whether the block takes the prompt as a separate input (False: text rows are packed into the hidden

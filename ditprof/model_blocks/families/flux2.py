@@ -1,0 +1,84 @@
+"""FLUX.2 (``Flux2Transformer2DModel``): ``transformer_blocks`` (double stream) + ``single_transformer_blocks``.
+
+The blocks take the modulation the model computes once per step from the timestep and guidance
+(``double_stream_modulation_img/_txt``, ``single_stream_modulation``) and a 4-axis RoPE (t, h, w, l) over
+[text, image]; the single blocks see text and image rows concatenated in one sequence. No attention mask: the
+pipeline pads the prompt to 512 tokens and attends to the padding. The inputs are captured from the model's own
+forward (``BlockFamily.captured``).
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.transformers.transformer_flux2 import (
+    Flux2SingleTransformerBlock,
+    Flux2Transformer2DModel,
+    Flux2TransformerBlock,
+)
+
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+
+
+def _pipeline():
+    from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
+
+    return Flux2Pipeline
+
+
+class Flux2Family(BlockFamily):
+    name = "flux2"
+    class_names = ("Flux2Transformer2DModel",)
+    kinds = (
+        BlockKind("double", "transformer_blocks", "num_layers"),
+        BlockKind("single", "single_transformer_blocks", "num_single_layers"),
+    )
+    default_text_tokens = 512  # Flux2Pipeline max_sequence_length: the Mistral prompt is padded to it
+    vae_stride = (1, 8, 8)
+    is_video = False
+    default_size = (1024, 1024, 1)  # default_sample_size 128 x VAE 8
+    pipeline_timestep = 0.5  # the pipeline hands sigma = timestep / 1000
+    guidance = 4.0  # Flux2Pipeline guidance_scale
+    captured = True
+    output_children = ("norm_out", "proj_out")
+
+    @property
+    def model_class(self):
+        return Flux2Transformer2DModel
+
+    def block_class(self, kind):
+        return Flux2TransformerBlock if self.kind(kind).name == "double" else Flux2SingleTransformerBlock
+
+    def unused_children(self, kind):
+        # the forward computes every stack's modulation up front; the other stack's is never read here
+        if self.kind(kind).name == "double":
+            return ("single_stream_modulation",)
+        return ("double_stream_modulation_img", "double_stream_modulation_txt")
+
+    def plan(self, kind):
+        # rotary (cos, sin) each (T + S, D), text rows first; single blocks: [text | image] in the hidden states
+        if self.kind(kind).name == "double":
+            return BlockPlan(outputs=("encoder_hidden_states", "hidden_states"),
+                             sp={"hidden_states": SeqSplit(1), "image_rotary_emb": SeqSplit(0, text="first")},
+                             joint_text="first")
+        return BlockPlan(sp={"hidden_states": SeqSplit(1, text="first"),
+                             "image_rotary_emb": SeqSplit(0, text="first")}, joint_text="first")
+
+    def patch_size(self, config):
+        # The pipeline patchifies 2x2 latent pixels into the channels (in_channels = 4 x VAE channels).
+        return (1, 2, 2)
+
+    def model_inputs(self, config, grid: LatentGrid, text_tokens, batch, gen, device, dtype):
+        a = self.init_args(config)
+        pipe = _pipeline()
+        latents = torch.empty(batch, a["in_channels"], grid.height, grid.width)  # ids read only the shape
+        prompt = randn((batch, text_tokens, a["joint_attention_dim"]), gen, device, dtype)
+        return dict(hidden_states=randn((batch, grid.tokens, a["in_channels"]), gen, device, dtype),
+                    encoder_hidden_states=prompt,
+                    timestep=torch.full((batch,), self.pipeline_timestep, device=device, dtype=dtype),
+                    img_ids=pipe._prepare_latent_ids(latents).to(device),
+                    txt_ids=pipe._prepare_text_ids(torch.empty(batch, text_tokens, 1)).to(device),
+                    guidance=torch.full((batch,), self.guidance, device=device) if a["guidance_embeds"] else None,
+                    return_dict=False)
+
+    def rows(self, grid, kind):
+        return grid.tokens  # image rows; the single stack's hidden states carry the text rows in front of them
