@@ -37,11 +37,12 @@ def rows_for(presets, budget_text: str, device: str) -> list[dict]:
         for kind in fam.kinds:
             params, nbytes = block_size(fam, preset.config, kind.name)
             est = estimate_forward_bytes(fam, preset.config, kind.name, preset=preset)
-            est_peak = nbytes + est["input_bytes"] + est["activation_bytes"]
+            est_peak = nbytes + est["input_module_bytes"] + est["input_bytes"] + est["activation_bytes"]
             row = {"preset": preset.name, "family": fam.name, "kind": kind.name,
                    "default_kind": kind.name == preset.kind, "tokens": est["tokens"],
                    "text_tokens": est["text_tokens"], "block_params": params, "block_bytes": nbytes,
-                   "input_bytes": est["input_bytes"], "activation_estimate_bytes": est["activation_bytes"],
+                   "input_bytes": est["input_bytes"], "input_module_bytes": est["input_module_bytes"],
+                   "activation_estimate_bytes": est["activation_bytes"],
                    "estimated_peak_bytes": est_peak, "budget_bytes": budget}
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -59,7 +60,7 @@ def rows_for(presets, budget_text: str, device: str) -> list[dict]:
                 torch.cuda.empty_cache()
             else:
                 row.update(source="estimate", fits=est_peak <= budget, peak_bytes=est_peak,
-                           note="CPU estimate: block bytes + inputs + meta-traced activations")
+                           note="CPU estimate: block bytes + input modules + inputs + meta-traced activations")
             out.append(row)
     return out
 

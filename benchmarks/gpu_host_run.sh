@@ -17,6 +17,7 @@
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh families # real MiniMax-H3 default compare, accuracy table, feasibility, GPU tests
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh families2 # h3 at 768x1344x124, validate 50 h3 blocks, Wan 2.2 feasibility
 #   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh qwen      # Qwen-Image: compare, accuracy table, feasibility
+#   PYTHONPATH=$PWD bash benchmarks/gpu_host_run.sh families3 # FLUX.2 (both stacks), LTX-2, HunyuanVideo-1.5
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,6 +52,14 @@ qwen)  # session 6, third batch: the Qwen-Image family
   step compare-qwen-image 150 python -m ditprof compare --preset qwen-image --out "$out/compare-qwen-image"
   step accuracy-qwen-image 150 python -m ditprof accuracy-table --device cuda --presets qwen-image --out "$out/accuracy-qwen-image"
   step feasibility-qwen-image 90 python benchmarks/feasibility.py --device cuda --presets qwen-image --json "$out/feasibility-qwen-image.json"
+  ;;
+families3)  # session 7: FLUX.2, LTX-2, HunyuanVideo-1.5 (inputs captured from the model's own forward)
+  step compare-flux2-double 200 python -m ditprof compare --preset flux.2-dev --out "$out/compare-flux2-double"
+  step compare-flux2-single 150 python -m ditprof compare --preset flux.2-dev --kind single --out "$out/compare-flux2-single"
+  step compare-ltx2 150 python -m ditprof compare --preset ltx-2 --out "$out/compare-ltx2"
+  step compare-hv15 200 python -m ditprof compare --preset hunyuan-video-1.5 --out "$out/compare-hv15"
+  step accuracy-new 200 python -m ditprof accuracy-table --device cuda --presets flux.2-dev,ltx-2 --out "$out/accuracy-new"
+  step feasibility-new 150 python benchmarks/feasibility.py --device cuda --presets flux.2-dev,ltx-2,hunyuan-video-1.5 --json "$out/feasibility-new.json"
   ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"

@@ -14,7 +14,7 @@ from ditprof.model_blocks import get_preset, load_block, make_inputs
 from ditprof.model_blocks.presets import _wan
 
 TINY = ["minimax-h3-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny",
-        "qwen-image-tiny"]
+        "qwen-image-tiny", "flux2-tiny", "ltx2-tiny", "hunyuan-video-1.5-tiny"]
 
 
 def _save(cls, config: dict, folder, seed: int = 0):
@@ -137,3 +137,38 @@ def test_qwen_image_variants_and_sp_are_one_line(tmp_path, capsys):
     rc = main(["profile", "--preset", "qwen-image-tiny", "--device", "cpu", "--sp", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "qwen-image main blocks declare no sequence split" in err[0]
+
+
+def test_masked_family_sdpa_baseline_is_exact_and_compare_says_the_swap_needs_masks(tmp_path, capsys):
+    """HunyuanVideo-1.5 masks most of its padded text stream: the sdpa baseline passes the mask on (its output
+    equals the block's own forward, which masks through diffusers' default backend), and compare writes the
+    baseline with a line saying the fp8 swap needs key-padding mask support instead of failing."""
+    from ditprof.harness import swap
+    from ditprof.kernels import registry
+
+    loaded = load_block("hunyuan-video-1.5-tiny", 0, dtype=torch.float32, progress=False)
+    inputs = make_inputs(loaded, seed=3)
+    mask = inputs.kwargs["attention_mask"]
+    assert mask.dtype == torch.bool and 0 < int(mask.sum()) < mask.numel()  # really masks positions
+    assert "1985 rows of which 8 are valid" in inputs.mask_note
+    with torch.no_grad():
+        ref = inputs.run(loaded.module)
+        with swap.swapped(loaded.module, "sdpa", registry.get("sdpa").fn) as state:
+            out = inputs.run(loaded.module)
+    assert state.masks.get("passed", 0) >= 1
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # a backend that ignored the mask would differ: the check above can fail
+    with torch.no_grad():
+        unmasked = dict(inputs.kwargs, attention_mask=torch.ones_like(mask))
+        assert not torch.allclose(loaded.module(**unmasked)[0], ref, atol=1e-4)
+
+    out_dir = tmp_path / "run"
+    rc = main(["compare", "--preset", "hunyuan-video-1.5-tiny", "--device", "cpu", "--iters", "1", "--warmup", "1",
+               "--out", str(out_dir)])
+    assert rc == 0, capsys.readouterr().err
+    rep = json.loads((out_dir / "report.json").read_text())
+    assert rep["swapped"] is None and "needs key-padding mask support" in rep["swap_skipped"]
+    assert rep["model"]["attention_mask"].startswith("the text stream is padded to 1985 rows")
+    assert "Swap not run" in (out_dir / "report.md").read_text()
+    assert not list(out_dir.glob("swapped*"))

@@ -62,6 +62,33 @@ def _full_model_call(family: str, model, b: int = 1):
             encoder_hidden_states_mask=torch.ones(b, 8, dtype=torch.long), timestep=t / 1000,
             img_shapes=[[(1, h, w)]] * b,
         )
+    if family == "flux2":  # Flux2Pipeline: 4-axis ids (t, h, w, l), sigma = t / 1000, guidance 4
+        from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
+
+        h, w = 4, 6
+        prompt = r(b, 8, cfg.joint_attention_dim)
+        return dict(
+            hidden_states=r(b, h * w, cfg.in_channels), encoder_hidden_states=prompt, timestep=t / 1000,
+            img_ids=Flux2Pipeline._prepare_latent_ids(torch.empty(b, 1, h, w)),
+            txt_ids=Flux2Pipeline._prepare_text_ids(prompt), guidance=torch.full((b,), 4.0),
+        )
+    if family == "ltx2":  # LTX2Pipeline: 3 x 4 x 6 latents, 17 frames at 24 fps -> 18 audio latents
+        return dict(
+            hidden_states=r(b, 3 * 4 * 6, cfg.in_channels), audio_hidden_states=r(b, 18, cfg.audio_in_channels),
+            encoder_hidden_states=r(b, 8, cfg.caption_channels),
+            audio_encoder_hidden_states=r(b, 8, cfg.caption_channels), timestep=t, sigma=t,
+            encoder_attention_mask=torch.ones(b, 8), audio_encoder_attention_mask=torch.ones(b, 8),
+            num_frames=3, height=4, width=6, fps=24.0, audio_num_frames=18,
+        )
+    if family == "hunyuan-video-1.5":  # T2V: an 8-token prompt padded to 1000, no glyph text, no image
+        mask = torch.zeros(b, 1000)
+        mask[:, :8] = 1
+        return dict(
+            hidden_states=r(b, cfg.in_channels, 3, 4, 6), timestep=t,
+            encoder_hidden_states=r(b, 1000, cfg.text_embed_dim), encoder_attention_mask=mask,
+            encoder_hidden_states_2=torch.zeros(b, 256, cfg.text_embed_2_dim),
+            encoder_attention_mask_2=torch.zeros(b, 256), image_embeds=torch.zeros(b, 729, cfg.image_embed_dim),
+        )
     if family == "minimax-h3":
         # The pipeline's own layout and timestep code for 64 x 96 px x 22 frames, an 8-row prompt, at the
         # middle of 50 steps of the two schedules (video shift 12, audio shift 3).
@@ -91,15 +118,19 @@ def _full_model_call(family: str, model, b: int = 1):
 SIZE = {  # (height, width, frames) giving the same token grid as _full_model_call
     "wan": (64, 64, 9), "flux": (64, 96, None), "hunyuan-video": (64, 64, 9),
     "ltx-video": (128, 128, 17), "cogvideox": (64, 64, 9), "minimax-h3": (64, 96, 22),
-    "qwen-image": (64, 96, None),
+    "qwen-image": (64, 96, None), "flux2": (64, 96, None), "ltx2": (128, 192, 17), "hunyuan-video-1.5": (64, 96, 9),
 }
 # Inputs that are not random in the model (embeddings of the timestep, per-row indices): equal by value.
-DETERMINISTIC = {"minimax-h3": {"temb", "adaln_indices"}}
+DETERMINISTIC = {"minimax-h3": {"temb", "adaln_indices"}, "flux2": {"temb_mod_img", "temb_mod_txt", "temb_mod"},
+                 "ltx2": {"temb", "temb_audio", "temb_ca_scale_shift", "temb_ca_audio_scale_shift", "temb_ca_gate",
+                          "temb_ca_audio_gate"},
+                 "hunyuan-video-1.5": {"temb"}}
 
 CASES = [
     ("minimax-h3-tiny", "main"), ("minimax-h3-tiny", "refiner"), ("qwen-image-tiny", "main"),
     ("wan-tiny", "main"), ("flux-tiny", "double"), ("flux-tiny", "single"), ("hunyuan-video-tiny", "double"),
     ("hunyuan-video-tiny", "single"), ("ltx-video-tiny", "main"), ("cogvideox-tiny", "main"),
+    ("flux2-tiny", "double"), ("flux2-tiny", "single"), ("ltx2-tiny", "main"), ("hunyuan-video-1.5-tiny", "main"),
 ]
 
 

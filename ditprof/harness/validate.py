@@ -107,7 +107,12 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
         with mode:
             out = inputs.run(module)
         del out
+    with torch.device("meta"):  # the parent model's modules the inputs come from stay loaded beside the block
+        parents = family.input_modules(config, kind)
+    parent_bytes = sum(t.numel() * (torch.finfo(family.tensor_dtype(f"{n}.{k}", dtype) or t.dtype).bits // 8)
+                       for n, m in parents.items() for k, t in m.state_dict().items())
     return {"input_bytes": tensor_bytes(inputs.args) + tensor_bytes(inputs.kwargs), "activation_bytes": int(mode.peak),
+            "input_module_bytes": int(parent_bytes),
             "tokens": inputs.tokens, "text_tokens": inputs.text_tokens,
             "method": "meta-device trace of live tensors, attention as a flash-style kernel (output only)"}
 

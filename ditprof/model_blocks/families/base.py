@@ -261,7 +261,7 @@ class BlockFamily:
         ``input_modules`` with their weights (None on the meta device: build them there)."""
         if self.captured:
             call = self.model_inputs(config, grid, text_tokens, batch, gen, device, dtype)
-            return (), self.capture_block_inputs(config, kind, parents, call, device)
+            return (), self.capture_block_inputs(config, kind, parents, call, device, dtype)
         raise NotImplementedError
 
     def plan(self, kind: str | None) -> BlockPlan:
@@ -318,7 +318,7 @@ class BlockFamily:
                 if n not in skip and any(True for _ in m.parameters())}
 
     def capture_block_inputs(self, config: dict, kind: str | None, parents: dict[str, torch.nn.Module] | None,
-                             call: dict, device) -> dict:
+                             call: dict, device, dtype: torch.dtype | None = None) -> dict:
         """The block's inputs by name, as the model's own forward hands them to its first ``kind`` block, called
         with ``call`` (``model_inputs``); ``parents``: ``captured_modules`` with weights (None on meta)."""
         device = torch.device(device)
@@ -329,6 +329,9 @@ class BlockFamily:
                     raise DitprofError(f"{self.name} block inputs need the model's modules before the blocks "
                                        f"({', '.join(self.captured_modules(config, kind))})")
                 parents = self.captured_modules(config, kind)
+                for name, module in parents.items():  # the dtypes the loader would give them
+                    for pname, p in module.named_parameters():
+                        p.data = p.data.to(self.tensor_dtype(f"{name}.{pname}", dtype) or p.dtype)
         for name, module in parents.items():
             setattr(shell, name, module)
         for name in self.unused_children(kind):
