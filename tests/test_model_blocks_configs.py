@@ -126,17 +126,23 @@ def test_minimax_h3_with_other_head_counts_and_prompt_lengths(tmp_path, capsys):
         assert inputs.run(loaded.module).shape == (1, inputs.tokens, 32)
 
 
-def test_qwen_image_variants_and_sp_are_one_line(tmp_path, capsys):
-    """Qwen-Image's edit/layered configs are named as unsupported; --sp says the family declares no split."""
+def test_qwen_image_variants_are_one_line():
+    """Qwen-Image's edit/layered configs are named as unsupported."""
     from ditprof.model_blocks import get_family
 
     fam = get_family("qwen-image")
     cfg = dict(get_preset("qwen-image-tiny").config, zero_cond_t=True)
     with pytest.raises(DitprofError, match="zero_cond_t=True .* not supported yet"):
         fam.build_block(cfg, "main")
-    rc = main(["profile", "--preset", "qwen-image-tiny", "--device", "cpu", "--sp", "2"])
+
+
+@pytest.mark.parametrize("preset, family", [("ltx2-tiny", "ltx2"), ("hunyuan-video-1.5-tiny", "hunyuan-video-1.5")])
+def test_sp_unwired_family_is_one_line(capsys, preset, family):
+    """LTX-2 (video-to-audio cross-attention reads every video row) and HunyuanVideo-1.5 (a mask that masks
+    positions) declare no sequence split: --sp says so in one line."""
+    rc = main(["profile", "--preset", preset, "--device", "cpu", "--sp", "2"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "qwen-image main blocks declare no sequence split" in err[0]
+    assert rc == 2 and len(err) == 1 and f"{family} main blocks declare no sequence split" in err[0]
 
 
 def test_masked_family_sdpa_baseline_is_exact_and_compare_says_the_swap_needs_masks(tmp_path, capsys):

@@ -305,7 +305,7 @@ def test_sp_ltx_video(tmp_path):
     assert rep["baseline"]["attention_modules"] == {"attn1": "ulysses-sdpa", "attn2": "sdpa"}
 
 
-@pytest.mark.parametrize("preset", ["flux-tiny", "hunyuan-video-tiny"])
+@pytest.mark.parametrize("preset", ["flux-tiny", "hunyuan-video-tiny", "flux2-tiny"])
 @pytest.mark.parametrize("kind, attention", [("double", "fp8-emulated"), ("single", "sdpa")])
 def test_sp_joint_attention(tmp_path, preset, kind, attention):
     """Flux ([text, image]) and HunyuanVideo ([image, text], bool mask): image tokens sharded, text
@@ -313,6 +313,16 @@ def test_sp_joint_attention(tmp_path, preset, kind, attention):
     their heads, so even fp8-emulated matches one device)."""
     rep = _family_run(tmp_path, preset, "--kind", kind, attention=attention)
     assert rep["baseline"]["attention_modules"] == {"attn": f"ulysses-joint-{attention}"}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "fp8-emulated"])
+def test_sp_qwen_image(tmp_path, attention):
+    """Qwen-Image ([text, image] joint attention with the prompt mask): image rows and their rotary freqs
+    sharded, the text freqs and the prompt mask replicated; the joint mask over [text | local image] keeps every
+    key for a full prompt and is dropped after that check."""
+    rep = _family_run(tmp_path, "qwen-image-tiny", attention=attention)
+    assert rep["baseline"]["attention_modules"] == {"attn": f"ulysses-joint-{attention}"}
+    assert rep["baseline"]["attention_masks"]["dropped_all_attend"] >= 1
 
 
 def test_sp_cogvideox(tmp_path):

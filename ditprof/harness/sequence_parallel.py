@@ -258,6 +258,19 @@ def _split(t: torch.Tensor, how, name: str, S: int, T: int, lo: int, hi: int) ->
     return t.narrow(d, lo, hi - lo).contiguous()
 
 
+def gather_output(out: torch.Tensor, how, text_tokens: int, world: int, device: torch.device) -> torch.Tensor:
+    """Every rank's block output back into the one-device sequence (on the host). A hidden-states split that
+    keeps replicated text rows (``how.text``) returns them on every rank: they are taken once, from rank 0."""
+    full = distributed.all_gather_tokens(out, world, device)
+    if how is None or not how.text or world == 1:
+        return full
+    T = text_tokens
+    parts = full.chunk(world, dim=1)
+    if how.text == "first":
+        return torch.cat([parts[0][:, :T]] + [p[:, T:] for p in parts], dim=1)
+    return torch.cat([p[:, :p.shape[1] - T] for p in parts] + [parts[0][:, -T:]], dim=1)
+
+
 def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
     """This rank's share of the block inputs, as the family's ``BlockPlan.sp`` declares it: rows
     ``[r*S/P, (r+1)*S/P)`` of every split input (each item of a tuple such as a rotary pair); text and
@@ -274,7 +287,8 @@ def shard_inputs(loaded: Any, inputs: Any, rank: int, world: int) -> Any:
         if value is None:
             continue
         if isinstance(value, (tuple, list)):
-            kw[name] = type(value)(_split(t, how, name, S, T, lo, hi) for t in value)
+            hows = how if isinstance(how, tuple) else (how,) * len(value)  # one split per item, None: replicated
+            kw[name] = type(value)(t if h is None else _split(t, h, name, S, T, lo, hi) for t, h in zip(value, hows))
         else:
             kw[name] = _split(value, how, name, S, T, lo, hi)
     return dataclasses.replace(inputs, args=(), kwargs=kw, tokens=s)
@@ -439,7 +453,9 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
                     runs[label] = _measure_rank(spec, loaded, local, label, b, stage, rank=rank, world=world,
                                                 backend=backend, device=device, progress=progress,
                                                 resident=resident)
-        gathered = {label: distributed.all_gather_tokens(r.output, world, device) for label, r in runs.items()}
+        how = loaded.family.plan(loaded.kind).sp.get("hidden_states")
+        gathered = {label: gather_output(r.output, how, local.text_tokens, world, device)
+                    for label, r in runs.items()}
         sections = {}
         for label, r in runs.items():
             parts: list[Any] = [None] * world

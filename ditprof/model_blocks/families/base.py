@@ -70,13 +70,14 @@ class BlockPlan:
 
     ``outputs``: names of the inputs the block's return values feed in the next block, in return order (one
     name: a bare tensor). ``sp``: per input name the sequence split (a tuple input such as a rotary
-    ``(cos, sin)`` pair takes one split for each item); inputs not named are replicated; ``None``: sequence
+    ``(cos, sin)`` pair takes the split for each item, or a tuple of splits, one per item, ``None`` for an item
+    kept whole); inputs not named are replicated; ``None``: sequence
     parallelism is not wired up for this block. ``joint_text``: ``"first"`` / ``"last"`` when self-attention runs
     jointly over [text, image] with the text replicated; ``None``: plain self-attention over the sharded rows.
     """
 
     outputs: tuple[str, ...] = ("hidden_states",)
-    sp: dict[str, SeqSplit] | None = None
+    sp: dict[str, SeqSplit | tuple[SeqSplit | None, ...]] | None = None
     joint_text: str | None = None
 
     @property

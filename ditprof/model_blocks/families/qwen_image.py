@@ -12,7 +12,7 @@ from diffusers.models.transformers.transformer_qwenimage import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, randn
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 
 class QwenImageFamily(BlockFamily):
@@ -39,8 +39,12 @@ class QwenImageFamily(BlockFamily):
         return (1, p, p)
 
     def plan(self, kind):
-        # Not wired for --sp: the Ulysses joint wrapper would drop the prompt mask this family passes.
-        return BlockPlan(outputs=("encoder_hidden_states", "hidden_states"), sp=None, joint_text="first")
+        # rotary (image freqs (S, D/2), text freqs (T, D/2)): the image rows split, the text's whole. The joint mask
+        # the processor builds from the prompt mask covers [text | local image] rows; the backend wrapper drops it
+        # when it keeps every key and stops with one line when it masks any (a padded prompt).
+        return BlockPlan(outputs=("encoder_hidden_states", "hidden_states"),
+                         sp={"hidden_states": SeqSplit(1), "image_rotary_emb": (SeqSplit(0), None)},
+                         joint_text="first")
 
     def _check(self, config):
         a = self.init_args(config)
