@@ -19,8 +19,10 @@ CPU -- see ``harness.distributed``):
   names (all-to-all of the queries only, the replicated K/V sliced to this rank's heads locally, inverse
   all-to-all of the output), kept to measure what it would cost.
 
-Families: Wan and LTX-Video (self-attention + cross-attention to text, as above); Flux and HunyuanVideo
-double/single blocks and CogVideoX blocks (joint attention over text + image; CogVideoX's processor calls SDPA
+Families: each declares its split on its adapter (``BlockPlan.sp``). Wan, LTX-Video, MiniMax-H3 (self-attention,
++ cross-attention to text where there is one, as above); Flux, FLUX.2 and HunyuanVideo double/single blocks,
+Qwen-Image and CogVideoX blocks (joint attention over text + image; FLUX.2's single blocks carry [text | image]
+in one hidden-states tensor, split with its text rows kept; CogVideoX's processor calls SDPA
 itself, so the wrapper is installed by processor replacement with SDPA redirected, text first): the image tokens (and their RoPE rows) are
 sharded, the text is replicated; ``joint_ulysses_backend`` regroups only the image part of q, k, v, slices
 the full text part to this rank's heads locally, and after the backend sends the image output back by the
