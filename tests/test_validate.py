@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -161,3 +162,14 @@ def test_validate_cuda_h3_mini(tmp_path, capsys):
     assert rep["timing_source"] == "cuda_events" and rep["mode"] == "resident"
     assert rep["memory"]["peak_allocated_bytes"] >= 8 * rep["model"]["block_bytes"]
     assert abs(rep["error_pct"]) < 25
+
+
+@pytest.mark.parametrize("preset", ["flux2-tiny", "ltx2-tiny", "hunyuan-video-1.5-tiny", "qwen-image-tiny"])
+def test_validate_2026_families(tmp_path, capsys, one_thread, preset):
+    """validate chains the families added for 2026 (their outputs feed the next block as the plan declares) and
+    the whole-step estimate runs every non-block module of the model (the rest model takes model_inputs)."""
+    rep = _run(capsys, "--preset", preset, "--blocks", "2", "--device", "cpu", "--iters", "1", "--chain-iters", "1",
+               "--out", str(tmp_path / preset))
+    assert rep["model"]["preset"] == preset and rep["blocks"] == 2
+    assert rep["chain_ms"]["median"] > 0 and math.isfinite(rep["error_pct"])
+    assert rep["whole_step"]["rest"]["modules_not_run"] == []
