@@ -323,8 +323,15 @@ class BlockFamily:
         """The block's inputs by name, as the model's own forward hands them to its first ``kind`` block, called
         with ``call`` (``model_inputs``); ``parents``: ``captured_modules`` with weights (None on meta)."""
         device = torch.device(device)
-        with torch.device("meta"):
+        from accelerate import init_empty_weights
+
+        with init_empty_weights(include_buffers=False):  # weights on meta; buffers (RoPE tables) computed for real
             shell = self._shell(config, kind)
+        for module in shell.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None:
+                    module._buffers[name] = buf.to(device)
+        with torch.device("meta"):
             if parents is None:
                 if device.type != "meta":
                     raise DitprofError(f"{self.name} block inputs need the model's modules before the blocks "
