@@ -186,3 +186,24 @@ def test_cli_subprocess(tmp_path):
     for text in ("attention share", "fp8-emulated", "sdpa", "model time (2 blocks)", "Amdahl", str(out)):
         assert text in res.stdout, text
     assert (out / "report.json").is_file()
+
+
+def test_one_run_per_folder(one_thread, tmp_path):
+    """A profile into a compare's folder leaves none of the compare's files (its swapped trace, tb runs) beside
+    its own; a file ditprof did not write stays; a folder from before manifests is cleaned by its report's list."""
+    out = tmp_path / "run"
+    common = ["--preset", PRESET, "--device", "cpu", "--out", str(out), "--iters", "1", "--warmup", "1"]
+    assert cli.main(["compare", *common]) == 0
+    assert (out / "swapped.trace.json.gz").is_file()
+    (out / "notes.txt").write_text("mine")
+    assert cli.main(["profile", *common]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert "swapped.trace.json.gz" not in names and "notes.txt" in names
+    assert [p.name.split(".")[0] for p in (out / "tb").glob("*.pt.trace.json")] == ["baseline"]
+    written = json.loads((out / "ditprof-files.json").read_text())["entries"]
+    assert set(written) == names - {"notes.txt", "ditprof-files.json"}
+    # an older run (no manifest): its report's file list says what it wrote
+    assert cli.main(["compare", *common]) == 0
+    (out / "ditprof-files.json").unlink()
+    assert cli.main(["profile", *common]) == 0
+    assert not (out / "swapped.trace.json.gz").exists() and (out / "notes.txt").read_text() == "mine"

@@ -1,9 +1,13 @@
 """Atomic outputs: files go through temp + rename; a run writes into a staging folder next to its output
-folder and is moved into place only when everything succeeded. A failed run leaves nothing behind."""
+folder and is moved into place only when everything succeeded. A failed run leaves nothing behind.
+
+One run per folder: every committed run records the entries it wrote in ``MANIFEST``; the next run into the same
+folder first removes the previous run's entries (and only those: files ditprof did not write stay untouched)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -11,6 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ditprof.errors import DitprofError
+
+MANIFEST = "ditprof-files.json"  # {"entries": [top-level names this run wrote]}
 
 
 def _umask() -> int:
@@ -81,10 +87,48 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def _entry_name(name) -> str | None:
+    """A top-level entry name from a manifest or an old report's file list; None for anything else."""
+    if not isinstance(name, str) or not name:
+        return None
+    top = name.split("/")[0]
+    return None if top in (".", "..", MANIFEST) or "\\" in top else top
+
+
+def previous_entries(out: Path) -> set[str]:
+    """Entries an earlier ditprof run wrote into ``out``: its manifest, or (a run from before manifests) the
+    ``files`` its report.json lists. JSON only; anything unreadable counts as nothing to remove."""
+    names: list = []
+    try:
+        if (out / MANIFEST).is_file():
+            names = json.loads((out / MANIFEST).read_text()).get("entries", [])
+        elif (out / "report.json").is_file():
+            names = json.loads((out / "report.json").read_text()).get("files", []) + ["report.json"]
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {n for n in map(_entry_name, names if isinstance(names, list) else []) if n}
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def commit(stage: Path, out: Path) -> None:
+    written = sorted(p.name for p in stage.iterdir() if p.name != MANIFEST)
+    (stage / MANIFEST).write_text(json.dumps({"entries": written}) + "\n")
     if not out.exists():
         os.rename(stage, out)
         return
+    # report.json first out and last in: its presence marks a complete run
+    stale = previous_entries(out) - set(written)
+    for name in sorted(stale, key=lambda n: n != "report.json"):
+        _remove(out / name)
+    if "report.json" in written:
+        _remove(out / "report.json")
     entries = sorted(stage.iterdir(), key=lambda p: p.name == "report.json")
     for entry in entries:
         target = out / entry.name
