@@ -74,3 +74,49 @@ def test_fp8_attention_nan_raises_at_context_exit():
         out = I.fp8_attention(q, k, v)
         assert I._DEFERRED.queue is not None
     assert torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------------- a block output with NaN/Inf
+
+def test_first_nonfinite_names_the_module_where_inf_appears():
+    """Finite weights whose product overflows: the first module (in execution order) with a non-finite output
+    is named, not its parents; NaN weights and inputs are named as such."""
+    from ditprof.harness.finite import check_inputs, first_nonfinite
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()))
+    with torch.no_grad():
+        net[1][0].weight.fill_(3e38)  # finite, but x @ W overflows
+    x = torch.randn(2, 4) + 5
+    assert torch.isfinite(torch.stack([p.abs().max() for p in net.parameters()])).all()
+    where = first_nonfinite(net, lambda: net(x))
+    assert where == "NaN/Inf first appears in the output of 1.0 (Linear)"
+    with torch.no_grad():
+        net[0].bias[1] = float("nan")
+    assert first_nonfinite(net, lambda: net(x)) == ("the block's weight 0.bias holds NaN/Inf (as loaded from the "
+                                                    "checkpoint)")
+    with pytest.raises(DitprofError, match="block input temb holds NaN/Inf"):
+        check_inputs({"hidden_states": x, "temb": (x, torch.tensor([float("inf")]))})
+    check_inputs({"hidden_states": x, "mask": torch.ones(2, dtype=torch.bool)})  # finite: no error
+
+
+@pytest.mark.parametrize("command", ["profile", "compare"])
+def test_nan_weight_checkpoint_is_one_line_in_profile_and_compare(tmp_path, capsys, command):
+    """A diffusers-saved checkpoint with one NaN weight: profile (which used to write a normal report) and compare
+    both stop with one line naming the tensor, and leave no run folder."""
+    from ditprof.cli import main
+    from ditprof.model_blocks import get_preset
+
+    preset = get_preset("wan-tiny")
+    torch.manual_seed(0)
+    model = preset.adapter.model_class.from_config(preset.config).eval()
+    with torch.no_grad():
+        model.blocks[1].ffn.net[0].proj.weight[3, 2] = float("nan")
+    model.save_pretrained(tmp_path / "ckpt", max_shard_size="8KB")
+    out = tmp_path / "run"
+    rc = main([command, "--checkpoint", str(tmp_path / "ckpt"), "--block", "1", "--device", "cpu", "--tokens",
+               "48", "--iters", "1", "--warmup", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "the block output holds NaN/Inf" in err[0] and "weight ffn.net.0.proj.weight" in err[0]
+    assert not out.exists()

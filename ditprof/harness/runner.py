@@ -17,6 +17,7 @@ from ditprof.errors import DitprofError
 from ditprof.harness import atomic, backends, plots, report, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
+from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
 from ditprof.harness.memory import memory_budget, parse_size
 from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
@@ -198,10 +199,14 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
     # the measurement ends
     with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
             swap.norm_ranges(loaded.module), deferred_finite_checks():
-        run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
-                      workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                      rank=0 if label == "baseline" else 1,
-                      on_phase=_Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
+        try:
+            run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
+                          workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
+                          rank=0 if label == "baseline" else 1,
+                          on_phase=_Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
+        except NonFiniteOutput as exc:
+            raise DitprofError(f"{exc}: {first_nonfinite(loaded.module, lambda: inputs.run(loaded.module))}") \
+                from None
         run.route = state.route
         if state.member is not None:
             run.extra["diffusers_backend"] = state.member.value
@@ -231,6 +236,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                             progress=True)
         inputs = make_inputs(loaded, tokens=spec.tokens, height=spec.height, width=spec.width,
                              frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype)
+        check_inputs(getattr(inputs, "kwargs", {}))
         resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(getattr(inputs, "args", ())) + \
             _tensor_bytes(getattr(inputs, "kwargs", {}))
         with atomic.staged_dir(out) as stage:

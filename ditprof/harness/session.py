@@ -217,6 +217,10 @@ def measure(
             _sync(device)
             phase("warm-up", i + 1, max(warmup, 1))
         output = output.detach().to("cpu", copy=True)  # off the GPU: keeps the next run's peak clean
+        if output.is_floating_point() and not bool(torch.isfinite(output).all()):
+            from ditprof.harness.finite import NonFiniteOutput
+
+            raise NonFiniteOutput(f"{label} ({backend}): the block output holds NaN/Inf")
 
         phase("timing", 0, iters)
         samples, source = time_block(call, device, iters)
