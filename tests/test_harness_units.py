@@ -155,7 +155,7 @@ def test_staged_dir_into_existing_folder(tmp_path):
         (stage / "tb").mkdir()
         (stage / "tb" / "new.pt.trace.json").write_text("{}")
         (stage / "report.json").write_text("{}")
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "report.json", "tb"]
+    assert sorted(p.name for p in out.iterdir()) == ["ditprof-files.json", "keep.txt", "report.json", "tb"]
     assert [p.name for p in (out / "tb").iterdir()] == ["new.pt.trace.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 

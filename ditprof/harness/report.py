@@ -89,6 +89,11 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
     def section(run):
         return run if isinstance(run, dict) or run is None else run_section(run)
 
+    from ditprof.harness import noise
+    from ditprof.kernels import registry
+
+    base, sw = section(baseline), section(swapped)
+    emulated = bool(sw) and registry.is_numerics_only(sw["attention_backend"])
     return {
         "schema": SCHEMA,
         "command": command,
@@ -96,8 +101,9 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
         "model": model,
         "environment": environment,
         "settings": settings,
-        "baseline": section(baseline),
-        "swapped": section(swapped),
+        "baseline": base,
+        "swapped": sw,
+        "noise": noise.assess(base, sw, str(settings.get("device", "")), numerics_only=emulated),
         "extrapolation": extrapolation,
         "accuracy": accuracy_section,
         "files": files,
@@ -146,16 +152,29 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
     clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
     kind = "GPU kernel time" if b["split_mode"] == "cuda" else "CPU op self time"
 
+    nz = report.get("noise") or {}
+
     def faster(fb, fs):
         return f"{fb / fs:.2f}x" if s and fs else ""
+
+    def judged(fb, fs, verdict):
+        """The ratio with the verdict of the noise check: a numerics emulation's time is no speed result."""
+        if not (s and fs):
+            return ""
+        if verdict and verdict["verdict"] == "numerics only":
+            return "numerics only"
+        return faster(fb, fs) + (" (within noise)" if verdict and verdict["verdict"] == "within noise" else "")
+
+    def overhead(sec):
+        o = sec["profiler_overhead_pct"]
+        return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
 
     rows = [
         ("attention backend", b["attention_backend"], s["attention_backend"] if s else "", ""),
         (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
-         faster(b["block_ms"]["median"], s["block_ms"]["median"]) if s else ""),
+         judged(b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
         ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
-        ("profiler overhead", f"{b['profiler_overhead_pct']:+.1f}%",
-         f"{s['profiler_overhead_pct']:+.1f}%" if s else "", ""),
+        ("profiler overhead", overhead(b), overhead(s) if s else "", ""),
     ]
     gb, gs = b.get("graph_block_ms"), (s.get("graph_block_ms") if s else None)
     if gb or gs:
@@ -170,7 +189,8 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
             return _ms(d) + (" (≤ 0: GPU-bound, noise)" if d <= 0 else "")
 
         rows.append(("block (CUDA graph replay) median [min–max]", graph_cell(b, gb),
-                     graph_cell(s, gs) if s else "", faster(gb["median"], gs["median"]) if gb and gs else ""))
+                     graph_cell(s, gs) if s else "",
+                     judged(gb["median"], gs["median"], nz.get("graph")) if gb and gs else ""))
         rows.append(("host overhead per call (eager − replay)", host_cell(b, gb), host_cell(s, gs) if s else "",
                      ""))
     sp = report.get("sp")
@@ -191,9 +211,10 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
         if vb is None and vs is None:
             continue  # communication: only where there is some (sequence-parallel runs)
         vb, vs = vb or 0.0, vs or 0.0
-        rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "", faster(vb, vs) if s else ""))
+        rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "",
+                     judged(vb, vs, nz.get("block")) if s else ""))
     rows.append((f"split total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "",
-                 faster(b["split_total_ms"], s["split_total_ms"]) if s else ""))
+                 judged(b["split_total_ms"], s["split_total_ms"], nz.get("block")) if s else ""))
     rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
     rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "",
                  ""))
@@ -212,8 +233,11 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
         (" × 2 CFG" if ex["cfg"] else "")
     rows.append((f"model time ({scope})", _band(ex["baseline_band_ms"]),
                  _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
-                 _x(ex["speedup"]) if ex["speedup"] else ""))
-    if ex.get("amdahl_predicted_speedup"):
+                 judged(ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
+                 if ex["speedup"] else ""))
+    if nz.get("warning"):
+        rows.append(("timing noise", nz["warning"], "", ""))
+    if ex.get("amdahl_predicted_speedup") and not nz.get("numerics_only"):
         rows.append((f"Amdahl: share {_pct(b['attention_share'])} × attention {ex['attention_speedup']:.2f}x",
                      "", _ms(ex["amdahl_predicted_swapped_block_ms"]) + " / block predicted",
                      _x(ex["amdahl_predicted_speedup"]) + " predicted"))

@@ -188,7 +188,7 @@ _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does n
 
 
 @register("fp8-emulated", description="FP8 kernel numerics emulated in torch (e4m3 Q/K/V, P x256 per 32-key "
-          "strip, fp32 accumulate); runs anywhere, slowly")
+          "strip, fp32 accumulate); runs anywhere, slowly", numerics_only=True)
 def fp8_emulated_backend(q, k, v, *, scale=None):
     return fp8_attention_emulated(q, k, v, scale=scale)
 

@@ -36,6 +36,7 @@ class Backend:
     fn: Callable
     description: str
     availability: Availability
+    numerics_only: bool = False  # a numerics emulation: its timings say nothing about a kernel's speed
 
     def __call__(self, q, k, v, *, scale=None):
         return self.fn(q, k, v, scale=scale)
@@ -67,12 +68,14 @@ def _always(_device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def register(name: str, *, description: str = "", available: Optional[Availability] = None):
-    """Decorator: register ``fn`` under ``name``. Re-registering a name replaces it (tests rebind names)."""
+def register(name: str, *, description: str = "", available: Optional[Availability] = None,
+             numerics_only: bool = False):
+    """Decorator: register ``fn`` under ``name``. Re-registering a name replaces it (tests rebind names).
+    ``numerics_only``: the backend emulates a kernel's numerics (reports never quote its timings as speed)."""
 
     def decorate(fn: Callable) -> Callable:
         _BACKENDS[name] = Backend(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                  available or _always)
+                                  available or _always, numerics_only)
         return fn
 
     return decorate
@@ -106,6 +109,13 @@ def availability_summary(device: Device = None) -> tuple[list[str], list[str]]:
         else:
             missing.append(f"{backend.name} ({reason})")
     return ok_names, missing
+
+
+def is_numerics_only(name: str) -> bool:
+    """Whether a registered backend is a numerics emulation (False for unknown names)."""
+    _load_builtins()
+    b = _BACKENDS.get(name)
+    return bool(b and b.numerics_only)
 
 
 def get(name: str) -> Backend:
