@@ -39,6 +39,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
                      help="timed and profiled calls each (default 10 on CUDA, 5 on CPU)")
     run.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                      help="skip the CUDA-graph replay timing (GPU; it shows the host overhead per block call)")
+    run.add_argument("--time-limit", dest="time_limit", type=float, metavar="MIN",
+                     help="stop before a run the plan estimates to take longer (default 15 minutes)")
+    run.add_argument("--yes", action="store_true", help="run even when the plan's estimate is over --time-limit")
     run.add_argument("--sp", type=int, metavar="P",
                      help="Ulysses sequence parallelism over P ranks (NCCL, one GPU each; gloo on CPU)")
     run.add_argument("--sp-cross", dest="sp_cross", choices=("local", "heads"), help=argparse.SUPPRESS)

@@ -19,6 +19,7 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
 from ditprof.harness.memory import memory_budget, parse_size
+from ditprof.harness.run_plan import check_plan, make_plan
 from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
 
@@ -52,6 +53,9 @@ class RunSpec:
     sp: int | None = None  # --sp P: Ulysses sequence parallelism over P ranks (harness.sequence_parallel)
     sp_cross: str = "local"  # cross-attention under SP: "local" (no communication) or "heads"
     cuda_graph: bool = True  # GPU: also time CUDA-graph replays of the block (session.time_block_graph)
+    yes: bool = False  # run even when the plan's time estimate is over time_limit_min
+    time_limit_min: float = 15.0
+    size_note: str = ""  # why the size is not the one the user or preset gave (CPU checkpoint default)
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -107,18 +111,30 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         swap_name = args.attention or backends.default_swap(device)
     else:
         baseline = args.attention or backends.DEFAULT_BASELINE
+    from ditprof.harness.run_plan import CPU_CHECKPOINT_TOKENS, DEFAULT_TIME_LIMIT_MIN
+
+    tokens, size_note = args.tokens, ""
+    if (device.type == "cpu" and source_kind == "checkpoint" and tokens is None and args.height is None):
+        # the pipeline's size is a GPU job (HunyuanVideo: 118,800 tokens, hours on a CPU)
+        tokens = CPU_CHECKPOINT_TOKENS
+        size_note = (f"no size given on CPU: a small default of {tokens} tokens (the pipeline's own size is the "
+                     f"default on CUDA; --tokens or --height/--width/--frames to choose)")
+    limit = getattr(args, "time_limit", None)
+    if limit is not None and limit <= 0:
+        raise DitprofError(f"--time-limit must be > 0 minutes (got {limit})")
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("traces") / f"{_slug(source)}-{stamp}"
     return RunSpec(
         command=command, source=source, source_kind=source_kind, block=args.block or 0,
         kind=getattr(args, "kind", None), device=device,
-        dtype=torch.bfloat16, baseline=baseline, swap=swap_name, tokens=args.tokens, height=args.height,
+        dtype=torch.bfloat16, baseline=baseline, swap=swap_name, tokens=tokens, height=args.height,
         width=args.width, frames=args.frames, n_blocks=args.blocks, steps=args.steps, cfg=bool(args.cfg),
         gpu_memory=args.gpu_memory, out=out,
         warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
         iters=args.iters if args.iters is not None else (10 if device.type == "cuda" else 5),
         seed=args.seed, sp=sp, sp_cross=getattr(args, "sp_cross", None) or "local",
-        cuda_graph=getattr(args, "cuda_graph", True),
+        cuda_graph=getattr(args, "cuda_graph", True), yes=bool(getattr(args, "yes", False)),
+        time_limit_min=limit if limit is not None else DEFAULT_TIME_LIMIT_MIN, size_note=size_note,
     )
 
 
@@ -232,6 +248,11 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
     with memory_budget(spec.gpu_memory, spec.device) as budget:
         console.print(f"[bold]ditprof {spec.command}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
                       f"{spec.device}, baseline {base_b.name}" + (f", swap {swap_b.name}" if swap_b else ""))
+        plan = make_plan(spec)
+        plan.note = spec.size_note
+        for line in plan.lines():
+            console.print(line)
+        check_plan(plan, time_limit_min=spec.time_limit_min, yes=spec.yes)
         loaded = load_block(spec.source, spec.block, kind=spec.kind, device=spec.device, dtype=spec.dtype,
                             progress=True)
         inputs = make_inputs(loaded, tokens=spec.tokens, height=spec.height, width=spec.width,
@@ -251,6 +272,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                 if swap_b and not skipped:
                     swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident)
             rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
+            rep["plan"] = plan.as_dict()
             if skipped:
                 rep["swap_skipped"] = skipped
                 console.print(f"[yellow]swap not run[/]: {skipped}")

@@ -98,13 +98,20 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
                        device=torch.device("meta"), dtype=dtype, preset=preset)
     inputs = make_inputs(meta, device="meta", dtype=dtype, **input_args)
 
+    attention_flops = [0]
+
     def flash_stand_in(q, k, v, *, scale=None, attn_mask=None):
+        b, sq, h, d = q.shape  # (B, S, H, D): QK^T and PV, 2 FLOPs a multiply-add each
+        attention_flops[0] += 4 * b * h * sq * k.shape[1] * d
         return torch.empty_like(q)
 
+    from torch.utils.flop_counter import FlopCounterMode
+
     mode = _LiveBytes()
+    flops = FlopCounterMode(display=False)
     with torch.inference_mode(), swap.swapped(module, "meta-estimate", flash_stand_in,
                                               uses_dispatcher=family.uses_dispatcher):
-        with mode:
+        with flops, mode:
             out = inputs.run(module)
         del out
     with torch.device("meta"):  # the parent model's modules the inputs come from stay loaded beside the block
@@ -112,7 +119,9 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
     parent_bytes = sum(t.numel() * (torch.finfo(family.tensor_dtype(f"{n}.{k}", dtype) or t.dtype).bits // 8)
                        for n, m in parents.items() for k, t in m.state_dict().items())
     return {"input_bytes": tensor_bytes(inputs.args) + tensor_bytes(inputs.kwargs), "activation_bytes": int(mode.peak),
-            "input_module_bytes": int(parent_bytes),
+            "input_module_bytes": int(parent_bytes), "attention_flops": int(attention_flops[0]),
+            "gemm_flops": int(flops.get_total_flops()), "grid": inputs.grid.describe(),
+            "mask_note": inputs.mask_note,
             "tokens": inputs.tokens, "text_tokens": inputs.text_tokens,
             "method": "meta-device trace of live tensors, attention as a flash-style kernel (output only)"}
 

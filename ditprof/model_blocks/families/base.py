@@ -227,13 +227,11 @@ class BlockFamily:
         if tokens < 1:
             raise DitprofError(f"tokens must be positive, got {tokens}")
         best = None
-        for f in range(1, tokens + 1) if self.is_video else (1,):
-            if tokens % f:
-                continue
+        for f in _divisors(tokens) if self.is_video else (1,):
             rest = tokens // f
-            for h in range(1, math.isqrt(rest) + 1):
-                if rest % h:
-                    continue
+            for h in _divisors(rest):
+                if h * h > rest:
+                    break
                 w = rest // h
                 key = (max(f, h, w), -min(f, h, w))
                 if best is None or key < best[0]:
@@ -385,8 +383,16 @@ class BlockFamily:
         return self.grid_from_size(config, height, width, frames)
 
 
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in increasing order (O(sqrt n): a token count of 10^9 factors in milliseconds)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:
-    """Seeded normal tensor drawn on CPU (so values match across devices), then moved."""
+    """Seeded normal tensor drawn on CPU (so values match across devices), then moved (meta: shapes only)."""
+    if torch.device(device).type == "meta":
+        return torch.empty(shape, device="meta", dtype=dtype)
     return (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(device=device, dtype=dtype)
 
 
