@@ -43,18 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        rc = args.func(args)
-    except DitprofError as exc:
-        print(f"ditprof: error: {exc}", file=sys.stderr)
-        return 2
+    from ditprof import interrupt
+
+    interrupt.install()
+    try:  # Ctrl-C at any point, the imports of torch and diffusers included: one line, exit code 130
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        try:
+            rc = args.func(args)
+        except DitprofError as exc:
+            print(f"ditprof: error: {exc}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
-        print("ditprof: interrupted", file=sys.stderr)
+        interrupt.report_interrupt()
         return 130
     return int(rc or 0)
 

@@ -74,17 +74,23 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     ``report.json`` is moved last so that its presence marks a complete run.
     """
     out = check_writable(out)
+    from ditprof import interrupt
+
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    interrupt.register_staging(stage)  # a hard exit on Ctrl-C removes it too
     os.chmod(stage, 0o777 & ~_umask())
     try:
-        yield stage
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    try:
-        commit(stage, out)
+        try:
+            yield stage
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        try:
+            commit(stage, out)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        interrupt.unregister_staging(stage)
 
 
 def _entry_name(name) -> str | None:

@@ -1,0 +1,80 @@
+"""Ctrl-C that works even inside a long torch op.
+
+Python runs its SIGINT handler only between bytecodes, so a KeyboardInterrupt waits for a running aten op (a
+minute-long attention call on a CPU) to return. ``install`` keeps the normal KeyboardInterrupt (the CLI turns it
+into one line and exit code 130, and ``atomic.staged_dir`` removes the half-written run) and adds a watchdog: the
+C-level signal handler writes to a wakeup pipe at once, a thread reading it gives the main thread ``GRACE_S``
+seconds, then removes the staging folders still open and exits 130 itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+GRACE_S = 3.0
+_staging: set[Path] = set()  # run folders being written (atomic.staged_dir registers them)
+_lock = threading.Lock()
+_finished = threading.Event()  # the main thread has reported the interrupt itself
+
+
+def register_staging(path: Path) -> None:
+    with _lock:
+        _staging.add(Path(path))
+
+
+def unregister_staging(path: Path) -> None:
+    with _lock:
+        _staging.discard(Path(path))
+
+
+def report_interrupt() -> None:
+    """The one line for an interrupt (once, from whichever thread gets there first)."""
+    with _lock:
+        if _finished.is_set():
+            return
+        _finished.set()
+    sys.stderr.write("ditprof: interrupted\n")
+    sys.stderr.flush()
+
+
+def _hard_exit() -> None:
+    with _lock:
+        folders = list(_staging)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    report_interrupt()
+    os._exit(130)
+
+
+def _watch(fd: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGINT in data:
+            if not _finished.wait(GRACE_S):  # the main thread did not get out in time: a long op holds it
+                _hard_exit()
+            return
+
+
+def install() -> bool:
+    """Arm the watchdog (main thread only; a no-op elsewhere or when already armed). Returns whether armed."""
+    if threading.current_thread() is not threading.main_thread() or getattr(install, "armed", False):
+        return False
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        return False
+    threading.Thread(target=_watch, args=(r,), name="ditprof-interrupt", daemon=True).start()
+    install.armed = True  # type: ignore[attr-defined]
+    return True
