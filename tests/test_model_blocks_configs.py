@@ -65,8 +65,9 @@ def _capture_block_inputs(model, call, index=1):
 def test_wan_rope_table_shorter_than_the_grid_is_one_line(tmp_path, capsys):
     cfg = _wan(2, 12, 48, 2, text_dim=16, freq_dim=16, in_channels=4, out_channels=4, rope_max_seq_len=32)
     _save(_wan_model(), cfg, tmp_path / "ckpt")
+    # the pipeline's default size (what a CUDA run without a size uses)
     rc = main(["profile", "--checkpoint", str(tmp_path / "ckpt"), "--device", "cpu", "--iters", "1",
-               "--out", str(tmp_path / "run")])
+               "--height", "480", "--width", "832", "--frames", "81", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert "width axis of the 21x30x52 token grid has 52 positions, more than this model's rope_max_seq_len=32" \
@@ -76,6 +77,20 @@ def test_wan_rope_table_shorter_than_the_grid_is_one_line(tmp_path, capsys):
     assert main(["profile", "--checkpoint", str(tmp_path / "ckpt"), "--device", "cpu", "--iters", "1",
                  "--warmup", "1", "--height", "128", "--width", "128", "--frames", "9",
                  "--out", str(tmp_path / "ok")]) == 0
+
+
+def test_cpu_checkpoint_without_a_size_gets_a_small_default(tmp_path, capsys):
+    """On CPU a checkpoint without a size runs a small grid (said to be one) instead of the pipeline's."""
+    preset = get_preset("hunyuan-video-tiny")
+    _save(preset.adapter.model_class, preset.config, tmp_path / "ckpt")
+    out = tmp_path / "run"
+    assert main(["profile", "--checkpoint", str(tmp_path / "ckpt"), "--device", "cpu", "--iters", "1",
+                 "--warmup", "1", "--out", str(out)]) == 0
+    captured = capsys.readouterr().out
+    assert "no size given on CPU: a small default of 1024 tokens" in " ".join(captured.split())
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["model"]["tokens"] == 1024 and "small default" in rep["plan"]["note"]
+    assert rep["plan"]["tokens"] == 1024 and rep["plan"]["attention_flops"] > 0 and rep["plan"]["gemm_flops"] > 0
 
 
 def test_wan_i2v_blocks_get_the_image_context(tmp_path):
