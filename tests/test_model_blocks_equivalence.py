@@ -29,7 +29,7 @@ def _full_model_call(family: str, model, b: int = 1):
         return dict(
             hidden_states=r(b, h * w, cfg.in_channels), encoder_hidden_states=r(b, 8, cfg.joint_attention_dim),
             pooled_projections=r(b, cfg.pooled_projection_dim), timestep=t / 1000, img_ids=img_ids.reshape(-1, 3),
-            txt_ids=torch.zeros(8, 3), guidance=torch.full((b,), 3.5),
+            txt_ids=torch.zeros(8, 3), guidance=torch.full((b,), 3.5) if cfg.guidance_embeds else None,
         )
     if family == "hunyuan-video":
         return dict(
@@ -70,7 +70,8 @@ def _full_model_call(family: str, model, b: int = 1):
         return dict(
             hidden_states=r(b, h * w, cfg.in_channels), encoder_hidden_states=prompt, timestep=t / 1000,
             img_ids=Flux2Pipeline._prepare_latent_ids(torch.empty(b, 1, h, w)),
-            txt_ids=Flux2Pipeline._prepare_text_ids(prompt), guidance=torch.full((b,), 4.0),
+            txt_ids=Flux2Pipeline._prepare_text_ids(prompt),
+            guidance=torch.full((b,), 4.0) if cfg.guidance_embeds else None,
         )
     if family == "ltx2":  # LTX2Pipeline: 3 x 4 x 6 latents, 17 frames at 24 fps -> 18 audio latents
         return dict(
@@ -181,12 +182,19 @@ def _bound(module, args, kwargs) -> dict:
 @pytest.mark.parametrize("name,kind", CASES)
 def test_standalone_block_equals_block_inside_model(saved_models, name, kind):
     model, folder = saved_models[name]
-    preset = get_preset(name)
+    _check_block_and_inputs(model, folder, get_preset(name).family, kind)
+
+
+def _check_block_and_inputs(model, folder, family: str, kind: str) -> None:
+    """Block 1 loaded alone from ``folder`` computes exactly what it computes inside ``model``, and make_inputs
+    hands it what the model does (shapes, dtypes, masks / indices / rotary tables / timestep embeddings by value)."""
+    from ditprof.model_blocks import get_family
+
     layout = read_layout(folder)
     assert len(set(layout.weight_map.values())) >= 8, "the model should be spread over many shards"
     index = 1
-    stack = preset.adapter.stack(model, kind)
-    seen = _capture(model, stack[index], _full_model_call(preset.family, model))
+    stack = get_family(family).stack(model, kind)
+    seen = _capture(model, stack[index], _full_model_call(family, model))
 
     loaded = load_block(folder, index, kind=kind, dtype=torch.float32, progress=False)
     assert type(loaded.module) is type(stack[index])
@@ -200,7 +208,7 @@ def test_standalone_block_equals_block_inside_model(saved_models, name, kind):
         assert torch.equal(out, expected)
 
     # make_inputs for the same pixel size gives the same shapes and the model's own RoPE values.
-    h, w, f = SIZE[preset.family]
+    h, w, f = SIZE[family]
     mine = _bound(loaded.module, *_args_kwargs(make_inputs(loaded, height=h, width=w, frames=f, text_tokens=8)))
     theirs = _bound(loaded.module, seen["args"], seen["kwargs"])
     for arg, value in mine.items():
@@ -210,7 +218,7 @@ def test_standalone_block_equals_block_inside_model(saved_models, name, kind):
             assert value.dtype == ref.dtype, arg
             if value.dtype == torch.bool or arg.endswith("mask") or not value.is_floating_point():
                 assert torch.equal(value, ref), arg  # masks, indices and tags: by value
-            elif arg in DETERMINISTIC.get(preset.family, ()):
+            elif arg in DETERMINISTIC.get(family, ()):
                 torch.testing.assert_close(value, ref, rtol=1e-6, atol=1e-6)
             else:
                 assert value.abs().sum() > 0, arg
@@ -223,6 +231,38 @@ def test_standalone_block_equals_block_inside_model(saved_models, name, kind):
 
 def _args_kwargs(inputs):
     return inputs.args, inputs.kwargs
+
+
+# Configs our presets don't use, as a user's own diffusers-saved checkpoint would have them: other head counts and
+# widths, guidance-free (distilled) variants, other norms and MLP ratios.
+VARIANTS = [
+    ("wan-tiny", "main", dict(num_attention_heads=3, attention_head_dim=8, ffn_dim=40, cross_attn_norm=False)),
+    ("flux-tiny", "double", dict(num_attention_heads=3, attention_head_dim=8, axes_dims_rope=[2, 2, 4],
+                                 guidance_embeds=False)),
+    ("flux-tiny", "single", dict(num_attention_heads=3, attention_head_dim=8, axes_dims_rope=[2, 2, 4],
+                                 guidance_embeds=False)),
+    ("hunyuan-video-tiny", "double", dict(num_attention_heads=3, attention_head_dim=8, rope_axes_dim=[2, 2, 4],
+                                          mlp_ratio=2.0)),
+    ("ltx-video-tiny", "main", dict(num_attention_heads=3, attention_head_dim=8, cross_attention_dim=24)),
+    ("cogvideox-tiny", "main", dict(num_attention_heads=3, attention_head_dim=16)),
+    ("qwen-image-tiny", "main", dict(num_attention_heads=3, attention_head_dim=8, axes_dims_rope=[2, 2, 4])),
+    ("minimax-h3-tiny", "main", dict(num_attention_heads=3, hidden_size=40, ffn_dim=72)),
+    ("flux2-tiny", "single", dict(num_attention_heads=3, attention_head_dim=8, axes_dims_rope=[2, 2, 2, 2],
+                                  guidance_embeds=False, mlp_ratio=2.0)),
+    ("ltx2-tiny", "main", dict(num_attention_heads=3, attention_head_dim=8, cross_attention_dim=24,
+                               audio_num_attention_heads=3, audio_attention_head_dim=4, audio_cross_attention_dim=12)),
+    ("hunyuan-video-1.5-tiny", "main", dict(num_attention_heads=3, attention_head_dim=8, rope_axes_dim=[2, 2, 4],
+                                            mlp_ratio=2.0)),
+]
+
+
+@pytest.mark.parametrize("name,kind,over", VARIANTS, ids=[f"{v[0]}-{v[1]}" for v in VARIANTS])
+def test_other_configs_load_and_get_the_models_inputs(tmp_path, name, kind, over):
+    preset = get_preset(name)
+    torch.manual_seed(SEED)
+    model = preset.adapter.model_class.from_config(dict(preset.config, **over)).eval()
+    model.save_pretrained(tmp_path, max_shard_size="4KB")
+    _check_block_and_inputs(model, tmp_path, preset.family, kind)
 
 
 def test_loading_opens_only_the_shards_holding_the_block(saved_models, monkeypatch):
