@@ -591,6 +591,13 @@ def execute_sp(spec, console=None) -> tuple[dict, Path]:
     console.print(f"[bold]ditprof {spec.command} --sp {P}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
                   f"{P} ranks ({distributed.pg_backend(spec.device.type)}), baseline {spec.baseline}"
                   + (f", swap {spec.swap}" if spec.swap else "") + f", cross-attention {spec.sp_cross}")
+    from ditprof.harness.run_plan import check_plan, make_plan
+
+    plan = make_plan(spec)  # the one-device block: each rank computes about 1/P of it
+    plan.note = "; ".join(n for n in (spec.size_note, f"each of the {P} ranks runs about 1/{P} of this") if n)
+    for line in plan.lines():
+        console.print(line)
+    check_plan(plan, time_limit_min=spec.time_limit_min, yes=spec.yes)
     threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // P))
     import torch.multiprocessing as mp
 
@@ -613,6 +620,8 @@ def execute_sp(spec, console=None) -> tuple[dict, Path]:
         for f in stage.glob(".error-rank*.txt"):
             f.unlink()
         rep = json.loads((stage / "report.json").read_text())
+        rep["plan"] = plan.as_dict()
+        atomic.write_text(stage / "report.json", report.to_json(rep))
     return rep, out
 
 
