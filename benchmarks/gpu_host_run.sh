@@ -61,6 +61,12 @@ families3)  # session 7: FLUX.2, LTX-2, HunyuanVideo-1.5 (inputs captured from t
   step accuracy-new 200 python -m ditprof accuracy-table --device cuda --presets flux.2-dev,ltx-2 --out "$out/accuracy-new"
   step feasibility-new 150 python benchmarks/feasibility.py --device cuda --presets flux.2-dev,ltx-2,hunyuan-video-1.5 --json "$out/feasibility-new.json"
   ;;
+reliability)  # session 7: the plan, noise verdicts and NaN checks on the GPU
+  step compare-h3-plan 250 python -m ditprof compare --out "$out/compare-h3-plan"
+  step compare-flux-plan 150 python -m ditprof compare --preset flux.1-dev --out "$out/compare-flux-plan"
+  step refuse-16g 60 python -m ditprof profile --preset hunyuan-video --kind single --gpu-memory 8GiB --out "$out/refuse-16g"
+  step gpu-tests 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py tests/test_cuda_graph.py tests/test_validate.py
+  ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
   step validate-h3 220 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --cfg --out "$out/validate-h3"
