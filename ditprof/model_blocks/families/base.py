@@ -330,7 +330,7 @@ class BlockFamily:
                 if buf is not None:
                     module._buffers[name] = buf.to(device)
         with torch.device("meta"):
-            if parents is None:
+            if not parents:  # None, or a LoadedBlock built without them (the meta-device estimate)
                 if device.type != "meta":
                     raise DitprofError(f"{self.name} block inputs need the model's modules before the blocks "
                                        f"({', '.join(self.captured_modules(config, kind))})")
