@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     src = p.add_argument_group("what to run")
@@ -90,6 +88,8 @@ def _backends(args) -> int:
     if not console.is_terminal and console.width < 140:
         console = Console(width=140)
     console.print(table)
+    import torch
+
     where = "CUDA: " + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible")
     console.print(f"torch {torch.__version__}, {where}")
     return 0

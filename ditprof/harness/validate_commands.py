@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ditprof.errors import DitprofError
 
 ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
@@ -121,6 +119,8 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     One row per (preset, token count, backend). A token count a family cannot take is recorded as a row
     with its reason, and the run goes on.
     """
+    import torch
+
     from ditprof.harness import backends, report, swap
     from ditprof.harness.environment import environment
     from ditprof.harness.validate import _progress

@@ -5,15 +5,26 @@ Public API (see docs/ARCHITECTURE.md): ``list_presets``, ``get_preset``, ``load_
 ``get_family`` / ``FAMILIES`` and the memory helpers.
 """
 
-from .families import FAMILIES, BlockFamily, LatentGrid, family_for_config, get_family
-from .inputs import BlockInputs, make_inputs
-from .loading import LoadedBlock, load_block
-from .memory import MemoryReport, block_memory, measure_load_and_forward
-from .presets import PRESETS, Preset, block_params, get_preset, list_presets
-from .synthetic import make_checkpoint
+from __future__ import annotations
 
-__all__ = [
-    "FAMILIES", "PRESETS", "BlockFamily", "BlockInputs", "LatentGrid", "LoadedBlock", "MemoryReport", "Preset",
-    "block_memory", "block_params", "family_for_config", "get_family", "get_preset", "list_presets",
-    "load_block", "make_checkpoint", "make_inputs", "measure_load_and_forward",
-]
+import importlib
+
+# Loaded on first use: the CLI imports this package to build its parser, and the families import diffusers.
+_LAZY = {
+    "FAMILIES": "families", "BlockFamily": "families", "LatentGrid": "families", "family_for_config": "families",
+    "get_family": "families", "BlockInputs": "inputs", "make_inputs": "inputs", "LoadedBlock": "loading",
+    "load_block": "loading", "MemoryReport": "memory", "block_memory": "memory",
+    "measure_load_and_forward": "memory", "PRESETS": "presets", "Preset": "presets", "block_params": "presets",
+    "get_preset": "presets", "list_presets": "presets", "make_checkpoint": "synthetic",
+}
+
+
+def __getattr__(name: str):
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'ditprof.model_blocks' has no attribute {name!r}") from None
+    return getattr(importlib.import_module(f"ditprof.model_blocks.{module}"), name)
+
+
+__all__ = sorted(_LAZY)

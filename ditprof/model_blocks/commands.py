@@ -39,28 +39,21 @@ def cmd_presets(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .presets import block_bytes, block_params, list_presets
+    from . import presets_table
 
+    # the stored table while it matches these presets and versions (no torch/diffusers import), else computed
+    rows, notes = presets_table.load() or presets_table.compute_rows()
     table = Table(title="ditprof presets: per-block params and bf16 bytes (diffusers' fp32-kept tensors at 4 B)")
     for col, justify in (
         ("preset", "left"), ("family", "left"), ("kind", "left"), ("blocks", "right"), ("heads x dim", "right"),
         ("tokens", "right"), ("text", "right"), ("params/block", "right"), ("bf16/block", "right"),
     ):
         table.add_column(col, justify=justify, no_wrap=True)
-    notes = []
-    for preset in list_presets():
-        layout = preset.default_layout
-        if layout.packed:  # one sequence of several modalities: say where the count comes from
-            notes.append(f"{preset.name}: {layout.describe()}")
-        for kind in preset.adapter.kinds:
-            heads, head_dim = preset.adapter.heads(preset.config)
-            params = block_params(preset, kind.name)
-            table.add_row(
-                preset.name, preset.family, kind.name, str(preset.adapter.n_blocks(preset.config, kind.name)),
-                f"{heads} x {head_dim}", f"{preset.adapter.rows(layout, kind.name):,}", str(preset.text_tokens),
-                f"{params / 1e6:,.1f} M" if params >= 1e5 else f"{params:,}",
-                _size(block_bytes(preset, kind.name)),
-            )
+    for r in rows:
+        params = r["params"]
+        table.add_row(r["preset"], r["family"], r["kind"], str(r["blocks"]), f"{r['heads']} x {r['head_dim']}",
+                      f"{r['rows']:,}", str(r["text_tokens"]),
+                      f"{params / 1e6:,.1f} M" if params >= 1e5 else f"{params:,}", _size(r["bytes"]))
     console = Console()
     if not console.is_terminal:  # piped: do not squeeze the table into 80 columns
         console = Console(width=130)
@@ -73,7 +66,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .presets import get_preset
+    from .preset_configs import get_preset
     from .synthetic import make_checkpoint, parse_blocks
 
     preset = get_preset(args.preset)
