@@ -1,5 +1,3 @@
-import sys
+from ditprof.cli import entry
 
-from ditprof.cli import main
-
-sys.exit(main())
+entry()

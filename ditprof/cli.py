@@ -63,5 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+def entry() -> None:
+    """The console script (and ``python -m ditprof``). An interrupted run exits 130 with ``os._exit``: a Ctrl-C
+    that landed inside C code evaluating Python (torch's library registration during import) makes the
+    interpreter turn a normal exit into death by SIGINT at shutdown, although ``main`` handled it."""
+    import os
+
+    rc = main()
+    if rc == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
