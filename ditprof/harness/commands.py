@@ -11,7 +11,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     src.add_argument("--checkpoint", metavar="DIR_OR_REPO",
                      help="diffusers-format folder or Hugging Face repo id instead of a preset")
     src.add_argument("--block", type=int, default=0, metavar="I", help="block index (default 0)")
-    src.add_argument("--kind", default=None, help=argparse.SUPPRESS)  # double/single stack; preset default
+    src.add_argument("--kind", default=None, metavar="STACK",
+                     help="block stack: main, double / single (Flux, FLUX.2, HunyuanVideo), refiner (MiniMax-H3); "
+                          "default: the preset's (ditprof presets lists each stack)")
     att = p.add_argument_group("attention")
     if compare:
         att.add_argument("--baseline", metavar="BACKEND",
@@ -29,6 +31,10 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     run.add_argument("--height", type=int, metavar="H", help="pixel height (with --width, --frames)")
     run.add_argument("--width", type=int, metavar="W", help="pixel width")
     run.add_argument("--frames", type=int, metavar="F", help="video frames")
+    run.add_argument("--text-tokens", dest="text_tokens", type=int, metavar="N",
+                     help="prompt length in tokens (default: the preset's, or the pipeline's)")
+    run.add_argument("--batch", type=int, metavar="B", help="batch size (default 1)")
+    run.add_argument("--dtype", metavar="DTYPE", help="bfloat16 (default), float16 or float32")
     run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
                      help="cap GPU memory like a smaller card, e.g. 16GiB")
     run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
@@ -48,6 +54,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     ex.add_argument("--steps", type=int, metavar="S", help="denoising steps")
     ex.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
     p.add_argument("--out", metavar="DIR", help="output folder (default traces/<preset>-<timestamp>/)")
+    p.add_argument("--json", action="store_true",
+                   help="print report.json on stdout (schema ditprof.report/1, ditprof/harness/report.schema.json); "
+                        "the table and progress go to stderr")
 
 
 def _profile(args) -> int:

@@ -111,7 +111,8 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
 
     src = open_source(spec.source, spec.source_kind, spec.kind)
     est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype,
-                                 tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames)
+                                 tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames,
+                                 batch=getattr(spec, "batch", 1), text_tokens=getattr(spec, "text_tokens", None))
     _, block_bytes = block_size(src.family, src.config, src.kind, spec.dtype)
     peak = block_bytes + est["input_module_bytes"] + est["input_bytes"] + est["activation_bytes"]
     budget, budget_src = _budget(spec)

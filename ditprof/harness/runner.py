@@ -56,6 +56,12 @@ class RunSpec:
     yes: bool = False  # run even when the plan's time estimate is over time_limit_min
     time_limit_min: float = 15.0
     size_note: str = ""  # why the size is not the one the user or preset gave (CPU checkpoint default)
+    batch: int = 1
+    text_tokens: int | None = None  # prompt length (default: the preset's / the family's pipeline default)
+    json_out: bool = False  # --json: the report on stdout, everything else on stderr
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -119,6 +125,13 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         tokens = CPU_CHECKPOINT_TOKENS
         size_note = (f"no size given on CPU: a small default of {tokens} tokens (the pipeline's own size is the "
                      f"default on CUDA; --tokens or --height/--width/--frames to choose)")
+    dtype = DTYPES.get(getattr(args, "dtype", None) or "bfloat16")
+    if dtype is None:
+        raise DitprofError(f"--dtype {args.dtype!r} is not supported (use one of: {', '.join(DTYPES)})")
+    for opt in ("batch", "text_tokens"):
+        v = getattr(args, opt, None)
+        if v is not None and v < 1:
+            raise DitprofError(f"--{opt.replace('_', '-')} must be >= 1 (got {v})")
     limit = getattr(args, "time_limit", None)
     if limit is not None and limit <= 0:
         raise DitprofError(f"--time-limit must be > 0 minutes (got {limit})")
@@ -127,7 +140,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
     return RunSpec(
         command=command, source=source, source_kind=source_kind, block=args.block or 0,
         kind=getattr(args, "kind", None), device=device,
-        dtype=torch.bfloat16, baseline=baseline, swap=swap_name, tokens=tokens, height=args.height,
+        dtype=dtype, baseline=baseline, swap=swap_name, tokens=tokens, height=args.height,
         width=args.width, frames=args.frames, n_blocks=args.blocks, steps=args.steps, cfg=bool(args.cfg),
         gpu_memory=args.gpu_memory, out=out,
         warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
@@ -135,6 +148,8 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         seed=args.seed, sp=sp, sp_cross=getattr(args, "sp_cross", None) or "local",
         cuda_graph=getattr(args, "cuda_graph", True), yes=bool(getattr(args, "yes", False)),
         time_limit_min=limit if limit is not None else DEFAULT_TIME_LIMIT_MIN, size_note=size_note,
+        batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),
+        json_out=bool(getattr(args, "json", False)),
     )
 
 
@@ -173,7 +188,7 @@ def _model_section(spec: RunSpec, loaded: Any, inputs: Any) -> dict:
         "grid": str(g(inputs, "grid")) if g(inputs, "grid") is not None else None,
         # a packed family: how the one sequence splits into its modalities' rows, in words
         "layout": (g(inputs, "grid").describe() if getattr(g(inputs, "grid"), "packed", False) else None),
-        "batch": 1,
+        "batch": spec.batch,
         "dtype": str(spec.dtype).replace("torch.", ""),
         "block_params": g(loaded, "params"),
         "block_bytes": g(loaded, "bytes"),
@@ -256,7 +271,8 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
         loaded = load_block(spec.source, spec.block, kind=spec.kind, device=spec.device, dtype=spec.dtype,
                             progress=True)
         inputs = make_inputs(loaded, tokens=spec.tokens, height=spec.height, width=spec.width,
-                             frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype)
+                             frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype,
+                             batch=spec.batch, text_tokens=spec.text_tokens)
         check_inputs(getattr(inputs, "kwargs", {}))
         resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(getattr(inputs, "args", ())) + \
             _tensor_bytes(getattr(inputs, "kwargs", {}))
@@ -320,9 +336,9 @@ def _write(stage: Path, rep: dict, fail_after: str | None = None) -> None:
 
 def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] | None = None) -> int:
     spec = spec_from_args(args, command)
-    console = Console()
+    console = Console(stderr=spec.json_out)  # --json: stdout carries the report only
     if not console.is_terminal and console.width < 120:
-        console = Console(width=120)
+        console = Console(width=120, stderr=spec.json_out)
     if spec.sp is not None:
         from ditprof.harness.sequence_parallel import execute_sp
 
@@ -330,6 +346,9 @@ def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] |
     else:
         rep, out = execute(spec, console)
     report.print_summary(rep, str(out), console)
+    if spec.json_out:
+        sys.stdout.write(report.to_json(rep))
+        sys.stdout.flush()
     if on_done:
         on_done(rep, out)
     return 0

@@ -440,7 +440,8 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
                             progress=rank == 0)
         check_family(loaded.family, loaded.kind)
         full = make_inputs(loaded, tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames,
-                           seed=spec.seed, device=device, dtype=spec.dtype)
+                           seed=spec.seed, device=device, dtype=spec.dtype, batch=spec.batch,
+                           text_tokens=spec.text_tokens)
         check_degree(world, heads=loaded.heads, tokens=full.tokens)
         local = shard_inputs(loaded, full, rank, world)
         if rank != 0:

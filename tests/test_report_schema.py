@@ -1,0 +1,55 @@
+"""report.json follows its documented, versioned JSON Schema (ditprof/harness/report.schema.json); `--json`
+prints exactly that report on stdout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ditprof.cli import main
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report.schema.json").read_text())
+
+
+def _validate(rep: dict) -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    jsonschema.validate(rep, SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--preset", "wan-tiny"],
+    ["profile", "--preset", "flux2-tiny", "--kind", "single", "--batch", "2", "--text-tokens", "5",
+     "--dtype", "float32"],
+    ["compare", "--preset", "hunyuan-video-1.5-tiny"],  # the swap skipped: its mask masks positions
+])
+def test_json_stdout_is_the_report_and_follows_the_schema(tmp_path, capsys, argv):
+    out = tmp_path / "run"
+    assert main([*argv, "--device", "cpu", "--iters", "2", "--warmup", "1", "--json", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
+    _validate(printed)
+    assert printed == json.loads((out / "report.json").read_text())
+    if "--batch" in argv:
+        assert (printed["model"]["batch"], printed["model"]["text_tokens"], printed["model"]["dtype"]) == \
+            (2, 5, "float32")
+
+
+def test_schema_rejects_what_the_report_must_not_be():
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"schema": "ditprof.report/2"}, SCHEMA)
+    bad_run = {"label": "x", "attention_backend": "sdpa", "block_ms": {"median": 1.0, "min": 1.0, "max": 1.0},
+               "timing_source": "wall", "samples_ms": [1.0], "profiled_block_ms": 1.0, "profiler_overhead_pct": 0.0,
+               "split_mode": "cpu", "split_ms": {}, "split_total_ms": 1.0, "attention_share": 0.5, "top_ops": [],
+               "peak_memory_bytes": 1, "trace": "t", "tb_trace": "t"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad_run, SCHEMA["$defs"]["run"])
+
+
+def test_bad_dtype_batch_text_tokens_are_one_line(capsys):
+    for argv, words in ((["--dtype", "int8"], "--dtype 'int8' is not supported"),
+                        (["--batch", "0"], "--batch must be >= 1"), (["--text-tokens", "0"], "--text-tokens must be")):
+        assert main(["profile", "--preset", "wan-tiny", "--device", "cpu", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
