@@ -48,8 +48,8 @@ def test_compare_files(compare_run):
         assert (out / name).is_file(), name
     assert (out / "split.png").read_bytes()[:8] == PNG_MAGIC
     assert "ditprof compare" in (out / "report.md").read_text()
-    tb = sorted((out / "tb").glob("*.pt.trace.json"))
-    assert [p.name.split(".")[0] for p in tb] == ["baseline", "swapped"]
+    tb = sorted((out / "tb").glob("*/*.pt.trace.json"))
+    assert [p.parent.name for p in tb] == ["baseline", "swapped"]
     # nothing half-written or staged next to the run folder
     assert not [p for p in out.parent.iterdir() if p.name != out.name]
     assert not [p for p in out.rglob(".*")]
@@ -128,14 +128,19 @@ def test_profile_single_backend(one_thread, tmp_path):
 
 
 def test_tb_loads_in_hta(compare_run):
+    """tb/<run>/ is one HTA job per measurement: one trace, no made-up distributed info (a before/after pair is
+    two runs, not two ranks of one job)."""
     hta = pytest.importorskip("hta.trace_analysis")
     out, _ = compare_run
-    analysis = hta.TraceAnalysis(trace_dir=str(out / "tb"))
-    assert sorted(analysis.t.traces) == [0, 1]  # baseline = rank 0, swapped = rank 1
-    for rank in (0, 1):
-        df = analysis.t.get_trace(rank)
+    assert sorted(p.name for p in (out / "tb").iterdir()) == ["baseline", "swapped"]
+    for run in ("baseline", "swapped"):
+        (trace_file,) = (out / "tb" / run).glob("*.pt.trace.json")
+        assert "distributedInfo" not in json.loads(trace_file.read_text())
+        analysis = hta.TraceAnalysis(trace_dir=str(out / "tb" / run))
+        assert sorted(analysis.t.traces) == [0]
+        df = analysis.t.get_trace(0)
         names = set(analysis.t.symbol_table.get_sym_table()[i] for i in df["name"].unique())
-        assert ATTENTION_RANGE in names
+        assert ATTENTION_RANGE in names and BLOCK_RANGE in names
 
 
 _TB_SCRIPT = """
@@ -149,28 +154,29 @@ if __name__ == "__main__":
 
 
 def test_tb_loads_in_torch_tb_profiler(compare_run, tmp_path):
+    """`tensorboard --logdir tb` sees one run per measurement; the plugin parses each and its loader finds the
+    profile of that run's worker."""
     pytest.importorskip("torch_tb_profiler")
     from torch_tb_profiler import consts
     from torch_tb_profiler.profiler.data import RunProfileData
     from torch_tb_profiler.profiler.run_generator import RunGenerator
 
     out, _ = compare_run
-    tb = out / "tb"
-    workers = []
-    for f in sorted(os.listdir(tb)):
-        m = consts.WORKER_PATTERN.match(f)
-        assert m, f
-        data = RunProfileData.parse(m.group(1), m.group(2), str(tb / f), str(tmp_path))
-        profile = RunGenerator(m.group(1), m.group(2), data).generate_run_profile()
-        assert "Operator" in [v.display_name for v in profile.views]
-        workers.append(profile.worker)
-    assert workers == ["baseline", "swapped"]
-    # the plugin's own loader (spawned worker processes), as TensorBoard runs it
     script = tmp_path / "tbload.py"
     script.write_text(_TB_SCRIPT)
-    res = subprocess.run([sys.executable, str(script), str(tb)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "['baseline', 'swapped']" in res.stdout
+    for run in ("baseline", "swapped"):
+        folder = out / "tb" / run
+        (f,) = os.listdir(folder)
+        m = consts.WORKER_PATTERN.match(f)
+        assert m and m.group(1) == run, f
+        data = RunProfileData.parse(m.group(1), m.group(2), str(folder / f), str(tmp_path))
+        profile = RunGenerator(m.group(1), m.group(2), data).generate_run_profile()
+        assert "Operator" in [v.display_name for v in profile.views]
+        # the plugin's own loader (spawned worker processes), as TensorBoard runs it on this run folder
+        res = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert f"['{run}']" in res.stdout
 
 
 def test_cli_subprocess(tmp_path):
@@ -201,7 +207,7 @@ def test_one_run_per_folder(one_thread, tmp_path):
     assert cli.main(["profile", *common]) == 0
     names = {p.name for p in out.iterdir()}
     assert "swapped.trace.json.gz" not in names and "notes.txt" in names
-    assert [p.name.split(".")[0] for p in (out / "tb").glob("*.pt.trace.json")] == ["baseline"]
+    assert [p.name for p in (out / "tb").iterdir()] == ["baseline"]
     written = json.loads((out / "ditprof-files.json").read_text())["entries"]
     assert set(written) == names - {"notes.txt", "ditprof-files.json"}
     # an older run (no manifest): its report's file list says what it wrote

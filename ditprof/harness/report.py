@@ -346,7 +346,9 @@ def markdown(report: dict) -> str:
               "## Files", ""]
     lines += [f"- `{f}`" for f in report["files"]]
     lines += ["", "Open the `.trace.json.gz` files in https://ui.perfetto.dev or chrome://tracing; point "
-              "TensorBoard (torch-tb-profiler) or HolisticTraceAnalysis at `tb/`.", ""]
+              "TensorBoard (torch-tb-profiler: `tensorboard --logdir tb`, one run per measurement) at `tb/`, and "
+              "HolisticTraceAnalysis at one run's folder (`TraceAnalysis(trace_dir=\"tb/baseline\")`; an `--sp` "
+              "run's folder holds one trace per rank).", ""]
     for sec in (report["baseline"], report["swapped"]):
         if not sec:
             continue

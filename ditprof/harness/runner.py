@@ -233,7 +233,6 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
         try:
             run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
                           workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                          rank=0 if label == "baseline" else 1,
                           on_phase=_Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
         except NonFiniteOutput as exc:
             raise DitprofError(f"{exc}: {first_nonfinite(loaded.module, lambda: inputs.run(loaded.module))}") \

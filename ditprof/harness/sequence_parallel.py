@@ -350,7 +350,7 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
             swap.norm_ranges(loaded.module), deferred_finite_checks():
         dist.barrier()
         run = measure(lambda: local.run(loaded.module), label=name, backend=b.name, device=device, workdir=work,
-                      warmup=spec.warmup, iters=spec.iters, resident_bytes=resident, rank=None,
+                      warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
                       on_phase=_Phases(progress, f"{label} ({b.name}), rank 0 of {world}"),
                       cuda_graph=False)  # NCCL all-to-alls inside a captured graph: not attempted
     # the trace next to the others, the tb trace into this run's HTA job folder

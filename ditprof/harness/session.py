@@ -168,21 +168,6 @@ def _cpu_peak_from_trace(trace: dict) -> int:
     return peak
 
 
-def _tag_rank(path: Path, rank: int) -> None:
-    """Give the trace a ``distributedInfo.rank`` so HolisticTraceAnalysis, which reads a folder as one job
-    with one trace per rank, loads baseline (rank 0) and swapped (rank 1) side by side instead of keeping
-    one of two rank-less files."""
-    from ditprof.harness.atomic import write_bytes
-
-    data = path.read_bytes()
-    head = data[:4096].lstrip()
-    if not head.startswith(b"{") or b'"distributedInfo"' in head:
-        return
-    i = data.index(b"{") + 1
-    tag = b'\n  "distributedInfo": {"rank": %d, "world_size": 2, "backend": "none"},' % rank
-    write_bytes(path, data[:i] + tag + data[i:])
-
-
 def measure(
     run_block: Callable[[], torch.Tensor],
     *,
@@ -193,7 +178,6 @@ def measure(
     warmup: int = 3,
     iters: int = 10,
     resident_bytes: int = 0,
-    rank: int | None = None,
     on_phase: Callable[[str, int, int], None] | None = None,
     cuda_graph: bool = True,
 ) -> BackendRun:
@@ -201,7 +185,7 @@ def measure(
     ``cuda_graph`` (GPU): also time CUDA-graph replays of the block (``time_block_graph``)."""
     phase = on_phase or (lambda *a: None)
     workdir = Path(workdir)
-    tb_dir = workdir / "tb"
+    tb_dir = workdir / "tb" / label  # one TensorBoard run / HTA job per measurement
     tb_dir.mkdir(parents=True, exist_ok=True)
 
     def call():
@@ -269,8 +253,6 @@ def measure(
     if not new:
         raise RuntimeError("torch.profiler wrote no trace")
     tb_file = new[-1]
-    if rank is not None:
-        _tag_rank(tb_file, rank)
     trace = load_trace(tb_file)
     split = split_trace(trace, mode="cuda" if device.type == "cuda" else "cpu")
     trace_name = f"{label}.trace.json.gz"
