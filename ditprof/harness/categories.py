@@ -275,10 +275,11 @@ def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]]
     for b in used:
         for key, us in per_block_op.get(b, {}).items():
             ops[key] += us
-    top = sorted(ops.items(), key=lambda kv: -kv[1])[:12]
-    top_ops = [{"op": op, "category": cat, "ms": us / 1000.0 / n} for (op, cat), us in top]
-    out = Split(mode, len(blocks), split_ms, total, share, [s / 1000.0 for s in span_list], dict(resolved), top_ops)
+    every = [{"op": op, "category": cat, "ms": us / 1000.0 / n} for (op, cat), us in
+             sorted(ops.items(), key=lambda kv: -kv[1])]
+    out = Split(mode, len(blocks), split_ms, total, share, [s / 1000.0 for s in span_list], dict(resolved), every[:12])
     out.iterations_used = len(used)
+    out.op_ms = every  # every launching op (ditprof diff); the report keeps the top 12
     return out
 
 

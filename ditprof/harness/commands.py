@@ -104,7 +104,63 @@ def _backends(args) -> int:
     return 0
 
 
+def _diff(args) -> int:
+    import json as _json
+    import sys as _sys
+    from datetime import datetime
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ditprof.errors import DitprofError
+    from ditprof.harness import atomic
+    from ditprof.harness import diff as D
+
+    if args.top < 1:
+        raise DitprofError(f"--top must be >= 1 (got {args.top})")
+    a, b = D.open_side(args.run_a), D.open_side(args.run_b)
+    d = D.diff(a, b, top=args.top)
+    out = Path(args.out) if args.out else Path("traces") / (
+        f"diff-{a.folder.name}-vs-{b.folder.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    with atomic.staged_dir(out) as stage:
+        atomic.write_bytes(stage / "diff.png", D.png(d))
+        atomic.write_text(stage / "diff.md", D.markdown(d))
+        atomic.write_text(stage / "diff.json", _json.dumps(d, indent=1) + "\n")
+    console = Console(stderr=args.json)
+    v = d["block_ms"]["verdict"]
+    table = Table(title=f"ditprof diff  A: {d['a']['name']}\n              B: {d['b']['name']}", title_justify="left")
+    for col in ("category / op", "A ms", "B ms", "B − A ms"):
+        table.add_column(col, justify="left" if col.startswith("category") else "right")
+    table.add_row("block (median)", f"{d['block_ms']['a']['median']:.3f}", f"{d['block_ms']['b']['median']:.3f}",
+                  f"{d['block_ms']['b']['median'] - d['block_ms']['a']['median']:+.3f}"
+                  + (f" ({v['verdict']})" if v else ""))
+    for r in d["categories"]:
+        table.add_row(r["category"], f"{r['a_ms']:.3f}", f"{r['b_ms']:.3f}", f"{r['delta_ms']:+.3f}")
+    for r in d["ops"][:8]:
+        table.add_row(f"  {r['op'][:60]}", f"{r['a_ms']:.4f}", f"{r['b_ms']:.4f}", f"{r['delta_ms']:+.4f}")
+    console.print(table)
+    for note in d["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    console.print(f"outputs: {out}")
+    if args.json:
+        _sys.stdout.write(_json.dumps(d, indent=1) + "\n")
+    return 0
+
+
 def register(subparsers) -> None:
+    d = subparsers.add_parser("diff", help="what changed between two saved runs, per category and per op",
+                              description="Compare two run folders (profile or compare; any machines or backends): "
+                                          "per-category and per-op deltas, a table, diff.png, diff.json and diff.md. "
+                                          "A side is DIR or DIR:baseline / DIR:swapped (default: the swapped "
+                                          "measurement of a compare, the baseline of a profile).")
+    d.add_argument("run_a", metavar="RUN_A")
+    d.add_argument("run_b", metavar="RUN_B")
+    d.add_argument("--top", type=int, default=15, help="ops listed (default 15)")
+    d.add_argument("--out", metavar="DIR", help="output folder (default traces/diff-<a>-vs-<b>-<timestamp>/)")
+    d.add_argument("--json", action="store_true", help="print diff.json on stdout (schema ditprof.diff/1)")
+    d.set_defaults(func=_diff)
+
     p = subparsers.add_parser("profile", help="profile one block with one attention backend",
                               description="Profile one transformer block: time, GPU time split, extrapolation.")
     _common(p, compare=False)
