@@ -193,6 +193,8 @@ def test_cli_subprocess(tmp_path):
     for text in ("attention share", "fp8-emulated", "sdpa", "model time (2 blocks)", "numerics only", str(out)):
         assert text in res.stdout, text
     assert "Amdahl" not in res.stdout
+    # stdout is a pipe here: progress comes as lines with elapsed times, one per phase
+    assert "baseline (sdpa): warm-up 1/1, done in" in res.stdout and "swapped (fp8-emulated): profiling" in res.stdout
     assert (out / "report.json").is_file()
 
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from ditprof.errors import DitprofError
 from ditprof.harness import atomic, backends, plots, report, swap
@@ -19,6 +19,7 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
 from ditprof.harness.memory import memory_budget, parse_size
+from ditprof.harness.progress import make_progress
 from ditprof.harness.run_plan import check_plan, make_plan
 from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
@@ -276,8 +277,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
         resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(getattr(inputs, "args", ())) + \
             _tensor_bytes(getattr(inputs, "kwargs", {}))
         with atomic.staged_dir(out) as stage:
-            progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+            progress = make_progress(console)
             with progress:
                 base_run = _measure_backend(spec, loaded, inputs, "baseline", base_b, stage, progress, resident)
                 if fail_after == "baseline":

@@ -422,8 +422,8 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
               init_method: str, threads: int | None = None, group_ready: bool = False) -> dict | None:
     """Everything one rank does; rank 0 returns the report (and writes the run files into ``stage``)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from ditprof.harness.progress import make_progress
     from ditprof.harness.runner import _tensor_bytes, _write
     from ditprof.model_blocks import load_block, make_inputs
 
@@ -447,8 +447,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
         if rank != 0:
             full = None  # only rank 0 runs the single-device reference
         resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(local.args) + _tensor_bytes(local.kwargs)
-        progress = (Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=console, transient=True) if console else None)
+        progress = make_progress(console) if console else None
         runs = {}
         with progress if progress is not None else contextlib.nullcontext():
             for label, b in (("baseline", base_b), ("swapped", swap_b)):

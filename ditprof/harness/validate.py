@@ -430,10 +430,9 @@ def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: _Clock
 # --------------------------------------------------------------------------- the command
 
 def _progress(console):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from ditprof.harness.progress import make_progress
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=True)
+    return make_progress(console)
 
 
 def _sync(device: torch.device) -> None:
