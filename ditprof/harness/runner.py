@@ -321,12 +321,21 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
     )
 
 
-def _write(stage: Path, rep: dict, fail_after: str | None = None) -> None:
-    runs = [rep["baseline"]] + ([rep["swapped"]] if rep["swapped"] else [])
+def plot_title(rep: dict) -> str:
+    """split.png's title: what ran, in which time unit; for --sp, which rank's columns these are."""
     m = rep["model"]
     unit = "GPU kernel time" if rep["baseline"]["split_mode"] == "cuda" else "CPU op self time"
     title = f"{m.get('preset') or m.get('checkpoint')} block {m['block_index']}, {m['tokens']} tokens ({unit})"
-    atomic.write_bytes(stage / "split.png", plots.split_png(runs, title))
+    sp = rep.get("sp")
+    if sp:  # the columns are one rank's: say which
+        title += (f"\nrank {rep['baseline'].get('rank', 0)} of {sp['degree']} (the slowest), "
+                  f"{sp['tokens_per_rank']} tokens per rank")
+    return title
+
+
+def _write(stage: Path, rep: dict, fail_after: str | None = None) -> None:
+    runs = [rep["baseline"]] + ([rep["swapped"]] if rep["swapped"] else [])
+    atomic.write_bytes(stage / "split.png", plots.split_png(runs, plot_title(rep), note=plots.speedup_note(rep)))
     atomic.write_text(stage / "report.md", report.markdown(rep))
     if fail_after == "write":
         raise DitprofError("forced failure while writing (test)")
