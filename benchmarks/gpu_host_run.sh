@@ -67,6 +67,12 @@ reliability)  # session 7: the plan, noise verdicts and NaN checks on the GPU
   step refuse-16g 60 python -m ditprof profile --preset hunyuan-video --kind single --gpu-memory 8GiB --out "$out/refuse-16g"
   step gpu-tests 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py tests/test_cuda_graph.py tests/test_validate.py
   ;;
+hta)  # session 7: record a small GPU trace for the CI HTA test, run the GPU HTA test
+  step record 120 python -m ditprof compare --preset wan-tiny --device cuda --iters 3 --warmup 1 --no-cuda-graph --out "$out/rec"
+  mkdir -p "$out/hta-data/wan-tiny-h200-baseline" "$out/hta-data/wan-tiny-h200-swapped"
+  for r in baseline swapped; do gzip -c "$out"/rec/tb/$r/*.pt.trace.json > "$out/hta-data/wan-tiny-h200-$r/$r.h200.pt.trace.json.gz"; done
+  step hta-gpu-test 200 python -m pytest -q -p no:cacheprovider tests/test_hta.py tests/test_diff.py
+  ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
   step validate-h3 220 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --cfg --out "$out/validate-h3"
