@@ -68,9 +68,9 @@ reliability)  # session 7: the plan, noise verdicts and NaN checks on the GPU
   step gpu-tests 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py tests/test_cuda_graph.py tests/test_validate.py
   ;;
 hta)  # session 7: record a small GPU trace for the CI HTA test, run the GPU HTA test
-  step record 120 python -m ditprof compare --preset wan-tiny --device cuda --iters 3 --warmup 1 --no-cuda-graph --out "$out/rec"
-  mkdir -p "$out/hta-data/wan-tiny-h200-baseline" "$out/hta-data/wan-tiny-h200-swapped"
-  for r in baseline swapped; do gzip -c "$out"/rec/tb/$r/*.pt.trace.json > "$out/hta-data/wan-tiny-h200-$r/$r.h200.pt.trace.json.gz"; done
+  step record 120 python -m ditprof compare --preset h3-mini --tokens 1024 --device cuda --iters 3 --warmup 1 --no-cuda-graph --out "$out/rec"
+  mkdir -p "$out/hta-data/h3-mini-h200-baseline" "$out/hta-data/h3-mini-h200-swapped"
+  for r in baseline swapped; do gzip -c "$out"/rec/tb/$r/*.pt.trace.json > "$out/hta-data/h3-mini-h200-$r/$r.h200.pt.trace.json.gz"; done
   step hta-gpu-test 200 python -m pytest -q -p no:cacheprovider tests/test_hta.py tests/test_diff.py
   ;;
 main)

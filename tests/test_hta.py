@@ -29,7 +29,7 @@ def test_hta_on_a_fresh_gpu_run(tmp_path):
     from ditprof.cli import main
 
     out = tmp_path / "run"
-    assert main(["compare", "--preset", "wan-tiny", "--device", "cuda", "--iters", "3", "--warmup", "1",
+    assert main(["compare", "--preset", "h3-mini", "--tokens", "1024", "--device", "cuda", "--iters", "3", "--warmup", "1",
                  "--no-cuda-graph", "--out", str(out)]) == 0
     for run in ("baseline", "swapped"):
         check_hta(out / "tb" / run)
