@@ -55,8 +55,18 @@ def is_all_attend(mask: torch.Tensor) -> bool:
 
 
 def accepts_mask(fn: Callable) -> bool:
-    """Whether a registry backend takes ``attn_mask`` (else only all-attend masks can be dropped)."""
-    return _accepts(fn, "attn_mask")
+    """Whether a registry backend takes a mask: ``attn_mask`` (any mask) or ``key_mask`` (key padding); else
+    only all-attend masks can be dropped."""
+    return _accepts(fn, "attn_mask") or _accepts(fn, "key_mask")
+
+
+def _keys_unchecked(mask: torch.Tensor, sk: int) -> torch.Tensor:
+    """(B, S_k) attended keys of a mask already checked (``kernels.masks.key_mask``) for this shape: device ops
+    only, no host sync, so the timed calls stay asynchronous."""
+    m = mask if mask.dtype == torch.bool else (mask == 0 if mask.is_floating_point() else mask != 0)
+    if m.dim() == 2:
+        return m.expand(m.shape[0], sk)
+    return m.expand(*m.shape[:3], sk)[:, 0].any(dim=1)
 
 
 def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable:
@@ -68,6 +78,7 @@ def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable
     ``masks`` (optional) collects what happened, for the report.
     """
     takes_mask = _accepts(fn, "attn_mask")
+    takes_keys = not takes_mask and _accepts(fn, "key_mask")
     verified: set[tuple] = set()
     if masks is None:
         masks = {}
@@ -82,6 +93,15 @@ def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable
             if takes_mask:
                 kw["attn_mask"] = attn_mask
                 masks["passed"] = masks.get("passed", 0) + 1
+            elif takes_keys:
+                key = (tuple(attn_mask.shape), attn_mask.dtype, attn_mask.device)
+                if key not in verified:  # the form is checked once per shape (a host sync), during warm-up
+                    from ditprof.kernels.masks import key_mask
+
+                    key_mask(attn_mask, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+                    verified.add(key)
+                kw["key_mask"] = _keys_unchecked(attn_mask, k.shape[1])
+                masks["key_padding"] = masks.get("key_padding", 0) + 1
             else:
                 key = (tuple(attn_mask.shape), attn_mask.dtype, attn_mask.device)
                 if key not in verified:

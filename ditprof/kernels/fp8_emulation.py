@@ -147,12 +147,30 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
 
 
 def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
-                           smooth_k: bool = True, return_lse: bool = False):
+                           smooth_k: bool = True, return_lse: bool = False,
+                           key_mask: Optional[torch.Tensor] = None):
     """FP8 attention numerics. q (B, Sq, H, D), k and v (B, Sk, H, D), bf16/fp16/fp32, any device.
 
+    ``key_mask`` (B, Sk) bool: only the keys marked True take part, per batch item (a padded prompt) -- their
+    mean for the smoothing, their amax for the descales and their scores, exactly as if the others were absent.
     Returns o (B, Sq, H, D) in q's dtype, and with ``return_lse`` also the natural-log LSE, fp32 (B, H, Sq).
     """
     check_inputs(q, k, v)
+    if key_mask is not None:
+        if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (k.shape[0], k.shape[1]):
+            raise DitprofError(f"key_mask must be bool (B, Sk) = {(k.shape[0], k.shape[1])}, got "
+                               f"{key_mask.dtype} {tuple(key_mask.shape)}")
+        if bool(key_mask.all()):
+            key_mask = None  # every key: the unmasked path
+    if key_mask is not None:  # one batch item at a time, over its own keys
+        if not bool(key_mask.any(dim=-1).all()):
+            raise DitprofError("key_mask masks every key of a batch item")
+        parts = [fp8_attention_emulated(q[b:b + 1], k[b:b + 1, key_mask[b]], v[b:b + 1, key_mask[b]],
+                                        scale=scale, smooth_k=smooth_k, return_lse=return_lse)
+                 for b in range(q.shape[0])]
+        if not return_lse:
+            return torch.cat(parts, dim=0)
+        return torch.cat([p[0] for p in parts], dim=0), torch.cat([p[1] for p in parts], dim=0)
     B, Sq, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     qf, kf, vf = (x.transpose(1, 2).float() for x in (q, k, v))  # (B, H, S, D)
@@ -189,8 +207,8 @@ _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does n
 
 @register("fp8-emulated", description="FP8 kernel numerics emulated in torch (e4m3 Q/K/V, P x256 per 32-key "
           "strip, fp32 accumulate); runs anywhere, slowly", numerics_only=True)
-def fp8_emulated_backend(q, k, v, *, scale=None):
-    return fp8_attention_emulated(q, k, v, scale=scale)
+def fp8_emulated_backend(q, k, v, *, scale=None, key_mask=None):
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask)
 
 
 __all__ = [

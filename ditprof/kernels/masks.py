@@ -1,0 +1,64 @@
+"""Key-padding masks: the attention masks diffusers' processors pass for padded prompts, as one boolean per key.
+
+Processors pass a boolean mask (True = attend) or an additive float bias (0 = attend, a large negative number =
+masked), shaped to broadcast over (B, H, S_q, S_k): (B, S_k), (B, 1, 1, S_k), or a full (B, 1, S_q, S_k) built as
+``m_i & m_j`` (HunyuanVideo-1.5: padded query rows mask everything). All of these are one key subset per batch
+item on every query row that attends to anything; rows that attend to nothing are padding, whose outputs the
+model never reads. ``key_mask`` returns that subset as a (B, S_k) bool tensor; a mask that is not one (a soft
+bias, a mask that differs between heads or between real query rows) is a one-line error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditprof.errors import DitprofError
+
+MASKED_BELOW = -1e3  # an additive bias this negative (or -inf) masks its key: exp() of it is 0 in fp32 softmax
+
+
+def _as_bool(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.is_floating_point():
+        return mask != 0  # integer 0/1 masks (what tokenizers return)
+    keep, drop = mask == 0, mask <= MASKED_BELOW
+    if not bool((keep | drop).all()):
+        raise DitprofError("the attention mask is a soft additive bias (values other than 0 and a large negative "
+                           "number): it is not a key-padding mask, which is all the fp8 backends take")
+    return keep
+
+
+def key_mask(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) -> torch.Tensor:
+    """(B, S_k) bool, True where the key is attended, from any mask form above; one host sync (the checks)."""
+    m = _as_bool(mask)
+    if m.dim() == 2:
+        m = m[:, None, None, :]
+    if m.dim() != 4:
+        raise DitprofError(f"attention mask of shape {tuple(mask.shape)}: expected (B, S_k) or 4-D broadcasting "
+                           f"to (B, H, S_q, S_k) = ({batch}, {heads}, {sq}, {sk})")
+    try:
+        m = m.expand(batch, m.shape[1], m.shape[2], sk)
+    except RuntimeError:
+        raise DitprofError(f"attention mask of shape {tuple(mask.shape)} does not broadcast to (B, H, S_q, S_k) = "
+                           f"({batch}, {heads}, {sq}, {sk})") from None
+    if m.shape[1] != 1 and not bool((m == m[:, :1]).all()):
+        raise DitprofError("the attention mask differs between heads: not a key-padding mask")
+    m = m[:, 0]  # (B, S_q or 1, S_k)
+    rows = m.any(dim=-1, keepdim=True)  # query rows that attend to something
+    keys = m.any(dim=1)  # (B, S_k)
+    if not bool(((m == keys[:, None, :]) | ~rows).all()):
+        raise DitprofError("the attention mask differs between query rows: not a key-padding mask "
+                           "(the fp8 backends take one key subset per batch item)")
+    if not bool(keys.any(dim=-1).all()):
+        raise DitprofError("the attention mask masks every key of a batch item")
+    return keys
+
+
+def prefix_lengths(keys: torch.Tensor) -> list[int] | None:
+    """Per batch item the number of attended keys when they are a prefix (valid first, padding last), else None."""
+    lengths = keys.sum(dim=-1)
+    pos = torch.arange(keys.shape[-1], device=keys.device)
+    if bool((keys == (pos[None, :] < lengths[:, None])).all()):
+        return [int(x) for x in lengths.tolist()]
+    return None
