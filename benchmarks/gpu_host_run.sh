@@ -73,6 +73,11 @@ hta)  # session 7: record a small GPU trace for the CI HTA test, run the GPU HTA
   for r in baseline swapped; do gzip -c "$out"/rec/tb/$r/*.pt.trace.json > "$out/hta-data/h3-mini-h200-$r/$r.h200.pt.trace.json.gz"; done
   step hta-gpu-test 200 python -m pytest -q -p no:cacheprovider tests/test_hta.py tests/test_diff.py
   ;;
+op)  # session 7: the custom op on the GPU (key masks vs float64, inductor), compile time, HunyuanVideo-1.5 with fp8
+  step op-gpu-tests 250 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_op_gpu.py tests/test_fp8_kernel_gpu.py tests/test_fp8_sm90_gpu.py
+  step compile-time 300 python benchmarks/compile_time.py --json "$out/compile-time.json"
+  step compare-hv15-fp8 250 python -m ditprof compare --preset hunyuan-video-1.5 --out "$out/compare-hv15-fp8"
+  ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
   step validate-h3 220 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --cfg --out "$out/validate-h3"

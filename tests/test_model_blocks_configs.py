@@ -193,10 +193,14 @@ def test_masked_family_sdpa_baseline_is_exact_and_compare_says_the_swap_needs_ma
     assert rep["swapped"]["attention_masks"]["key_padding"] >= 1 and "swap_skipped" not in rep
     assert rep["accuracy"]["block_output_rel_rms"] < 0.02
     assert rep["model"]["attention_mask"].startswith("the text stream is padded to 1985 rows")
-    # the CUDA kernel does not take masks yet: the report would say so instead of failing
+    # a backend that takes no mask is reported as not run instead of failing; ours take key masks
+    from types import SimpleNamespace
+
     from ditprof.harness.runner import swap_skipped
     from ditprof.kernels import registry
 
-    why = swap_skipped(registry.get("fp8"), rep["model"]["attention_mask"])
-    assert "fp8 was not run" in why and "needs key-padding mask support" in why
-    assert swap_skipped(registry.get("fp8-emulated"), rep["model"]["attention_mask"]) is None
+    plain = SimpleNamespace(name="plain", fn=lambda q, k, v, *, scale=None: q)
+    why = swap_skipped(plain, rep["model"]["attention_mask"])
+    assert "plain was not run" in why and "needs key-padding mask support" in why
+    for name in ("fp8", "fp8-emulated"):
+        assert swap_skipped(registry.get(name), rep["model"]["attention_mask"]) is None

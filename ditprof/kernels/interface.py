@@ -266,12 +266,31 @@ def deferred_finite_checks():
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
                   scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True,
-                  kernel: Optional[str] = None):
+                  kernel: Optional[str] = None, key_mask: Optional[torch.Tensor] = None):
     """FP8 attention (our CuTe DSL kernel).  q (B,Sq,H,D), k/v (B,Sk,H,D) for ``layout="BSHD"``
     ((B,H,S,D) for ``"BHSD"``), bf16 or fp16, CUDA.  Returns o in q's dtype and layout, and with
     ``return_lse`` also the log-sum-exp (B,H,Sq) float32 of the scaled scores (natural log, of the
     original scores: the K-smoothing shift ``scale * q . mean(k)`` is added back).  ``kernel``: ``None``/"auto"
-    picks by arch (``fp8-sm90`` on Hopper, ``fp8-sm120`` elsewhere); naming one forces it."""
+    picks by arch (``fp8-sm90`` on Hopper, ``fp8-sm120`` elsewhere); naming one forces it.
+
+    The common call (BSHD, no LSE, smoothing on, the kernel chosen by arch) goes through the custom op
+    ``torch.ops.ditprof.fp8_attention`` (``kernels.op``: torch.compile sees one node); ``key_mask`` (B, Sk) bool
+    is taken there only."""
+    if layout == "BSHD" and not return_lse and smooth_k and kernel is None and isinstance(q, torch.Tensor):
+        from ditprof.kernels.op import fp8_attention as op_entry
+
+        _validate(q, k, v, layout, scale)
+        return op_entry(q, k, v, scale=scale, key_mask=key_mask)
+    if key_mask is not None:
+        raise DitprofError("key_mask is taken by the BSHD call without return_lse (torch.ops.ditprof.fp8_attention)")
+    return fp8_attention_kernel(q, k, v, layout=layout, scale=scale, return_lse=return_lse, smooth_k=smooth_k,
+                                kernel=kernel)
+
+
+def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
+                         scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True,
+                         kernel: Optional[str] = None):
+    """The kernel call itself (prep + launch + finiteness check); ``fp8_attention`` documents the arguments."""
     _validate(q, k, v, layout, scale)
     q, k, v = (_inner_contiguous(x) for x in (q, k, v))
     kernel = kernel_name_for_arch(arch_for_capability(torch.cuda.get_device_capability(q.device)), kernel)
@@ -304,5 +323,5 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
         return out, lse
 
 
-__all__ = ["fp8_attention", "deferred_finite_checks", "arch_for_capability", "kernel_name_for_arch", "KERNELS", "get_compiled", "launch_prepared", "clear_cache",
+__all__ = ["fp8_attention", "fp8_attention_kernel", "deferred_finite_checks", "arch_for_capability", "kernel_name_for_arch", "KERNELS", "get_compiled", "launch_prepared", "clear_cache",
            "COMPILE_STATS", "SUPPORTED_HEAD_DIMS"]

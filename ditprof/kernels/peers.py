@@ -166,10 +166,10 @@ def _fp8_available(device: torch.device) -> tuple[bool, str]:
 
 @register("fp8", description="our FP8 FlashAttention kernels (CuTe DSL): wgmma fp8-sm90 on Hopper, "
                              "mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available)
-def fp8(q, k, v, *, scale=None):
-    from ditprof.kernels.interface import fp8_attention  # lazy: importing it pulls in CuTe DSL
+def fp8(q, k, v, *, scale=None, key_mask=None):
+    from ditprof.kernels.op import fp8_attention  # the custom op; the kernel (CuTe DSL) loads at the first call
 
-    return fp8_attention(q, k, v, layout="BSHD", scale=scale)
+    return fp8_attention(q, k, v, scale=scale, key_mask=key_mask)
 
 
 __all__ = ["FP8_KERNEL_CAPABILITIES", "FA4_CAPABILITY_MAJORS"]

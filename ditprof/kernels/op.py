@@ -1,0 +1,84 @@
+"""``torch.ops.ditprof.fp8_attention``: the FP8 attention as a torch custom op.
+
+torch.compile treats it as one opaque node (``register_fake`` gives the output's shape and checks the inputs
+during tracing, so bad input is the same one-line ``DitprofError`` under compile), so a block with the swap compiles
+with ``fullgraph=True`` without dynamo tracing into the kernel's Python. CUDA runs our CuTe DSL kernel
+(``interface``); any other device runs the numerics emulation, so the op works everywhere.
+
+Key-padding masks (``key_mask`` (B, Sk) bool): the emulation takes any key subset. The CUDA kernels take
+prefix masks (valid keys first, padding last: what padded prompts are after diffusers' processors reorder them),
+run per batch item over its valid keys; the lengths are read on the host (one sync a call).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ditprof.errors import DitprofError
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:
+    """What the op checks on shapes and dtypes alone (also under compile, on fake tensors)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise DitprofError(f"fp8 attention: {name} must be 4-D (B, S, H, D), got shape {tuple(x.shape)}")
+        if x.dtype not in _DTYPES:
+            raise DitprofError(f"fp8 attention takes bfloat16 or float16, {name} is {x.dtype}")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise DitprofError(f"fp8 attention supports head_dim {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}")
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
+        raise DitprofError(f"fp8 attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must agree "
+                           f"in batch, heads and head_dim (and k, v in length)")
+    if key_mask is not None and (key_mask.dtype != torch.bool or tuple(key_mask.shape) != tuple(k.shape[:2])):
+        raise DitprofError(f"fp8 attention: key_mask must be bool (B, Sk) = {tuple(k.shape[:2])}, got "
+                           f"{key_mask.dtype} {tuple(key_mask.shape)}")
+
+
+@torch.library.custom_op("ditprof::fp8_attention", mutates_args=())
+def fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """o (B, Sq, H, D) in q's dtype; q (B, Sq, H, D), k and v (B, Sk, H, D)."""
+    check(q, k, v, key_mask)
+    if q.device.type != "cuda":
+        from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+
+        return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask)
+    from ditprof.kernels.interface import fp8_attention_kernel
+
+    if key_mask is None:
+        return fp8_attention_kernel(q, k, v, scale=scale)
+    from ditprof.kernels.masks import prefix_lengths
+
+    lengths = prefix_lengths(key_mask)
+    if lengths is None:
+        raise DitprofError("the fp8 CUDA kernels take key masks whose valid keys come first (a padded prompt); "
+                           "this one masks keys in the middle")
+    if min(lengths) == k.shape[1]:
+        return fp8_attention_kernel(q, k, v, scale=scale)
+    if len(set(lengths)) == 1:
+        n = lengths[0]
+        return fp8_attention_kernel(q, k[:, :n], v[:, :n], scale=scale)
+    return torch.cat([fp8_attention_kernel(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale=scale)
+                      for b, n in enumerate(lengths)], dim=0)
+
+
+@fp8_attention_op.register_fake
+def _(q, k, v, scale, key_mask=None):
+    check(q, k, v, key_mask)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
+                  key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Python entry: the default scale (1/sqrt(head_dim)) and a one-line error for a bad scale, then the op."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
+    return torch.ops.ditprof.fp8_attention(q, k, v, float(scale), key_mask)
