@@ -78,6 +78,10 @@ op)  # session 7: the custom op on the GPU (key masks vs float64, inductor), com
   step compile-time 300 python benchmarks/compile_time.py --json "$out/compile-time.json"
   step compare-hv15-fp8 250 python -m ditprof compare --preset hunyuan-video-1.5 --out "$out/compare-hv15-fp8"
   ;;
+op2)  # session 7: HunyuanVideo-1.5 in the accuracy table (key masks), host cost per call with the op
+  step accuracy-hv15 200 python -m ditprof accuracy-table --device cuda --presets hunyuan-video-1.5 --out "$out/accuracy-hv15"
+  step host-overhead 150 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
   step validate-h3 220 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --cfg --out "$out/validate-h3"

@@ -17,8 +17,8 @@ from ditprof.errors import DitprofError
 ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
 CPU_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "qwen-image", "flux.1-dev", "hunyuan-video", "ltx-video",
                         "cogvideox-5b")
-# hunyuan-video-1.5 is left out: its mask masks positions, which the fp8 swap cannot take yet
-CUDA_ACCURACY_PRESETS = CPU_ACCURACY_PRESETS + ("flux.2-dev", "ltx-2")
+# hunyuan-video-1.5's mask masks positions: the fp8 backends take it as per-batch key subsets
+CUDA_ACCURACY_PRESETS = CPU_ACCURACY_PRESETS + ("flux.2-dev", "ltx-2", "hunyuan-video-1.5")
 CUDA_ACCURACY_TOKENS = (1024, 4096, 16384)
 CPU_ACCURACY_TOKENS = (256, 1024)
 
