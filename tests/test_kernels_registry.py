@@ -1,5 +1,4 @@
 import sys
-import types
 
 import pytest
 import torch
