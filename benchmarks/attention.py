@@ -45,24 +45,6 @@ def parse_shape(text: str) -> tuple[str, dict]:
     return text, dict(B=B, H=H, Sq=Sq, Sk=Sk, D=D)
 
 
-def parse_options(text: str) -> dict:
-    """'a=1,b=true,c=sts' -> {'a': 1, 'b': True, 'c': 'sts'} (ints, booleans, else strings)."""
-    out = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, sep, val = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        low = val.strip().lower()
-        if low in ("true", "false"):
-            out[key.strip()] = low == "true"
-        else:
-            try:
-                out[key.strip()] = int(val)
-            except ValueError:
-                out[key.strip()] = val.strip()
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="h3", help="comma list of h3, wan14b, quick; or one B,H,Sq,D[,Sk] "
@@ -72,9 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="warm-up runs per entry (default 3; quick 2)")
     p.add_argument("--only", default=None, help=f"comma list of entries to run, from: {', '.join(ALL_ENTRIES)}")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="input dtype of q, k, v")
-    p.add_argument("--sm90-options", default=None, metavar="K=V,...",
-                   help="override fp8_fwd_sm90.DEFAULT_OPTIONS for this run (e.g. exp_turns=1,consumer_wgs=3); "
-                        "recorded in the JSON")
     p.add_argument("--json", dest="json_path", default=None, help="output JSON path")
     p.add_argument("--no-json", action="store_true", help="write no JSON")
     return p
@@ -292,13 +271,15 @@ def bench_shape(label, shp, args, only):
             "prep_min_bytes": prep_bytes, "entries": records}
 
 
-def _sm90_effective(overrides: dict) -> dict | None:
-    """The fp8-sm90 kernel's full option set of this run (defaults of this code version + overrides)."""
+def _sm90_config() -> dict | None:
+    """The fp8-sm90 kernel's shipped configuration (head_dim 128), recorded in the JSON."""
     try:
-        from ditprof.kernels.fp8_fwd_sm90 import options
+        from dataclasses import asdict
+
+        from ditprof.kernels.fp8_fwd_sm90 import config_for
     except Exception:  # noqa: BLE001 - no cutlass here: nothing to record
         return None
-    return options(**overrides)
+    return asdict(config_for("sm_90a", 128))
 
 
 def main(argv=None) -> int:
@@ -322,16 +303,6 @@ def main(argv=None) -> int:
         print(f"benchmarks/attention.py: {why}; nothing to measure on this machine.", file=sys.stderr)
         return 1
 
-    sm90_overrides = {}
-    if args.sm90_options:
-        try:
-            sm90_overrides = parse_options(args.sm90_options)
-            from ditprof.kernels import fp8_fwd_sm90
-
-            fp8_fwd_sm90.DEFAULT_OPTIONS.update(fp8_fwd_sm90.options(**sm90_overrides))
-        except (ValueError, TypeError) as exc:
-            print(f"error: --sm90-options: {exc}", file=sys.stderr)
-            return 2
     env = environment()
     print(f"{env['gpu']} ({env['gpu_capability']}), torch {env['torch']}, CUDA {env['cuda_runtime']}, "
           f"cuDNN {env['cudnn']}, cutlass-dsl {env['cutlass_dsl']}, triton {env['triton']}", flush=True)
@@ -351,7 +322,7 @@ def main(argv=None) -> int:
     payload = {
         "benchmark": "attention",
         "env": env,
-        "config": {"sm90_option_overrides": sm90_overrides, "sm90_options": _sm90_effective(sm90_overrides),
+        "config": {"sm90_config": _sm90_config(),
                    "iters": args.iters, "warmup": args.warmup, "shapes": [s for s, _ in shapes],
                    "entries": only, "flops_formula": "4*B*H*Sq*Sk*D",
                    "prep_bytes_formula": "B*H*D*((Sq+2Sk)*2*elem + (Sq+2Sk))"},

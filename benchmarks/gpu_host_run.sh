@@ -32,7 +32,7 @@ timelines() {  # timelines OPTS...: one sm90_timeline.py run per kernel option s
   local o
   for o in "$@"; do
     [ "$o" = default ] && o=""
-    step "timeline-${o:-default}" 200 python benchmarks/sm90_timeline.py --opts "$o" --out "$out/timeline"
+    step "timeline-${o:-default}" 200 python benchmarks/experimental/sm90_timeline.py --opts "$o" --out "$out/timeline"
   done
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
@@ -74,7 +74,7 @@ hta)  # session 7: record a small GPU trace for the CI HTA test, run the GPU HTA
   step hta-gpu-test 200 python -m pytest -q -p no:cacheprovider tests/test_hta.py tests/test_diff.py
   ;;
 op)  # session 7: the custom op on the GPU (key masks vs float64, inductor), compile time, HunyuanVideo-1.5 with fp8
-  step op-gpu-tests 250 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_op_gpu.py tests/test_fp8_kernel_gpu.py tests/test_fp8_sm90_gpu.py
+  step op-gpu-tests 250 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_op_gpu.py tests/test_fp8_kernel_gpu.py benchmarks/experimental/test_fp8_sm90_variants_gpu.py
   step compile-time 300 python benchmarks/compile_time.py --json "$out/compile-time.json"
   step compare-hv15-fp8 250 python -m ditprof compare --preset hunyuan-video-1.5 --out "$out/compare-hv15-fp8"
   ;;
@@ -94,10 +94,10 @@ extra)
   step gpu-tests 150 python -m pytest -q -x -m gpu -p no:cacheprovider tests/test_fp8_kernel_gpu.py tests/test_validate.py tests/test_fp8_emulation.py
   ;;
 diag)
-  step sweep 330 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
+  step sweep 330 python benchmarks/experimental/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
   for v in ${NCU_VARIANTS:-default}; do
     step "ncu-$v" 150 ncu --clock-control none --set full --import-source no -k regex:Sm90Fp8 --launch-skip 1 \
-      --launch-count 1 -f -o "$out/ncu-$v" python benchmarks/sm90_sweep.py --ncu-child "$v"
+      --launch-count 1 -f -o "$out/ncu-$v" python benchmarks/experimental/sm90_sweep.py --ncu-child "$v"
     ncu -i "$out/ncu-$v.ncu-rep" --page details --csv > "$out/ncu-$v-details.csv" 2>&1
     ncu -i "$out/ncu-$v.ncu-rep" --page source --csv --print-source sass > "$out/ncu-$v-sass.csv" 2>&1
     ncu -i "$out/ncu-$v.ncu-rep" --page raw --csv > "$out/ncu-$v-raw.csv" 2>&1
@@ -106,19 +106,19 @@ diag)
   mkdir -p "$out/ncu" && mv "$out"/ncu-*.csv "$out/ncu/" 2>/dev/null
   ;;
 probe)
-  step mufu-wgmma 150 python benchmarks/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
+  step mufu-wgmma 150 python benchmarks/experimental/mufu_wgmma_overlap.py --json "$out/mufu-wgmma-overlap.json"
   [ -n "${FINITE_TESTS:-}" ] && step finite-tests 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py
-  [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider benchmarks/experimental/test_fp8_sm90_variants_gpu.py
   ;;
 final)
-  step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider benchmarks/experimental/test_fp8_sm90_variants_gpu.py
   step attention-bench 240 python benchmarks/attention.py --shapes h3 --iters 5 --json "$out/attention.json"
   ;;
 compare)
   step compare-h3 280 python -m ditprof compare --out "$out/compare-h3"
   ;;
 sweep)
-  step sweep 400 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
+  step sweep 400 python benchmarks/experimental/sm90_sweep.py --out "$out" --rounds 2 --iters 6 ${SWEEP_VARIANTS:+--variants $SWEEP_VARIANTS}
   timelines ${TIMELINE_OPTS:-}
   ;;
 graphs)  # session 5: CUDA-graph replay timing (GPU tests, then compare on h3 and on two small blocks)
@@ -130,13 +130,13 @@ graphs)  # session 5: CUDA-graph replay timing (GPU tests, then compare on h3 an
   ;;
 host)  # session 5: host overhead per attention call (launch paths), then graph tests + small-block compares
   step host-overhead 200 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
-  step tvm-test 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k tvm_ffi
+  step tvm-test 150 python -m pytest -q -m gpu -p no:cacheprovider benchmarks/experimental/test_fp8_sm90_variants_gpu.py -k tvm_ffi
   step graph-tests 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_graph.py
   for p in ${GRAPH_PRESETS:-ltx-video flux.1-dev}; do
     step "compare-$p" 150 python -m ditprof compare --preset "$p" --out "$out/compare-$p"
   done
   [ -n "${FINITE_TESTS:-}" ] && step finite-tests 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_finite_checks.py
-  [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py tests/test_fp8_kernel_gpu.py tests/test_prep.py
+  [ -n "${WITH_TESTS:-}" ] && step sm90-tests 300 python -m pytest -q -m gpu -p no:cacheprovider benchmarks/experimental/test_fp8_sm90_variants_gpu.py tests/test_fp8_kernel_gpu.py tests/test_prep.py
   ;;
 sp)  # Ulysses over NCCL: the default block (h3) at SP degree P, then the same block on one GPU of this host
   P=${SP:-2}
@@ -154,16 +154,16 @@ timeline)
   ;;
 lazy)  # session 4: lazy_max / pv_split=1 sweep + timelines (LAZY_TESTS=1: the lazy_max GPU tests instead)
   if [ -n "${LAZY_TESTS:-}" ]; then
-    step lazy-tests 400 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py -k "lazy or vs_float64 or biased"
+    step lazy-tests 400 python -m pytest -q -m gpu -p no:cacheprovider benchmarks/experimental/test_fp8_sm90_variants_gpu.py -k "lazy or vs_float64 or biased"
   else
-    step sweep 330 python benchmarks/sm90_sweep.py --out "$out" --rounds 2 --iters 6 --variants ${SWEEP_VARIANTS:-default,lazy,split1,lazy-split1}
+    step sweep 330 python benchmarks/experimental/sm90_sweep.py --out "$out" --rounds 2 --iters 6 --variants ${SWEEP_VARIANTS:-default,lazy,split1,lazy-split1}
     timelines ${TIMELINE_OPTS:-lazy_max=True}
   fi
   ;;
 issue6)
   step accuracy-table 330 python -m ditprof accuracy-table --device cuda --out "$out/accuracy-table"
   step feasibility 300 python benchmarks/feasibility.py --device cuda --json "$out/feasibility-cuda.json"
-  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8_sm90_gpu.py
+  step sm90-tests 240 python -m pytest -q -m gpu -p no:cacheprovider benchmarks/experimental/test_fp8_sm90_variants_gpu.py
   ;;
 esac
 # at most 8 files come back: pack the folders and the logs

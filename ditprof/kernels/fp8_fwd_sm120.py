@@ -21,7 +21,6 @@ output ``o`` with row stride ``o_stride_s`` and batch/head strides (BSHD or BHSD
 from __future__ import annotations
 
 import math
-import os
 from typing import Type
 
 import cuda.bindings.driver as cuda
@@ -418,7 +417,8 @@ def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
                     write_lse: bool = True, early_v: bool | None = None, extra_options: str = ""):
     """Compile the kernel for ``arch`` (e.g. ``sm_120a``, ``sm_89``, ``sm_90a``) with placeholder
     pointers; works on a machine without a GPU.  Returns the compiled callable."""
-    os.environ["CUTE_DSL_ARCH"] = arch
+    from ditprof.kernels.cute_arch import cute_dsl_arch
+
     if out_dtype not in _DTYPES:
         raise ValueError(f"out_dtype {out_dtype!r} not supported")
     if early_v is None:
@@ -438,4 +438,5 @@ def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
         cute.runtime.make_fake_stream(),
     )
     options = f"--gpu-arch {arch} {extra_options}".strip()
-    return cute.compile(op, *args, options=options)
+    with cute_dsl_arch(arch):  # ops that check the arch read it at trace time
+        return cute.compile(op, *args, options=options)

@@ -207,22 +207,18 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
     if arch not in archs:
         raise DitprofError(f"kernel {kernel} compiles for {', '.join(archs)}, not {arch!r}")
     nvdisasm = find_nvdisasm()
-    old_arch = os.environ.get("CUTE_DSL_ARCH")
+    from ditprof.kernels.cute_arch import cute_dsl_arch
+
     with tempfile.TemporaryDirectory(prefix="ditprof-sass-") as tmp:
         t0 = time.perf_counter()
         try:
-            with _CaptureFds() as cap:
+            with _CaptureFds() as cap, cute_dsl_arch(arch):
                 _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype)
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise DitprofError(f"compiling {kernel} for {arch} failed: {first}") from exc
-        finally:
-            if old_arch is None:
-                os.environ.pop("CUTE_DSL_ARCH", None)
-            else:
-                os.environ["CUTE_DSL_ARCH"] = old_arch
         compile_s = time.perf_counter() - t0
         cubins = glob.glob(os.path.join(tmp, "*.cubin"))
         if not cubins:

@@ -35,7 +35,7 @@ def _lse_tol(**cfg):
 
 
 def test_tile_n_matches_default():
-    from ditprof.kernels.fp8_fwd_sm90 import DEFAULT_OPTIONS
+    from fp8_fwd_sm90_variants import DEFAULT_OPTIONS
 
     assert DEFAULT_OPTIONS["tile_n"] == TILE_N
 
@@ -51,7 +51,7 @@ def _cos(x, ref):
 
 def _run(prep, scale, dtype=torch.bfloat16, **cfg):
     """run_sm90 into NaN-poisoned o (B,Sq,H,D) and lse (B,H,Sq)."""
-    from ditprof.kernels.fp8_fwd_sm90 import run_sm90
+    from fp8_fwd_sm90_variants import run_sm90
 
     B, H, _, D = prep.q8.shape
     o = torch.full((B, prep.sq, H, D), float("nan"), dtype=dtype, device="cuda")
@@ -64,7 +64,7 @@ def _run(prep, scale, dtype=torch.bfloat16, **cfg):
 
 def _sum_p8(**cfg):
     """Does this kernel configuration sum the e4m3 P (sum_mma) for l?"""
-    from ditprof.kernels.fp8_fwd_sm90 import options
+    from fp8_fwd_sm90_variants import options
 
     return options(**cfg)["sum_mma"]
 
@@ -75,7 +75,7 @@ def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=None, lazy_slack=None):
     l sums the fp32 P*256, or with ``sum_p8`` (the kernel's sum_mma option) the e4m3 values the P V GEMM sees.
     ``lazy_slack`` (the lazy_max option): after the first tile, a group of 16 rows (one warp) keeps its reference
     m unless some row's tile max rose more than lazy_slack (exp2 units) above it."""
-    from ditprof.kernels.fp8_fwd_sm90 import sm90_key_order_for_positions
+    from fp8_fwd_sm90_variants import sm90_key_order_for_positions
 
     sum_p8 = _sum_p8() if sum_p8 is None else sum_p8  # the default configuration's choice
     q = prep.q8.float()[:, :, : prep.sq]
@@ -316,7 +316,7 @@ def test_sm90_long_keys_biased_v(cfg):
                          ids=["lazy", "lazy-split1", "lazy-n128split4"])
 @pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
 def test_sm90_lazy_max_vs_model(cfg, shape):
-    from ditprof.kernels.fp8_fwd_sm90 import LAZY_MAX_SLACK
+    from fp8_fwd_sm90_variants import LAZY_MAX_SLACK
 
     _need_sm90()
     _check_vs_model(shape, cfg, sum_p8=True, lazy_slack=LAZY_MAX_SLACK)
@@ -374,7 +374,7 @@ def test_sm90_tvm_ffi_launch_matches_jit(monkeypatch):
     """Both launch paths (TVM-FFI with raw pointers, cute's JIT executor) run the same cubin on the same
     arguments: bit-identical output; with apache-tvm-ffi installed the default path is TVM-FFI."""
     _need_sm90()
-    from ditprof.kernels import fp8_fwd_sm90 as K
+    import fp8_fwd_sm90_variants as K
 
     prep, scale = _small_case((2, 3, 77, 77, 128))
     monkeypatch.setenv("DITPROF_TVM_FFI", "0")

@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # the GPU tests import their shared helpers as a top-level module
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fp8_fwd_sm90_variants
 
 # name -> options (overrides of fp8_fwd_sm90.DEFAULT_OPTIONS). Variants with the same (tile_n, poly_every, poly_degree,
 # sum_mma, max_chains, lazy_max) must give bit-identical results (the other options only schedule the same arithmetic): each is checked bitwise
@@ -112,7 +113,7 @@ def main() -> int:
 
     import torch
 
-    from ditprof.kernels import fp8_fwd_sm90 as K
+    import fp8_fwd_sm90_variants as K
     from ditprof.kernels.prep import fp8_prepare
     from tests.test_fp8_sm90_gpu import _emulate_sm90, _inputs, _rel_rms, _run
 
@@ -222,7 +223,7 @@ def main() -> int:
                             rel_rms_base=_rel_rms(o, base_o), lse_max_diff=(l - base_l).abs().max().item())
         del o, l
     del h3_outs
-    from ditprof.kernels.fp8_fwd_sm90 import run_sm90
+    from fp8_fwd_sm90_variants import run_sm90
 
     out = torch.empty((B, Sq, H, D), dtype=torch.bfloat16, device="cuda")
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device="cuda")

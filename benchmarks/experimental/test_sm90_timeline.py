@@ -9,7 +9,7 @@ pytest.importorskip("cutlass")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import sm90_timeline as T  # noqa: E402
-from ditprof.kernels import fp8_fwd_sm90 as K  # noqa: E402
+import fp8_fwd_sm90_variants as K  # noqa: E402
 
 
 def _stamps(pv, qk, soft, stagger, n_wg=3, tiles=40):

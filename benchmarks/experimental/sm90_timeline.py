@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,7 +39,7 @@ def parse_opts(text: str) -> dict:
 def phases_from_stamps(stamps, n_warps: int, n_tiles: int, tiles: int):
     """stamps: one head's LSE row (floats). Returns per warp a list of (tile, phase, t_begin, t_end) and the
     producer's issue times [(tile, t_k, t_v)]."""
-    from ditprof.kernels.fp8_fwd_sm90 import TRACE_PRODUCER
+    from fp8_fwd_sm90_variants import TRACE_PRODUCER
 
     per_warp = []
     last = min(n_tiles, tiles)
@@ -163,7 +163,7 @@ def main() -> int:
 
     import torch
 
-    from ditprof.kernels import fp8_fwd_sm90 as K
+    import fp8_fwd_sm90_variants as K
     from ditprof.kernels.prep import fp8_prepare
     from common import environment, print_table, write_json
 
