@@ -82,6 +82,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 import cuda.bindings.driver as cuda
 
+from ditprof.kernels.key_order import key_order_for_positions
+
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -94,17 +96,8 @@ SUM_COLS = 8  # width of the ones tile of the row-sum wgmma (the narrowest wgmma
 MAX_CHAINS = 4  # independent FMNMX chains per row in the softmax: shorter dependency latency
 
 
-def sm90_key_order_for_positions(positions):
-    """Key held at each V storage position for this kernel (ints or integer tensors).
-
-    Same permutation as the mma.sync seed kernel (see module docstring for why it also fits wgmma's
-    accumulator -> e4m3 A-operand register layouts): inside each 16-key group, position p holds key
-    g + 8*(e//2) + 2*quad + e%2 with g = p//16*16, quad = (p%16)//4, e = p%4.
-    """
-    group = positions // 16 * 16
-    quad = (positions % 16) // 4
-    element = positions % 4
-    return group + 8 * (element // 2) + 2 * quad + element % 2
+# the mma.sync kernel's permutation also fits wgmma's accumulator -> e4m3 A-operand registers (module docstring)
+sm90_key_order_for_positions = key_order_for_positions
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,13 @@ def _prepare_torch(q, k, v, smooth_k=True, layout="BSHD"):
     """Fallback prep (only used when ``ditprof.kernels.prep`` cannot be imported); same contract."""
     from types import SimpleNamespace
 
+    from ditprof.kernels.key_order import key_order_for_positions
+    from ditprof.kernels.prep import padded_lengths
+
     qs, ks, vs = (x if layout == "BSHD" else x.transpose(1, 2) for x in (q, k, v))
     B, Sq, H, D = qs.shape
     Sk = ks.shape[1]
-    sq_pad, sk_pad = -(-Sq // 128) * 128, -(-Sk // 32) * 32
+    sq_pad, sk_pad = padded_lengths(Sq, Sk)
     qf, kf, vf = (x.transpose(1, 2).float() for x in (qs, ks, vs))  # (B,H,S,D)
     k_mean = None
     if smooth_k:
@@ -90,8 +93,7 @@ def _prepare_torch(q, k, v, smooth_k=True, layout="BSHD"):
         out[:, :, : x.shape[2]] = (x / scales[:, :, i, None, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
         return out
 
-    pos = torch.arange(sk_pad, device=q.device)
-    perm = pos // 16 * 16 + 8 * ((pos % 4) // 2) + 2 * ((pos % 16) // 4) + pos % 2
+    perm = key_order_for_positions(torch.arange(sk_pad, device=q.device))
     v8 = quant(vf, 2, sk_pad)
     v8t = v8.view(torch.uint8)[:, :, perm].transpose(2, 3).contiguous().view(torch.float8_e4m3fn)
     return SimpleNamespace(q8=quant(qf, 0, sq_pad), k8=quant(kf, 1, sk_pad), v8t=v8t, scales=scales,

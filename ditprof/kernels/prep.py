@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.key_order import key_order_for_positions
 
 FP8_MAX = 448.0
 Q_ROW_PAD = 128
@@ -75,14 +76,6 @@ def finish_finite_check(pending: Optional[tuple]) -> None:
 
 
 # ---------------------------------------------------------------- small shared helpers (no numerics)
-
-def key_order_for_positions(positions: torch.Tensor) -> torch.Tensor:
-    """Key held at each V position (the register-resident P order); same formula as kernels.key_order."""
-    group = positions // 16 * 16
-    quad = (positions % 16) // 4
-    element = positions % 4
-    return group + 8 * (element // 2) + 2 * quad + element % 2
-
 
 def padded_lengths(sq: int, sk: int) -> tuple[int, int]:
     return -(-sq // Q_ROW_PAD) * Q_ROW_PAD, -(-sk // K_ROW_PAD) * K_ROW_PAD

@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ditprof.kernels.prep import K_ROW_PAD, Q_ROW_PAD
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Launch configuration (tunable; benchmarks/prep_check.py sweeps a few). QUANT_BLOCK must divide 128 and be a
@@ -66,7 +68,8 @@ _INT_MIN = tl.constexpr(-2147483648)
 
 @triton.jit
 def _key_for_position(p):
-    # position p inside each 16-key group holds key g + 8*(e//2) + 2*quad + e%2
+    # the device-side twin of key_order.key_order_for_positions (Triton cannot call it): position p inside each
+    # 16-key group holds key g + 8*(e//2) + 2*quad + e%2; the prep's tests compare the V layout with key_order
     g = (p // 16) * 16
     quad = (p % 16) // 4
     e = p % 4
@@ -398,8 +401,8 @@ def prepare_triton(
 
     B, Sq, H, D = q.shape
     Sk = k.shape[1]
-    Sq_pad = _cdiv(Sq, 128) * 128
-    Sk_pad = _cdiv(Sk, 32) * 32
+    Sq_pad = _cdiv(Sq, Q_ROW_PAD) * Q_ROW_PAD
+    Sk_pad = _cdiv(Sk, K_ROW_PAD) * K_ROW_PAD
     dev = q.device
     BH = B * H
     f8 = torch.float8_e4m3fn
