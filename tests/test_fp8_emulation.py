@@ -214,7 +214,7 @@ def test_non_finite_input_is_named(which, bad):
     ((8, 2, 32), (1, 8, 2, 32), (1, 8, 2, 32), torch.bfloat16, r"q must be 4-D \(B, S, H, D\)"),
     ((1, 8, 2, 32), (1, 8, 3, 32), (1, 8, 3, 32), torch.bfloat16, "must agree in batch, heads and head_dim"),
     ((1, 8, 2, 32), (1, 8, 2, 32), (1, 9, 2, 32), torch.bfloat16, "k and v must have the same shape"),
-    ((1, 0, 2, 32), (1, 8, 2, 32), (1, 8, 2, 32), torch.bfloat16, "q is empty"),
+    ((1, 0, 2, 32), (1, 8, 2, 32), (1, 8, 2, 32), torch.bfloat16, "empty input"),
 ])
 def test_bad_input_is_a_one_line_error(q_shape, k_shape, v_shape, dtype, message):
     q, k, v = (torch.ones(s).to(dtype) for s in (q_shape, k_shape, v_shape))

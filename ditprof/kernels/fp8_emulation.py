@@ -49,6 +49,7 @@ from typing import Optional
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.checks import check_key_mask, check_qkv
 from ditprof.kernels.registry import register
 
 FP8_MAX = 448.0
@@ -94,23 +95,8 @@ def quantize_per_head(x: torch.Tensor, descale: Optional[torch.Tensor] = None) -
 # ------------------------------------------------------------------------------------------ validation
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Shapes, dtypes and devices the emulation takes; one-line DitprofError otherwise."""
-    for name, x in zip(_NAMES, (q, k, v)):
-        if not isinstance(x, torch.Tensor):
-            raise DitprofError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise DitprofError(f"{name} must be 4-D (B, S, H, D), got shape {tuple(x.shape)}")
-        if x.dtype not in INPUT_DTYPES:
-            raise DitprofError(f"{name} must be bfloat16, float16 or float32, got {x.dtype}")
-        if x.numel() == 0:
-            raise DitprofError(f"{name} is empty: shape {tuple(x.shape)}")
-    if not (q.device == k.device == v.device):
-        raise DitprofError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise DitprofError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    (B, _, H, D), (Bk, _, Hk, Dk) = q.shape, k.shape
-    if (B, H, D) != (Bk, Hk, Dk):
-        raise DitprofError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and head_dim")
+    """Shapes, dtypes and devices the emulation takes (any device, fp32 too); one-line DitprofError otherwise."""
+    check_qkv(q, k, v, who="fp8-emulated", dtypes=INPUT_DTYPES)
 
 
 def _raise_if_nonfinite(descales: torch.Tensor) -> None:
@@ -157,9 +143,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     """
     check_inputs(q, k, v)
     if key_mask is not None:
-        if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (k.shape[0], k.shape[1]):
-            raise DitprofError(f"key_mask must be bool (B, Sk) = {(k.shape[0], k.shape[1])}, got "
-                               f"{key_mask.dtype} {tuple(key_mask.shape)}")
+        check_key_mask(key_mask, k)
         if bool(key_mask.all()):
             key_mask = None  # every key: the unmasked path
     if key_mask is not None:  # one batch item at a time, over its own keys

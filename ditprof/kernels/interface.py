@@ -16,10 +16,10 @@ from typing import Optional
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.checks import LAYOUTS, check_qkv  # noqa: F401 -- LAYOUTS re-exported
+from ditprof.kernels.op import SUPPORTED_HEAD_DIMS  # one definition, with the op's checks
 from ditprof.kernels.prep import finish_finite_check
 
-SUPPORTED_HEAD_DIMS = (64, 128)
-LAYOUTS = ("BSHD", "BHSD")
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 # (arch, head_dim, out dtype, tile config, flags) -> compiled kernel
@@ -112,35 +112,8 @@ def _prepare(q, k, v, smooth_k, layout):
 # ---------------------------------------------------------------------------------------------- checks
 
 def _validate(q, k, v, layout, scale):
-    if layout not in LAYOUTS:
-        raise DitprofError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise DitprofError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.device.type != "cuda":
-            raise DitprofError(f"fp8 attention needs CUDA tensors, {name} is on {x.device}")
-        if x.dtype not in _DTYPE_NAMES:
-            raise DitprofError(f"fp8 attention takes bfloat16 or float16, {name} is {x.dtype}")
-        if x.dim() != 4:
-            raise DitprofError(f"{name} must be 4-D ({layout}), got shape {tuple(x.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise DitprofError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise DitprofError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    s_ax, h_ax = (1, 2) if layout == "BSHD" else (2, 1)
-    D = q.shape[3]
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise DitprofError(f"fp8 attention supports head_dim {SUPPORTED_HEAD_DIMS}, got {D}")
-    if k.shape != v.shape:
-        raise DitprofError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)} ({layout})")
-    if k.shape[0] != q.shape[0] or k.shape[h_ax] != q.shape[h_ax] or k.shape[3] != D:
-        raise DitprofError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must agree in batch, heads and head_dim"
-        )
-    if min(q.shape[s_ax], k.shape[s_ax], q.shape[0], q.shape[h_ax]) < 1:
-        raise DitprofError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if q.shape[h_ax] > 65535 or q.shape[0] > 65535:
-        raise DitprofError(f"at most 65535 heads and batches, got q {tuple(q.shape)} ({layout})")
+    check_qkv(q, k, v, who="fp8 attention", layout=layout, head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda",
+              same_dtype=True, max_grid=65535)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
 

@@ -18,26 +18,15 @@ from typing import Optional
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.checks import check_key_mask, check_qkv
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:
     """What the op checks on shapes and dtypes alone (also under compile, on fake tensors)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise DitprofError(f"fp8 attention: {name} must be 4-D (B, S, H, D), got shape {tuple(x.shape)}")
-        if x.dtype not in _DTYPES:
-            raise DitprofError(f"fp8 attention takes bfloat16 or float16, {name} is {x.dtype}")
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise DitprofError(f"fp8 attention supports head_dim {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}")
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]:
-        raise DitprofError(f"fp8 attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must agree "
-                           f"in batch, heads and head_dim (and k, v in length)")
-    if key_mask is not None and (key_mask.dtype != torch.bool or tuple(key_mask.shape) != tuple(k.shape[:2])):
-        raise DitprofError(f"fp8 attention: key_mask must be bool (B, Sk) = {tuple(k.shape[:2])}, got "
-                           f"{key_mask.dtype} {tuple(key_mask.shape)}")
+    _, ks, _ = check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, same_dtype=True)
+    check_key_mask(key_mask, ks)
 
 
 @torch.library.custom_op("ditprof::fp8_attention", mutates_args=())

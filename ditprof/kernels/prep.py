@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.checks import check_qkv
 from ditprof.kernels.key_order import key_order_for_positions
 
 FP8_MAX = 448.0
@@ -87,30 +88,7 @@ def _to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 def _check_inputs(q, k, v, layout: str):
     """Validate and return (B,S,H,D)-indexed views (no copies)."""
-    if layout not in ("BSHD", "BHSD"):
-        raise DitprofError(f"layout must be 'BSHD' or 'BHSD', got {layout!r}")
-    for name, x in zip(_NAMES, (q, k, v)):
-        if not isinstance(x, torch.Tensor):
-            raise DitprofError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise DitprofError(f"{name} must be 4-D ({layout}), got shape {tuple(x.shape)}")
-        if x.dtype not in (torch.bfloat16, torch.float16):
-            raise DitprofError(f"{name} must be bfloat16 or float16, got {x.dtype}")
-    if not (q.device == k.device == v.device):
-        raise DitprofError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    qs, ks, vs = (_to_bshd(x, layout) for x in (q, k, v))
-    B, Sq, H, D = qs.shape
-    if ks.shape != vs.shape:
-        raise DitprofError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if ks.shape[0] != B or ks.shape[2] != H or ks.shape[3] != D:
-        raise DitprofError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} ({layout}) must agree in batch, heads and head_dim"
-        )
-    if Sq < 1 or ks.shape[1] < 1 or B < 1 or H < 1:
-        raise DitprofError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)} ({layout})")
-    if D < 16 or D > 256 or D & (D - 1):
-        raise DitprofError(f"head_dim must be a power of two in 16..256, got {D}")
-    return qs, ks, vs
+    return check_qkv(q, k, v, who="the fp8 prep", layout=layout, pow2_head_dim=True)
 
 
 def _raise_if_nonfinite(scales: torch.Tensor) -> None:
