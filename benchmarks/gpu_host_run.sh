@@ -82,6 +82,10 @@ op2)  # session 7: HunyuanVideo-1.5 in the accuracy table (key masks), host cost
   step accuracy-hv15 200 python -m ditprof accuracy-table --device cuda --presets hunyuan-video-1.5 --out "$out/accuracy-hv15"
   step host-overhead 150 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
   ;;
+sanity)  # session 7: after the sm90 trim and the shared checks: the shipped kernel's GPU tests, one compare
+  step kernel-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_fp8_op_gpu.py -k "vs_float64 or bad or cpu or key_masks or layouts"
+  step compare-h3-after 120 python -m ditprof compare --iters 5 --no-cuda-graph --out "$out/compare-h3-after"
+  ;;
 main)
   step compare-h3 250 python -m ditprof compare --out "$out/compare-h3"
   step validate-h3 220 python -m ditprof validate --preset h3 --blocks 50 --device cuda --steps 50 --cfg --out "$out/validate-h3"
