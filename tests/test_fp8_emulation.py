@@ -228,3 +228,36 @@ def test_cuda_emulation_matches_cpu():
     cpu = fp8_attention_emulated(q, k, v)
     gpu = fp8_attention_emulated(q.cuda(), k.cuda(), v.cuda()).cpu()
     assert compare(gpu, cpu.float())["rel_rms"] < 1e-2
+
+
+# ------------------------------------------------------------------ the accumulator model (sm_89 / sm_120 mma.sync)
+
+def test_truncate_mantissa():
+    from ditprof.kernels.fp8_emulation import truncate_mantissa
+
+    x = torch.tensor([1.0, 1.0 + 2 ** -13, 1.0 + 2 ** -14, -3.14159265, 0.0])
+    out = truncate_mantissa(x, 13).tolist()
+    assert out[:3] == [1.0, 1.0 + 2 ** -13, 1.0] and out[3] == -3.141357421875 and out[4] == 0.0
+
+
+def test_narrow_accumulator_loses_a_biased_v_across_strips_and_promotion_keeps_it():
+    """V with mean +6 over 8192 keys (256 strips): a 13-bit accumulator holding O across strips drops each strip's
+    small contribution's low bits every time (the loss grows with the key count); a fresh accumulator per strip
+    added in FP32 (two-level accumulation) stays at the FP32 result. A model of sm_89 / sm_120 hardware we have not
+    run (docs/ARCHITECTURE.md)."""
+    from ditprof.kernels.accuracy import make_inputs
+    from ditprof.kernels.reference import attention_reference
+
+    q, k, v = make_inputs("v_bias", (1, 1, 8192, 128), seed=5)
+    q = q[:, :128]
+    ref = attention_reference(q, k, v)
+
+    def rel(o):
+        return float((o.double() - ref).norm() / ref.norm())
+
+    exact = fp8_attention_emulated(q, k, v)
+    assert torch.equal(fp8_attention_emulated(q, k, v, acc_bits=None), exact)
+    across = rel(fp8_attention_emulated(q, k, v, acc_bits=13, acc_promote=False))
+    promoted = rel(fp8_attention_emulated(q, k, v, acc_bits=13, acc_promote=True))
+    assert rel(exact) <= 0.005 and promoted <= 0.005
+    assert across > 2 * promoted, (across, promoted)

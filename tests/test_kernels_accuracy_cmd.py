@@ -19,14 +19,19 @@ def run_json(capsys, *args):
 
 def test_accuracy_json_structure(capsys):
     result = run_json(capsys, "--seed", "3")
-    assert list(result) == ["gaussian", "peaky", "k_bias"]
+    assert list(result) == ["gaussian", "peaky", "k_bias", "outlier", "v_bias"]
     for family, rows in result.items():
         assert {"sdpa", "fp8-emulated"} <= set(rows), family
         for backend, metrics in rows.items():
             assert set(metrics) == METRICS and all(isinstance(x, float) for x in metrics.values())
-        # the bf16 baseline is far more accurate than FP8, and FP8 is still good
-        assert rows["sdpa"]["rel_rms"] < 0.01 < rows["fp8-emulated"]["rel_rms"] < 0.1
-        assert rows["fp8-emulated"]["cosine"] > 0.99
+        assert rows["sdpa"]["rel_rms"] < 0.01  # the bf16 baseline: the inputs and the reference are sound
+        if family in ("gaussian", "peaky", "k_bias"):
+            # far more accurate than FP8, and FP8 is still good
+            assert 0.01 < rows["fp8-emulated"]["rel_rms"] < 0.1 and rows["fp8-emulated"]["cosine"] > 0.99
+    # the outlier channels are what per-head FP8 scales handle worst (issue 18's open goal is <= 8 %)
+    assert result["outlier"]["fp8-emulated"]["rel_rms"] > result["gaussian"]["fp8-emulated"]["rel_rms"]
+    # a large V mean costs nothing with FP32 accumulation of each tile's P V
+    assert result["v_bias"]["fp8-emulated"]["rel_rms"] < 0.01
 
 
 def test_accuracy_no_smooth_k_and_cross_attention(capsys):

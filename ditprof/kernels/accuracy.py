@@ -5,6 +5,11 @@
 - ``k_bias``: K plus a large per-(batch, head, channel) bias ~ N(0, 8^2) shared by all tokens. It moves every
   score of a query row by the same q . bias, so attention is unchanged (softmax-invariant), but it blows up K's
   amax and with it the FP8 quantization step of K; K smoothing removes the bias exactly.
+- ``outlier``: 4 of the head_dim channels of Q and K (the same 4, drawn from the seed) x 20 -- what trained per-head
+  QK RMSNorm weights produce: with per-head scales the other channels' scores become coarse and the attention
+  peaked.
+- ``v_bias``: V plus 6 on every element: a large mean P V term that an accumulator with few mantissa bits loses
+  the small per-tile contributions against (``fp8_attention_emulated(acc_bits=...)`` models it).
 
 All three families derive from the same base draw (one seed), are cast to bf16 first, and the reference is
 computed from those bf16 tensors, so the numbers measure the backend, not input rounding.
@@ -21,9 +26,11 @@ from ditprof.kernels import registry
 from ditprof.kernels.fp8_emulation import fp8_attention_emulated
 from ditprof.kernels.reference import attention_reference
 
-FAMILIES = ("gaussian", "peaky", "k_bias")
+FAMILIES = ("gaussian", "peaky", "k_bias", "outlier", "v_bias")
 PEAKY_FACTOR = 3.0
 K_BIAS_STD = 8.0
+OUTLIER_CHANNELS, OUTLIER_FACTOR = 4, 20.0
+V_BIAS = 6.0
 DEFAULT_SHAPE = {"cpu": (1, 4, 1024, 128), "cuda": (1, 8, 4096, 128)}  # (B, H, S, D)
 INPUT_DTYPE = torch.bfloat16
 
@@ -52,10 +59,17 @@ def make_inputs(family: str, shape: Sequence[int], kv_len: Optional[int] = None,
     k = torch.randn(B, Sk, H, D, generator=gen)
     v = torch.randn(B, Sk, H, D, generator=gen)
     bias = torch.randn(B, 1, H, D, generator=gen) * K_BIAS_STD  # drawn for every family: same q, k, v
+    channels = torch.randperm(D, generator=gen)[:OUTLIER_CHANNELS]
     if family == "peaky":
         q = q * PEAKY_FACTOR
     elif family == "k_bias":
         k = k + bias
+    elif family == "outlier":
+        scale = torch.ones(D)
+        scale[channels] = OUTLIER_FACTOR
+        q, k = q * scale, k * scale
+    elif family == "v_bias":
+        v = v + V_BIAS
     return tuple(x.to(INPUT_DTYPE).to(device) for x in (q, k, v))  # type: ignore[return-value]
 
 

@@ -109,9 +109,26 @@ def _raise_if_nonfinite(descales: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------ attention
 
-def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scale: torch.Tensor):
+def truncate_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x`` (fp32) cut to ``bits`` explicit mantissa bits, rounding toward zero: an MMA accumulator narrower than
+    fp32's 23 bits that aligns its addends and drops what falls below its last bit (Ada / consumer Blackwell FP8
+    mma.sync keep about 13: SageAttention2's "FP22", thu-ml/SageAttention#287). Round-to-nearest would hide the
+    systematic loss that grows with the number of strips."""
+    m, e = torch.frexp(x)
+    step = float(2 ** (bits + 1))  # frexp's mantissa is in [0.5, 1): bits + 1 significant bits
+    return torch.ldexp(torch.trunc(m * step) / step, e)
+
+
+def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scale: torch.Tensor,
+                   acc_bits: Optional[int] = None, acc_promote: bool = True):
     """Online softmax over 32-key strips. q8 (B,H,n,D), k8/v8 (B,H,Sk,D) e4m3 values as fp32, qk_scale
-    (B,H,1,1). Returns unnormalised O (B,H,n,D) and the row state m (log2 domain), l, both (B,H,n)."""
+    (B,H,1,1). Returns unnormalised O (B,H,n,D) and the row state m (log2 domain), l, both (B,H,n).
+
+    ``acc_bits`` models the P V MMA's accumulator: each strip's P8 @ V8 is cut to that many mantissa bits (one
+    MMA's output, ``truncate_mantissa``). ``acc_promote=False``: O itself lives in that accumulator -- O <-
+    trunc(O * alpha + P8 @ V8),
+    the mma.sync kernel's accumulation across strips; True: each strip's product is added to an FP32 O (a fresh
+    accumulator per strip, two-level accumulation)."""
     B, H, n, D = q8.shape
     Sk = k8.shape[2]
     o = torch.zeros((B, H, n, D), dtype=torch.float32, device=q8.device)
@@ -127,18 +144,26 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
         p = torch.exp2(s.sub_(m_new[..., None]))
         l = l * alpha + p.sum(dim=-1)
         p8 = p.mul_(P_SCALE).to(FP8).float()
-        o.mul_(alpha[..., None]).add_(torch.matmul(p8, v8[:, :, keys]))
+        pv = torch.matmul(p8, v8[:, :, keys])
+        if acc_bits is None:
+            o.mul_(alpha[..., None]).add_(pv)
+        elif acc_promote:
+            o.mul_(alpha[..., None]).add_(truncate_mantissa(pv, acc_bits))
+        else:
+            o = truncate_mantissa(o.mul_(alpha[..., None]).add_(pv), acc_bits)
         m = m_new
     return o, m, l
 
 
 def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
                            smooth_k: bool = True, return_lse: bool = False,
-                           key_mask: Optional[torch.Tensor] = None):
+                           key_mask: Optional[torch.Tensor] = None, acc_bits: Optional[int] = None,
+                           acc_promote: bool = True):
     """FP8 attention numerics. q (B, Sq, H, D), k and v (B, Sk, H, D), bf16/fp16/fp32, any device.
 
     ``key_mask`` (B, Sk) bool: only the keys marked True take part, per batch item (a padded prompt) -- their
     mean for the smoothing, their amax for the descales and their scores, exactly as if the others were absent.
+    ``acc_bits`` / ``acc_promote``: the P V accumulator model of ``_strip_softmax`` (None: exact fp32).
     Returns o (B, Sq, H, D) in q's dtype, and with ``return_lse`` also the natural-log LSE, fp32 (B, H, Sq).
     """
     check_inputs(q, k, v)
@@ -150,7 +175,8 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
         if not bool(key_mask.any(dim=-1).all()):
             raise DitprofError("key_mask masks every key of a batch item")
         parts = [fp8_attention_emulated(q[b:b + 1], k[b:b + 1, key_mask[b]], v[b:b + 1, key_mask[b]],
-                                        scale=scale, smooth_k=smooth_k, return_lse=return_lse)
+                                        scale=scale, smooth_k=smooth_k, return_lse=return_lse, acc_bits=acc_bits,
+                                        acc_promote=acc_promote)
                  for b in range(q.shape[0])]
         if not return_lse:
             return torch.cat(parts, dim=0)
@@ -176,7 +202,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     chunk = max(1, _CHUNK_BYTES // (4 * B * H * D))
     for start in range(0, Sq, chunk):
         rows = slice(start, min(start + chunk, Sq))
-        o, m, l = _strip_softmax(q8[:, :, rows], k8, v8, qk_scale)
+        o, m, l = _strip_softmax(q8[:, :, rows], k8, v8, qk_scale, acc_bits, acc_promote)
         out[:, :, rows] = o * (pv_scale[:, :, None] / l)[..., None]
         if lse is not None:
             lse[:, :, rows] = m / LOG2E + torch.log(l)
@@ -203,5 +229,6 @@ __all__ = [
     "descale_per_head",
     "fp8_attention_emulated",
     "quantize_per_head",
+    "truncate_mantissa",
     "smooth_k",
 ]
