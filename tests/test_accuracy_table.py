@@ -58,3 +58,42 @@ def test_accuracy_table_bad_input(tmp_path):
     with pytest.raises(DitprofError, match="comma-separated"):
         call("accuracy-table", "--presets", "wan-tiny", "--tokens", "a,b", "--device", "cpu")
     assert not (tmp_path / "x").exists()
+
+
+def test_qk_outlier_variant_reaches_the_block_number(tmp_path, capsys):
+    """--qk-outliers: the synthetic QK-norm weights get 4 channels per head x 20 (as trained DiTs have), and the
+    block-level FP8 error shows it (issue 18)."""
+    import json
+
+    from ditprof.cli import main
+
+    rows = {}
+    for flag in ([], ["--qk-outliers"]):
+        out = tmp_path / ("o" if flag else "p")
+        assert main(["accuracy-table", "--device", "cpu", "--presets", "h3-mini", "--tokens", "256", "--json",
+                     "--out", str(out), *flag]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        assert rep["qk_outliers"] == bool(flag)
+        (row,) = rep["rows"]
+        rows[bool(flag)] = row
+    assert rows[False]["qk_outlier_norms"] == 0 and rows[True]["qk_outlier_norms"] == 2  # norm_q, norm_k
+    assert rows[True]["rel_rms"] > 5 * rows[False]["rel_rms"]
+
+
+def test_qk_outlier_norms_per_head_and_across_heads():
+    import torch
+
+    from ditprof.model_blocks.synthetic import QK_OUTLIER_FACTOR, qk_outlier_norms, synthetic_block
+
+    wan = synthetic_block("wan-tiny", 0, dtype=torch.float32)  # rms_norm_across_heads: (heads x head_dim,)
+    before = {n: p.clone() for n, p in wan.module.named_parameters()}
+    changed = qk_outlier_norms(wan.module, wan.head_dim, seed=1)
+    assert changed and all(n.split(".")[-2] in ("norm_q", "norm_k", "norm_added_q", "norm_added_k") for n in changed)
+    for name, p in wan.module.named_parameters():
+        ratio = (p / before[name]).view(-1).round(decimals=3)
+        if name in changed:
+            per_head = ratio.view(-1, wan.head_dim)
+            assert torch.equal(per_head, per_head[:1].expand_as(per_head))  # the same channels in every head
+            assert int((per_head[0] == QK_OUTLIER_FACTOR).sum()) == 4 and int((per_head[0] == 1).sum()) == 8
+        else:
+            assert torch.equal(p, before[name])

@@ -113,19 +113,20 @@ def _parse_list(text: str | None, what: str, conv=str) -> list:
 
 
 def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, swaps: list[str], *,
-                   baseline: str = "sdpa", seed: int = 0, console=None) -> dict:
+                   baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False) -> dict:
     """Block-output rel-RMS and cosine of each swap backend vs the baseline on the same inputs.
 
     One row per (preset, token count, backend). A token count a family cannot take is recorded as a row
-    with its reason, and the run goes on.
+    with its reason, and the run goes on. ``qk_outliers``: the synthetic QK-norm weights get a few large channels
+    per head (``synthetic.qk_outlier_norms``), as trained DiTs have.
     """
     import torch
 
     from ditprof.harness import backends, report, swap
     from ditprof.harness.environment import environment
     from ditprof.harness.validate import _progress
-    from ditprof.model_blocks.synthetic import synthetic_block
     from ditprof.model_blocks import get_preset, make_inputs
+    from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
 
     base = backends.resolve(baseline, device)
     sw = [backends.resolve(s, device) for s in swaps]
@@ -145,11 +146,12 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
                 progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
             lb = synthetic_block(preset, 0, device=device, seed=seed)
             heads, head_dim = lb.heads, lb.head_dim
+            outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
             for t in tokens:
                 if progress:
                     progress.update(task, description=f"accuracy table: {preset.name}, {t} tokens")
                 common = dict(preset=preset.name, family=fam.name, kind=lb.kind, heads=heads, head_dim=head_dim,
-                              tokens=t, baseline=base.name)
+                              tokens=t, baseline=base.name, qk_outlier_norms=len(outliers))
                 try:
                     inputs = make_inputs(lb, tokens=t, seed=seed, device=device)
                 except DitprofError as exc:
@@ -183,7 +185,9 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
         "backends": [s.name for s in sw],
         "presets": presets,
         "tokens": tokens,
-        "weights": f"synthetic block 0 of each preset (seed {seed}), bf16, generated on {device.type}",
+        "weights": f"synthetic block 0 of each preset (seed {seed}), bf16, generated on {device.type}"
+                   + ("; QK-norm weights with 4 channels per head x 20 (--qk-outliers)" if qk_outliers else ""),
+        "qk_outliers": qk_outliers,
         "inputs": "make_inputs(seed) at each token count; the same inputs for baseline and swap",
         "metric": "block output of the swap vs the baseline: rel-RMS = ||swap - base|| / ||base||, cosine",
         "rows": rows,
@@ -248,7 +252,8 @@ def cmd_accuracy_table(args) -> int:
     out = Path(args.out) if args.out else Path("traces") / f"accuracy-table-{_stamp()}"
     atomic.check_writable(out)
     console = _console(args.json)
-    rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed, console=console)
+    rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed, console=console,
+                         qk_outliers=args.qk_outliers)
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / "accuracy-table.md", accuracy_markdown(rep))
         atomic.write_text(stage / "accuracy-table.json", json.dumps(rep, indent=2, default=_json_default) + "\n")
@@ -317,6 +322,8 @@ def register(subparsers) -> None:
     a.add_argument("--baseline", default="sdpa", help="reference backend (default sdpa)")
     a.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--qk-outliers", dest="qk_outliers", action="store_true",
+                   help="give the synthetic QK-norm weights 4 channels per head x 20, as trained DiTs have")
     a.add_argument("--out", metavar="DIR", help="output folder (default traces/accuracy-table-<timestamp>/)")
     a.add_argument("--json", action="store_true", help="print the JSON on stdout")
     a.set_defaults(func=cmd_accuracy_table)

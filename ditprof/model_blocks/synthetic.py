@@ -275,3 +275,31 @@ def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: 
         load_s=time.perf_counter() - t0, device=device, dtype=dtype, preset=preset, parents=parents,
     )
 
+
+
+# QK-norm weights of trained DiTs have a few channels much larger than the rest (issue 18): the accuracy table's
+# ``--qk-outliers`` variant gives the synthetic block such weights, so block-level FP8 numbers see them.
+QK_NORM_LEAVES = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+QK_OUTLIER_CHANNELS, QK_OUTLIER_FACTOR = 4, 20.0
+
+
+def qk_outlier_norms(module: torch.nn.Module, head_dim: int, seed: int = 0, channels: int = QK_OUTLIER_CHANNELS,
+                     factor: float = QK_OUTLIER_FACTOR) -> list[str]:
+    """Scale ``channels`` channels of every head (the same ones, drawn from ``seed``) of each QK-norm weight by
+    ``factor``, in place; per-head weights (head_dim) and across-heads ones (heads x head_dim) alike. Returns the
+    names changed (empty: the block has no QK norm with weights)."""
+    gen = torch.Generator().manual_seed(tensor_seed(seed, "qk-outliers"))
+    picked = torch.randperm(head_dim, generator=gen)[:channels]
+    changed = []
+    for name, p in module.named_parameters():
+        parts = name.split(".")
+        if len(parts) < 2 or parts[-1] != "weight" or parts[-2] not in QK_NORM_LEAVES or p.dim() != 1:
+            continue
+        if p.numel() % head_dim:
+            continue
+        scale = torch.ones(head_dim)
+        scale[picked] = factor
+        with torch.no_grad():
+            p.mul_(scale.repeat(p.numel() // head_dim).to(p.device, p.dtype))
+        changed.append(name)
+    return changed
