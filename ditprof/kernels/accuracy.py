@@ -90,6 +90,8 @@ def backend_runners(device: torch.device, smooth_k: bool = True) -> tuple[dict[s
     runners: dict[str, Callable] = {
         "sdpa": registry.get("sdpa").fn,  # bf16 baseline row
         "fp8-emulated": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k),
+        # the candidate fix for Q/K outlier channels (issue 18), in the numerics only so far
+        "fp8-emulated+hadamard": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k, rotate_qk=True),
     }
     notes = []
     ok, reason = registry.available("fp8", device)

@@ -119,6 +119,20 @@ def truncate_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.ldexp(torch.trunc(m * step) / step, e)
 
 
+def hadamard_rotation(head_dim: int, seed: int = 0, device="cpu") -> torch.Tensor:
+    """An orthogonal (head_dim, head_dim) matrix diag(random signs) @ H / sqrt(head_dim), H the Sylvester Hadamard
+    matrix (FA3's "incoherent processing"): Q R (K R)^T = Q K^T, while a few large channels of Q and K spread over
+    all of them, so a per-head FP8 scale no longer leaves the other channels coarse."""
+    if head_dim < 1 or head_dim & (head_dim - 1):
+        raise DitprofError(f"the Hadamard rotation needs a power-of-two head_dim, got {head_dim}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < head_dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    gen = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (head_dim,), generator=gen).double() * 2 - 1
+    return (signs[:, None] * h / math.sqrt(head_dim)).float().to(device)
+
+
 def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scale: torch.Tensor,
                    acc_bits: Optional[int] = None, acc_promote: bool = True):
     """Online softmax over 32-key strips. q8 (B,H,n,D), k8/v8 (B,H,Sk,D) e4m3 values as fp32, qk_scale
@@ -158,12 +172,13 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
 def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
                            smooth_k: bool = True, return_lse: bool = False,
                            key_mask: Optional[torch.Tensor] = None, acc_bits: Optional[int] = None,
-                           acc_promote: bool = True):
+                           acc_promote: bool = True, rotate_qk: bool = False):
     """FP8 attention numerics. q (B, Sq, H, D), k and v (B, Sk, H, D), bf16/fp16/fp32, any device.
 
     ``key_mask`` (B, Sk) bool: only the keys marked True take part, per batch item (a padded prompt) -- their
     mean for the smoothing, their amax for the descales and their scores, exactly as if the others were absent.
     ``acc_bits`` / ``acc_promote``: the P V accumulator model of ``_strip_softmax`` (None: exact fp32).
+    ``rotate_qk``: Q and K rotated by ``hadamard_rotation`` (in fp32, before smoothing and quantization).
     Returns o (B, Sq, H, D) in q's dtype, and with ``return_lse`` also the natural-log LSE, fp32 (B, H, Sq).
     """
     check_inputs(q, k, v)
@@ -176,7 +191,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
             raise DitprofError("key_mask masks every key of a batch item")
         parts = [fp8_attention_emulated(q[b:b + 1], k[b:b + 1, key_mask[b]], v[b:b + 1, key_mask[b]],
                                         scale=scale, smooth_k=smooth_k, return_lse=return_lse, acc_bits=acc_bits,
-                                        acc_promote=acc_promote)
+                                        acc_promote=acc_promote, rotate_qk=rotate_qk)
                  for b in range(q.shape[0])]
         if not return_lse:
             return torch.cat(parts, dim=0)
@@ -184,6 +199,9 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     B, Sq, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     qf, kf, vf = (x.transpose(1, 2).float() for x in (q, k, v))  # (B, H, S, D)
+    if rotate_qk:
+        rot = hadamard_rotation(D, device=q.device)
+        qf, kf = qf @ rot, kf @ rot
     k_mean = None
     if smooth_k:
         kf, k_mean = _smooth_keys(kf)
@@ -228,6 +246,7 @@ __all__ = [
     "check_inputs",
     "descale_per_head",
     "fp8_attention_emulated",
+    "hadamard_rotation",
     "quantize_per_head",
     "truncate_mantissa",
     "smooth_k",
