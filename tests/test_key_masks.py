@@ -95,3 +95,19 @@ def test_emulation_key_mask_bad_input():
         fp8_attention_emulated(q, k, v, key_mask=torch.ones(1, 8))
     with pytest.raises(DitprofError, match="masks every key"):
         fp8_attention_emulated(q, k, v, key_mask=torch.zeros(1, 8, dtype=torch.bool))
+
+
+def test_attended_keys_is_key_mask_without_the_checks():
+    """The no-sync form the harness uses in timed calls gives key_mask's answer, a batch-1 mask broadcast to B."""
+    from ditprof.kernels.masks import attended_keys
+
+    gen = torch.Generator().manual_seed(4)
+    B, H, Sq, Sk = 3, 2, 5, 40
+    keys, _ = _keys(gen, B, Sk)
+    for m in (keys, keys.long(), torch.where(keys, 0.0, -10000.0)[:, None, None, :],
+              keys[:, None, :, None] & keys[:, None, None, :]):
+        sq = m.shape[2] if m.dim() == 4 and m.shape[2] > 1 else Sq
+        assert torch.equal(attended_keys(m, B, H, sq, Sk), key_mask(m, B, H, sq, Sk))
+    one = keys[:1, None, None, :]
+    assert torch.equal(attended_keys(one, B, H, Sq, Sk), keys[:1].expand(B, Sk))
+    assert torch.equal(attended_keys(one, B, H, Sq, Sk), key_mask(one, B, H, Sq, Sk))

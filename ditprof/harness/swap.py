@@ -60,15 +60,6 @@ def accepts_mask(fn: Callable) -> bool:
     return _accepts(fn, "attn_mask") or _accepts(fn, "key_mask")
 
 
-def _keys_unchecked(mask: torch.Tensor, sk: int) -> torch.Tensor:
-    """(B, S_k) attended keys of a mask already checked (``kernels.masks.key_mask``) for this shape: device ops
-    only, no host sync, so the timed calls stay asynchronous."""
-    m = mask if mask.dtype == torch.bool else (mask == 0 if mask.is_floating_point() else mask != 0)
-    if m.dim() == 2:
-        return m.expand(m.shape[0], sk)
-    return m.expand(*m.shape[:3], sk)[:, 0].any(dim=1)
-
-
 def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable:
     """``fn(q, k, v, *, scale=None)`` on (B, S, H, D), marked with the attention range.
 
@@ -95,12 +86,13 @@ def wrap_backend(name: str, fn: Callable, masks: dict | None = None) -> Callable
                 masks["passed"] = masks.get("passed", 0) + 1
             elif takes_keys:
                 key = (tuple(attn_mask.shape), attn_mask.dtype, attn_mask.device)
-                if key not in verified:  # the form is checked once per shape (a host sync), during warm-up
-                    from ditprof.kernels.masks import key_mask
+                from ditprof.kernels.masks import attended_keys, key_mask
 
-                    key_mask(attn_mask, q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+                shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # B, H, S_q, S_k
+                if key not in verified:  # the form is checked once per shape (a host sync), during warm-up
+                    key_mask(attn_mask, *shape)
                     verified.add(key)
-                kw["key_mask"] = _keys_unchecked(attn_mask, k.shape[1])
+                kw["key_mask"] = attended_keys(attn_mask, *shape)
                 masks["key_padding"] = masks.get("key_padding", 0) + 1
             else:
                 key = (tuple(attn_mask.shape), attn_mask.dtype, attn_mask.device)

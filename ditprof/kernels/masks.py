@@ -29,19 +29,23 @@ def _as_bool(mask: torch.Tensor) -> torch.Tensor:
     return keep
 
 
-def key_mask(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) -> torch.Tensor:
-    """(B, S_k) bool, True where the key is attended, from any mask form above; one host sync (the checks)."""
-    m = _as_bool(mask)
+def _as_4d(m: torch.Tensor, mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) -> torch.Tensor:
+    """``m`` (the bool form of ``mask``) as (B, H or 1, S_q or 1, S_k)."""
     if m.dim() == 2:
         m = m[:, None, None, :]
     if m.dim() != 4:
         raise DitprofError(f"attention mask of shape {tuple(mask.shape)}: expected (B, S_k) or 4-D broadcasting "
                            f"to (B, H, S_q, S_k) = ({batch}, {heads}, {sq}, {sk})")
     try:
-        m = m.expand(batch, m.shape[1], m.shape[2], sk)
+        return m.expand(batch, m.shape[1], m.shape[2], sk)
     except RuntimeError:
         raise DitprofError(f"attention mask of shape {tuple(mask.shape)} does not broadcast to (B, H, S_q, S_k) = "
                            f"({batch}, {heads}, {sq}, {sk})") from None
+
+
+def key_mask(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) -> torch.Tensor:
+    """(B, S_k) bool, True where the key is attended, from any mask form above; one host sync (the checks)."""
+    m = _as_4d(_as_bool(mask), mask, batch, heads, sq, sk)
     if m.shape[1] != 1 and not bool((m == m[:, :1]).all()):
         raise DitprofError("the attention mask differs between heads: not a key-padding mask")
     m = m[:, 0]  # (B, S_q or 1, S_k)
@@ -53,6 +57,13 @@ def key_mask(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) -> to
     if not bool(keys.any(dim=-1).all()):
         raise DitprofError("the attention mask masks every key of a batch item")
     return keys
+
+
+def attended_keys(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) -> torch.Tensor:
+    """``key_mask`` of a mask whose form ``key_mask`` has already checked (for this shape): device ops only, no
+    host sync, so timed calls stay asynchronous."""
+    m = mask if mask.dtype == torch.bool else (mask == 0 if mask.is_floating_point() else mask != 0)
+    return _as_4d(m, mask, batch, heads, sq, sk)[:, 0].any(dim=1)
 
 
 def prefix_lengths(keys: torch.Tensor) -> list[int] | None:
