@@ -310,9 +310,11 @@ class BlockFamily:
 
     def captured_modules(self, config: dict, kind: str | None) -> dict[str, torch.nn.Module]:
         """The shell's top-level modules with weights that run before the blocks."""
+        return self._before_blocks(self._shell(config, kind), kind)
+
+    def _before_blocks(self, shell: torch.nn.Module, kind: str | None) -> dict[str, torch.nn.Module]:
         stacks = {k.attribute.split(".")[0] for k in self.kinds}
         skip = stacks | set(self.output_children) | set(self.unused_children(kind))
-        shell = self._shell(config, kind)
         return {n: m for n, m in shell.named_children()
                 if n not in skip and any(True for _ in m.parameters())}
 
@@ -329,17 +331,17 @@ class BlockFamily:
             for name, buf in list(module._buffers.items()):
                 if buf is not None:
                     module._buffers[name] = buf.to(device)
-        with torch.device("meta"):
-            if not parents:  # None, or a LoadedBlock built without them (the meta-device estimate)
-                if device.type != "meta":
-                    raise DitprofError(f"{self.name} block inputs need the model's modules before the blocks "
-                                       f"({', '.join(self.captured_modules(config, kind))})")
-                parents = self.captured_modules(config, kind)
-                for name, module in parents.items():  # the dtypes the loader would give them
-                    for pname, p in module.named_parameters():
-                        p.data = p.data.to(self.tensor_dtype(f"{name}.{pname}", dtype) or p.dtype)
-        for name, module in parents.items():
-            setattr(shell, name, module)
+        if not parents:  # None, or a LoadedBlock built without them (the meta-device estimate)
+            if device.type != "meta":
+                raise DitprofError(f"{self.name} block inputs need the model's modules before the blocks "
+                                   f"({', '.join(self._before_blocks(shell, kind))})")
+            # the shell's own modules, their weights already on meta, in the dtypes the loader would give them
+            for name, module in self._before_blocks(shell, kind).items():
+                for pname, p in module.named_parameters():
+                    p.data = p.data.to(self.tensor_dtype(f"{name}.{pname}", dtype) or p.dtype)
+        else:
+            for name, module in parents.items():
+                setattr(shell, name, module)
         for name in self.unused_children(kind):
             setattr(shell, name, _Unused())
         try:

@@ -56,6 +56,7 @@ class Flux2Family(BlockFamily):
 
     def plan(self, kind):
         # rotary (cos, sin) each (T + S, D), text rows first; single blocks: [text | image] in the hidden states
+        # (their rows count the image rows, the text rows are the text stream's)
         if self.kind(kind).name == "double":
             return BlockPlan(outputs=("encoder_hidden_states", "hidden_states"),
                              sp={"hidden_states": SeqSplit(1), "image_rotary_emb": SeqSplit(0, text="first")},
@@ -79,6 +80,3 @@ class Flux2Family(BlockFamily):
                     txt_ids=pipe._prepare_text_ids(torch.empty(batch, text_tokens, 1)).to(device),
                     guidance=torch.full((batch,), self.guidance, device=device) if a["guidance_embeds"] else None,
                     return_dict=False)
-
-    def rows(self, grid, kind):
-        return grid.tokens  # image rows; the single stack's hidden states carry the text rows in front of them
