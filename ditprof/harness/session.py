@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ditprof.harness.categories import BLOCK_RANGE, Split, load_trace, split_trace
+from ditprof.harness.finite import NonFiniteOutput
 
 
 def _band(samples: list[float]) -> dict[str, float]:
@@ -202,8 +203,6 @@ def measure(
             phase("warm-up", i + 1, max(warmup, 1))
         output = output.detach().to("cpu", copy=True)  # off the GPU: keeps the next run's peak clean
         if output.is_floating_point() and not bool(torch.isfinite(output).all()):
-            from ditprof.harness.finite import NonFiniteOutput
-
             raise NonFiniteOutput(f"{label} ({backend}): the block output holds NaN/Inf")
 
         phase("timing", 0, iters)

@@ -40,6 +40,7 @@ from ditprof.errors import DitprofError
 from ditprof.harness import atomic, backends, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
+from ditprof.harness.progress import make_progress
 from ditprof.harness.session import time_block
 from ditprof.model_blocks.memory import tensor_bytes
 from ditprof.model_blocks.presets import block_size
@@ -429,12 +430,6 @@ def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: _Clock
 
 # --------------------------------------------------------------------------- the command
 
-def _progress(console):
-    from ditprof.harness.progress import make_progress
-
-    return make_progress(console)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -452,7 +447,7 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
     modules: list[torch.nn.Module] = []
     streamer = None
     t_build = time.perf_counter()
-    with _progress(console) as progress:
+    with make_progress(console) as progress:
         verb = "generating" if src.preset is not None else "loading"
         task = progress.add_task(f"{verb} {n} blocks" + (" into host memory" if plan.mode == "streamed" else ""),
                                  total=n)
@@ -482,7 +477,7 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
         if streamer is not None:
             streamer.load(0)
 
-    with contextlib.ExitStack() as stack, _progress(console) as progress:
+    with contextlib.ExitStack() as stack, make_progress(console) as progress:
         for m in working:
             stack.enter_context(swap.swapped(m, b.name, b.fn, uses_dispatcher=src.family.uses_dispatcher))
         task = progress.add_task(f"warm-up: 1 block x {max(warmup, 1)}, {n} blocks x 1", total=2)

@@ -124,7 +124,7 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
 
     from ditprof.harness import backends, report, swap
     from ditprof.harness.environment import environment
-    from ditprof.harness.validate import _progress
+    from ditprof.harness.progress import make_progress
     from ditprof.model_blocks import get_preset, make_inputs
     from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
 
@@ -137,7 +137,7 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     rows: list[dict[str, Any]] = []
     from contextlib import nullcontext
 
-    prog = _progress(console) if console is not None else nullcontext()
+    prog = make_progress(console) if console is not None else nullcontext()
     with prog as progress, torch.inference_mode():
         task = progress.add_task("accuracy table", total=len(resolved) * len(tokens)) if progress else None
         for preset in resolved:

@@ -131,7 +131,7 @@ def time_parts(model: torch.nn.Module, call, device: torch.device, iters: int) -
 def measure_rest(src, *, device, dtype=torch.bfloat16, seed: int = 0, warmup: int = 1, iters: int = 5,
                  console=None, tokens=None, height=None, width=None, frames=None) -> dict:
     """Time the model's non-block parts once (whole forward with no blocks), plus a per-part breakdown."""
-    from ditprof.harness.validate import _progress
+    from ditprof.harness.progress import make_progress
 
     device = torch.device(device)
     grid, text = grid_and_text(src, tokens, height, width, frames)
@@ -145,7 +145,7 @@ def measure_rest(src, *, device, dtype=torch.bfloat16, seed: int = 0, warmup: in
             return model(**kwargs)[0]
 
         ran, not_run = modules_run(model, call)
-        ctx = _progress(console) if console is not None else None
+        ctx = make_progress(console) if console is not None else None
         if ctx is not None:
             ctx.__enter__()
             task = ctx.add_task("rest of the model (non-block modules)", total=3)

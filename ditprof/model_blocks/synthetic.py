@@ -276,7 +276,6 @@ def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: 
     )
 
 
-
 # QK-norm weights of trained DiTs have a few channels much larger than the rest (issue 18): the accuracy table's
 # ``--qk-outliers`` variant gives the synthetic block such weights, so block-level FP8 numbers see them.
 QK_NORM_LEAVES = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
