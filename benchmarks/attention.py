@@ -2,6 +2,8 @@
 
     python benchmarks/attention.py                     # H3 shape (1, 56, 30272, 128), non-causal
     python benchmarks/attention.py --shapes h3,wan14b  # + Wan 2.x 14B (1, 40, 75600, 128)
+    python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,hunyuan   # the other DiT shapes
+    python benchmarks/attention.py --only fa3-bf16,fa3-fp8,fa3-fp8+quant,fp8     # FlashAttention-3 vs ours
     python benchmarks/attention.py --quick             # small shape, a smoke run
     python benchmarks/attention.py --shapes 2,24,4096,128,512   # B,H,Sq,D[,Sk]
 
@@ -9,6 +11,11 @@ Each entry: warm-up, then the median of N runs timed with CUDA events. TFLOP/s u
 A backend that is missing or fails is recorded with its reason; the run goes on. Results go to
 ``benchmarks/results/attention-<date>.json`` (``--json PATH`` to choose, ``--no-json`` for none).
 Entries that could leave a sticky CUDA error (our kernels) run last so that a crash cannot void the peers.
+
+FlashAttention-3 (the forward-only ``fa3_fwd`` wheel, ``from fa3_fwd_interface import flash_attn_func``):
+``fa3-bf16`` on the bf16/fp16 inputs; ``fa3-fp8`` on e4m3 inputs quantized per (batch, head) before the timing
+(descale = amax/448 over (S, D), passed as float32 (B, H) q/k/v_descale), kernel only; ``fa3-fp8+quant`` the
+same with that quantization (torch ops, ``quantize_per_head``) inside the timed region.
 """
 
 from __future__ import annotations
@@ -24,11 +31,17 @@ from common import Skip, cuda_ready, environment, print_table, results_path, run
 SHAPES = {
     "h3": dict(B=1, H=56, Sq=30272, Sk=30272, D=128),  # HunyuanVideo-class, 720p video tokens
     "wan14b": dict(B=1, H=40, Sq=75600, Sk=75600, D=128),  # Wan 2.x 14B, 720p 81 frames
+    "flux": dict(B=1, H=24, Sq=4608, Sk=4608, D=128),  # FLUX.1, 1024x1024 image + 512 text tokens
+    "ltx": dict(B=1, H=32, Sq=7392, Sk=7392, D=64),  # LTX-Video
+    "cogvideox": dict(B=1, H=48, Sq=17776, Sk=17776, D=64),  # CogVideoX
+    "wan1.3b": dict(B=1, H=12, Sq=32760, Sk=32760, D=128),  # Wan 2.x 1.3B, 480p 81 frames
+    "hunyuan": dict(B=1, H=24, Sq=119056, Sk=119056, D=128),  # HunyuanVideo, 720p 129 frames
     "quick": dict(B=1, H=8, Sq=4096, Sk=4096, D=128),
 }
 
 ALL_ENTRIES = [
-    "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "sage", "cudnn-fp8",
+    "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "fa3-bf16", "fa3-fp8", "fa3-fp8+quant", "sage",
+    "cudnn-fp8",
     "prep-torch", "prep-triton", "fp8", "fp8-sm90", "fp8-sm120",
 ]
 
@@ -47,7 +60,7 @@ def parse_shape(text: str) -> tuple[str, dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="h3", help="comma list of h3, wan14b, quick; or one B,H,Sq,D[,Sk] "
+    p.add_argument("--shapes", default="h3", help=f"comma list of {', '.join(SHAPES)}; or one B,H,Sq,D[,Sk] "
                    "(several custom shapes: separate with ';')")
     p.add_argument("--quick", action="store_true", help="small shape (1,8,4096,128), 2 warm-up, 5 timed runs")
     p.add_argument("--iters", type=int, default=None, help="timed runs per entry (default 10; quick 5)")
@@ -69,6 +82,50 @@ def split_shapes(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- entries
+
+E4M3_MAX = 448.0
+
+
+def quantize_per_head(x):
+    """x (B, S, H, D) -> (x8 float8_e4m3fn (B, S, H, D), descale float32 (B, H)), the FA3 FP8 input format.
+
+    descale = amax over (S, D) of each (batch, head) / 448 (1 where that amax is 0), x8 = (x / descale) in e4m3,
+    so x8 * descale ~ x. Pure torch: runs on CPU (tests) and, inside the ``fa3-fp8+quant`` timing, on the GPU.
+    """
+    import torch
+
+    amax = x.abs().amax(dim=(1, 3)).float()  # (B, H); abs/max are exact in the input dtype
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    x8 = (x / descale[:, None, :, None]).to(torch.float8_e4m3fn)  # the division promotes to float32
+    return x8, descale
+
+
+def _fa3_func(q, dtype_name):
+    """FA3's flash_attn_func, or Skip with the reason (not installed, GPU or dtype it cannot run)."""
+    import torch
+
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except Exception as exc:
+        raise Skip(f"fa3_fwd not installed (GPU bundle part3 wheel fa3_fwd; {type(exc).__name__}: {exc})")
+    if q.is_cuda:
+        major, minor = torch.cuda.get_device_capability(q.device)
+        # the wheel's arch >= 90 path is sm_90a code (Hopper only); FP8 is not in its sm_8x path
+        if dtype_name == "fp8" and major != 9:
+            raise Skip(f"FA3 FP8 runs on Hopper (sm_90) only (got sm_{major}{minor})")
+        if major not in (8, 9):
+            raise Skip(f"fa3_fwd kernels are built for sm_8x/sm_90a (got sm_{major}{minor})")
+    try:
+        from fa3_fwd_config import CONFIG
+
+        flags = CONFIG.get("build_flags", {})
+    except Exception:  # noqa: BLE001 - no build record: let the call say what it cannot do
+        flags = {}
+    if dtype_name == "fp16" and flags.get("FLASHATTENTION_DISABLE_FP16"):
+        raise Skip("fa3_fwd built without FP16 kernels (FLASHATTENTION_DISABLE_FP16); use --dtype bf16")
+    if dtype_name == "fp8" and flags.get("FLASHATTENTION_DISABLE_FP8"):
+        raise Skip("fa3_fwd built without FP8 kernels (FLASHATTENTION_DISABLE_FP8)")
+    return flash_attn_func
 
 
 def make_entries(q, k, v, scale):
@@ -117,6 +174,35 @@ def make_entries(q, k, v, scale):
         fn()
         return fn
 
+    def fa3_bf16():
+        flash_attn_func = _fa3_func(q, "fp16" if q.dtype == torch.float16 else "bf16")
+
+        def fn():
+            return flash_attn_func(q, k, v, softmax_scale=scale, causal=False)  # returns out only
+
+        fn()
+        return fn
+
+    def fa3_fp8(quant_in_timing):
+        def make():
+            flash_attn_func = _fa3_func(q, "fp8")
+            if quant_in_timing:
+                def fn():
+                    (q8, dq), (k8, dk), (v8, dv) = (quantize_per_head(x) for x in (q, k, v))
+                    return flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=False,
+                                           q_descale=dq, k_descale=dk, v_descale=dv)
+            else:
+                (q8, dq), (k8, dk), (v8, dv) = (quantize_per_head(x) for x in (q, k, v))  # once, untimed
+
+                def fn():
+                    return flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=False,
+                                           q_descale=dq, k_descale=dk, v_descale=dv)
+
+            fn()
+            return fn
+
+        return make
+
     def cudnn_fp8():
         return make_cudnn_fp8(q, k, v, scale)
 
@@ -157,6 +243,11 @@ def make_entries(q, k, v, scale):
         "sdpa-flash": (sdpa("FLASH_ATTENTION"), "attention", "torch SDPA, flash backend (FA2), bf16"),
         "sdpa-efficient": (sdpa("EFFICIENT_ATTENTION"), "attention", "torch SDPA, mem-efficient backend, bf16"),
         "fa4": (fa4, "attention", "flash_attn.cute.flash_attn_func, bf16"),
+        "fa3-bf16": (fa3_bf16, "attention", "FlashAttention-3 (fa3_fwd_interface.flash_attn_func), bf16/fp16"),
+        "fa3-fp8": (fa3_fp8(False), "attention", "FlashAttention-3 FP8 e4m3, per-(batch, head) descales; inputs "
+                                                 "pre-quantized, kernel only"),
+        "fa3-fp8+quant": (fa3_fp8(True), "attention", "FlashAttention-3 FP8 e4m3 with the per-(batch, head) "
+                                                       "quantization of q, k, v (torch ops) in the timing"),
         "sage": (sage, "attention", "sageattention.sageattn (its own quantization included)"),
         "cudnn-fp8": (cudnn_fp8, "attention", "cuDNN FP8 SDPA via cudnn frontend; inputs pre-quantized, "
                                                 "kernel only"),

@@ -62,6 +62,7 @@ def environment() -> dict[str, Any]:
         "cudnn_frontend": _pkg_version("nvidia-cudnn-frontend") or _module_version("cudnn"),
         "flash_attn": _pkg_version("flash-attn", "flash_attn", "flash-attn-cute") or _module_version("flash_attn"),
         "sageattention": _pkg_version("sageattention") or _module_version("sageattention"),
+        "fa3_fwd": _pkg_version("fa3_fwd", "fa3-fwd"),
         "ditprof_git": _git_head(),
     }
     try:
