@@ -82,6 +82,15 @@ op2)  # session 7: HunyuanVideo-1.5 in the accuracy table (key masks), host cost
   step accuracy-hv15 200 python -m ditprof accuracy-table --device cuda --presets hunyuan-video-1.5 --out "$out/accuracy-hv15"
   step host-overhead 150 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
   ;;
+launch)  # session 8: the launch record (host cost), key lengths in both kernels, finiteness without a sync
+  step launch-gpu-tests 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_fp8_key_lens_gpu.py tests/test_finite_checks.py tests/test_fp8_op_gpu.py tests/test_cuda_graph.py
+  step host-overhead 120 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  step kernel-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_prep.py -k "not slow"
+  ;;
+peers)  # session 8: ours vs FA3 FP8/BF16 and cuDNN at the shapes in one process, then the flux compare
+  step attention-peers 330 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3,cogvideox} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,cudnn-fp8,prep-triton --json "$out/attention-peers.json"
+  step compare-flux 200 python -m ditprof compare --preset flux.1-dev --out "$out/compare-flux"
+  ;;
 sanity)  # session 7: after the sm90 trim and the shared checks: the shipped kernel's GPU tests, one compare
   step kernel-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_fp8_op_gpu.py -k "vs_float64 or bad or cpu or key_masks or layouts"
   step compare-h3-after 120 python -m ditprof compare --iters 5 --no-cuda-graph --out "$out/compare-h3-after"

@@ -2,8 +2,9 @@
 
 Small blocks are host-bound in eager mode (docs/RESULTS.md, "eager vs CUDA-graph replay"). This times, on a tiny
 shape so that the GPU never holds the host back, the host cost of one call of: torch SDPA, our ``fp8_attention``
-(whole), its prep alone (``fp8_prepare``, deferred check), the kernel launch alone (``launch_prepared`` on a
-prepared input), and the finiteness check (``check_finite``). Then a cProfile of the whole ``fp8_attention``.
+through each entry (the op, its Python entry, ``interface.fp8_attention``), the launch record alone, the prep's
+three direct launches alone, the op with a key mask, and the general path (prep + ``launch_prepared``). Then a
+cProfile of the op.
 Prints a table, writes JSON (+ the cProfile text) next to it.
 
     python benchmarks/host_overhead.py --json host_overhead.json
@@ -52,7 +53,9 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ditprof.kernels.interface import fp8_attention, launch_prepared
+    from ditprof.kernels import launch as L
+    from ditprof.kernels.interface import fp8_attention, fp8_attention_kernel, launch_prepared
+    from ditprof.kernels.op import fp8_attention as op_entry
     from ditprof.kernels.prep import fp8_prepare
 
     if not torch.cuda.is_available():
@@ -62,51 +65,38 @@ def main() -> int:
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     scale = D ** -0.5
+    keep = torch.rand(B, S, device="cuda", generator=g) < 0.8
     fp8_attention(q, k, v)  # compile + warm caches
+    op_entry(q, k, v, key_mask=keep)
     prep = fp8_prepare(q, k, v, smooth_k=True, check_finite="defer")
     prep.check_finite()
     out = torch.empty_like(q)
+    L.finish_finite_checks()
 
-    def prep_only():
-        p = fp8_prepare(q, k, v, smooth_k=True, check_finite="defer")
-        p.check_finite()
-
-    def prep_no_check():
-        fp8_prepare(q, k, v, smooth_k=True, check_finite=False)
-
-    import os
-
-    from ditprof.kernels import fp8_fwd_sm90 as K
-
-    def with_launch(path, fn):
-        def call():
-            os.environ["DITPROF_TVM_FFI"] = "1" if path == "tvm_ffi" else "0"
-            try:
-                return fn()
-            finally:
-                os.environ.pop("DITPROF_TVM_FFI", None)
-        return call
-
-    # the two launch paths give the same bits (same cubin, same arguments)
-    outs = {}
-    for path in ("jit", "tvm_ffi"):
-        o = torch.full_like(q, float("nan"))
-        with_launch(path, lambda: launch_prepared(prep, o, "BSHD", scale))()
-        torch.cuda.synchronize()
-        outs[path] = (o, K.LAUNCH_INFO["last_launch"])
-    same = torch.equal(outs["jit"][0], outs["tvm_ffi"][0]) and bool(torch.isfinite(outs["jit"][0]).all())
-    launch = dict(paths_used={p: v[1] for p, v in outs.items()}, bitwise_equal=same,
-                  tvm_ffi_error=K.LAUNCH_INFO["tvm_ffi_error"])
-    print("launch paths:", launch, flush=True)
+    # the launch record and the general path give the same bits (same prep numerics, same cubin)
+    fast, general = L.fp8_attention_cuda(q, k, v, scale), fp8_attention_kernel(q, k, v, scale=scale)
+    torch.cuda.synchronize()
+    rec = L.record_for(q, k, v, False)
+    launch = dict(kernel=rec.spec.kernel, tvm_ffi=rec.spec.tvm_ffi, last_launch=L._LAST["launch"],
+                  direct_triton=all(s.compiled is not None for s in (rec.plan.stats, rec.plan.finalize,
+                                                                       rec.plan.quant)),
+                  workspace_reused=rec.reuse, bitwise_equal=bool(torch.equal(fast, general)),
+                  finite=bool(torch.isfinite(fast).all()))
+    print("launch:", launch, flush=True)
+    plan, ws = rec.plan, rec._workspace()
+    stream = torch.cuda.current_stream().cuda_stream
 
     rows = {
         "torch SDPA (BHSD views)": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt),
-        "fp8_attention (whole, default launch)": lambda: fp8_attention(q, k, v),
-        "fp8_attention (whole, JIT-executor launch)": with_launch("jit", lambda: fp8_attention(q, k, v)),
-        "fp8_prepare + deferred finiteness check": prep_only,
-        "fp8_prepare, no finiteness check": prep_no_check,
-        "launch_prepared, TVM-FFI launch": with_launch("tvm_ffi", lambda: launch_prepared(prep, out, "BSHD", scale)),
-        "launch_prepared, JIT-executor launch": with_launch("jit", lambda: launch_prepared(prep, out, "BSHD", scale)),
+        "torch.ops.ditprof.fp8_attention (the op)": lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None),
+        "op.fp8_attention (Python entry)": lambda: op_entry(q, k, v),
+        "interface.fp8_attention": lambda: fp8_attention(q, k, v),
+        "launch record alone (no op dispatch)": lambda: L.fp8_attention_cuda(q, k, v, scale),
+        "prep plan: 3 direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
+        "the op with a key mask (compaction + key lengths)": lambda: op_entry(q, k, v, key_mask=keep),
+        "general path (fp8_attention_kernel: prep + launch_prepared)":
+            lambda: fp8_attention_kernel(q, k, v, scale=scale),
+        "launch_prepared alone": lambda: launch_prepared(prep, out, "BSHD", scale),
     }
     res = {name: per_call_us(fn, args.calls) for name, fn in rows.items()}
 
@@ -114,8 +104,9 @@ def main() -> int:
     torch.cuda.synchronize()
     prof.enable()
     for _ in range(args.calls):
-        fp8_attention(q, k, v)
+        torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
     prof.disable()
+    L.finish_finite_checks()
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)

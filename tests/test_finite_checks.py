@@ -1,8 +1,8 @@
-"""``deferred_finite_checks``: fp8_attention's NaN/Inf check of q/k/v without a host sync per call.
+"""fp8_attention's NaN/Inf check of q, k, v without a host sync per call (``kernels.launch``).
 
-CPU: the queue logic with stand-in events (finished in call order, only landed copies without ``wait``, all at the
-context's exit, nested contexts restore the outer queue). GPU (marked ``gpu``): a NaN input inside the context
-does not raise at the call but at the exit, with the same message as outside.
+CPU: the queue logic with stand-in events (read in call order, only landed copies without ``wait``, everything at a
+``deferred_finite_checks`` exit). GPU (marked ``gpu``): a NaN input raises the one-line error by the next call /
+``finish_finite_checks()`` at the latest, at the call itself with ``DITPROF_FP8_CHECK=sync``; the pinned ring wraps.
 """
 
 import pytest
@@ -10,6 +10,7 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels import interface as I
+from ditprof.kernels import launch as L
 
 
 class _Event:
@@ -26,54 +27,62 @@ class _Event:
 
 
 def _pending(q_ok=True, done=True):
-    host = torch.tensor([[1.0 if q_ok else float("nan"), 1.0, 1.0]])  # (B*H, 3) descales of q, k, v
+    host = torch.tensor([1.0 if q_ok else float("nan"), 1.0, 1.0])  # (B*H*3,) descales of q, k, v
     return host, _Event(done)
 
 
 def test_drain_finishes_landed_checks_in_order():
     first, second, third = _pending(done=True), _pending(done=False), _pending(done=True)
     queue = [first, second, third]
-    I._drain(queue, wait=False)
+    L.drain(queue, wait=False)
     assert queue == [second, third]  # stops at the first copy not landed: order kept
-    I._drain(queue, wait=True)
+    L.drain(queue, wait=True)
     assert queue == [] and second[1].waited
 
 
-def test_drain_raises_on_non_finite():
+def test_drain_raises_on_non_finite_and_names_the_input():
     queue = [_pending(), _pending(q_ok=False)]
-    with pytest.raises(DitprofError, match="q contains NaN or Inf"):
-        I._drain(queue, wait=False)
+    with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
+        L.drain(queue, wait=False)
+    assert queue == []
+    host = torch.tensor([1.0, 1.0, 1.0, 1.0, float("inf"), 1.0])  # (B*H=2, 3): head 1's k
+    with pytest.raises(DitprofError, match="^k contains NaN or Inf$"):
+        L.finish_check((host, _Event(True)))
 
 
-def test_context_drains_at_exit_and_restores_the_outer_queue():
-    assert getattr(I._DEFERRED, "queue", None) is None
-    with pytest.raises(DitprofError, match="q contains NaN or Inf"):
+def test_context_finishes_every_pending_check_at_exit():
+    L.pending_queue().clear()
+    with pytest.raises(DitprofError, match="^v contains NaN or Inf$"):
         with I.deferred_finite_checks():
-            outer = I._DEFERRED.queue
-            with I.deferred_finite_checks():
-                assert I._DEFERRED.queue is not outer
-            assert I._DEFERRED.queue is outer
-            outer.append(_pending(q_ok=False, done=False))  # as fp8_attention would queue it
-    assert getattr(I._DEFERRED, "queue", None) is None
+            host = torch.tensor([1.0, 1.0, float("nan")])
+            L.pending_queue().append((host, _Event(False)))  # as an fp8 call would queue it, copy not landed
+    assert len(L.pending_queue()) == 0
 
 
 @pytest.mark.gpu
-def test_fp8_attention_nan_raises_at_context_exit():
+def test_fp8_attention_nan_raises_without_a_sync_per_call(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    L.finish_finite_checks()
     q, k, v = (torch.randn(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     q[0, 5, 1, 7] = float("nan")
-    with pytest.raises(DitprofError, match="q contains NaN or Inf"):
-        I.fp8_attention(q, k, v)  # outside: at the call
-    # inside: at the call if its copy has landed by the time the call polls, else at the exit; never silently
-    with pytest.raises(DitprofError, match="q contains NaN or Inf"):
+    with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
+        I.fp8_attention(q, k, v)  # queued, read by a later call or here at the latest
+        L.finish_finite_checks()
+    monkeypatch.setenv("DITPROF_FP8_CHECK", "sync")
+    with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
+        I.fp8_attention(q, k, v)  # at the call itself
+    monkeypatch.delenv("DITPROF_FP8_CHECK")
+    with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
         with I.deferred_finite_checks():
             I.fp8_attention(q, k, v)
     q[0, 5, 1, 7] = 0.0
     with I.deferred_finite_checks():
-        out = I.fp8_attention(q, k, v)
-        assert I._DEFERRED.queue is not None
-    assert torch.isfinite(out).all()
+        outs = [I.fp8_attention(q, k, v) for _ in range(L.RING_DEPTH + 3)]  # the ring wraps
+    assert len(L.pending_queue()) == 0
+    rec = L.record_for(q, k, v, False)
+    assert not any(rec.ring.busy)
+    assert all(torch.isfinite(o).all() for o in outs)
 
 
 # --------------------------------------------------------------------------- a block output with NaN/Inf

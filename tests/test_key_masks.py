@@ -11,7 +11,7 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.fp8_emulation import fp8_attention_emulated
-from ditprof.kernels.masks import key_mask, prefix_lengths
+from ditprof.kernels.masks import key_mask
 from ditprof.kernels.reference import attention_reference
 
 
@@ -34,9 +34,31 @@ def test_every_mask_form_gives_the_key_subset():
     # HunyuanVideo-1.5's joint mask m_i & m_j over one sequence: padded query rows attend to nothing
     joint = keys[:, None, :, None] & keys[:, None, None, :]
     assert torch.equal(key_mask(joint, B, H, Sk, Sk), keys)
-    assert prefix_lengths(keys) == lengths.tolist()
     shuffled = keys[:, torch.randperm(Sk, generator=gen)]
-    assert prefix_lengths(shuffled) is None and torch.equal(key_mask(shuffled, B, H, Sq, Sk), shuffled)
+    assert torch.equal(key_mask(shuffled, B, H, Sq, Sk), shuffled)
+
+
+def test_compact_keys_moves_any_subset_to_a_prefix():
+    """The CUDA path's mask handling (launch.compact_keys, pure torch): each item's kept keys first, in order, the
+    dropped ones zeroed, the counts as int32; attention over the kept keys is unchanged (float64)."""
+    from ditprof.kernels.launch import compact_keys
+    from ditprof.kernels.reference import attention_reference
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+    B, Sq, Sk, H, D = 3, 9, 75, 2, 16
+    keep = torch.rand(B, Sk, generator=gen) < 0.6
+    keep[2] = False
+    keep[2, [0, 40, 74]] = True  # a sparse item
+    k, v, q = (torch.randn(B, s, H, D, generator=gen, dtype=torch.float64) for s in (Sk, Sk, Sq))
+    k2, v2, lens = compact_keys(k, v, keep)
+    assert lens.dtype == torch.int32 and lens.tolist() == keep.sum(1).tolist()
+    for b in range(B):
+        n = int(lens[b])
+        assert torch.equal(k2[b, :n], k[b, keep[b]]) and torch.equal(v2[b, :n], v[b, keep[b]])
+        assert not k2[b, n:].any() and not v2[b, n:].any()
+        want = attention_reference(q[b:b + 1], k[b:b + 1, keep[b]], v[b:b + 1, keep[b]])
+        got = attention_reference(q[b:b + 1], k2[b:b + 1, :n], v2[b:b + 1, :n])
+        assert torch.allclose(got, want, rtol=0, atol=1e-12)
 
 
 def test_masks_that_are_not_key_padding_are_one_line():

@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     ins = sub.add_parser("inspect", help="compile a kernel for an arch on this machine and report its SASS")
     ins.add_argument("--kernel", default="fp8-sm120")
     ins.add_argument("--arch", default="sm_120a")
+    ins.add_argument("--key-lens", action="store_true",
+                     help="the variant that reads per-batch key counts on the device (key-padding masks)")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 
@@ -79,7 +81,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if exc.name == "ditprof.kernels.inspect_sass":
             raise DitprofError("kernel inspection not available yet") from None
         raise DitprofError(f"kernel inspection needs {exc.name}: {exc}") from None
-    report = inspect_kernel(args.kernel, args.arch)
+    report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

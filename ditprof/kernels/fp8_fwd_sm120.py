@@ -15,7 +15,22 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
 
 Inputs are raw pointers (so float8 never has to cross DLPack) plus the lengths:
 ``q8 (B,H,Sq_pad,D)``, ``k8 (B,H,Sk_pad,D)``, ``v8t (B,H,D,Sk_pad)`` e4m3, ``scales (B,H,3)`` fp32,
+``key_lens (B,)`` int32 (read only when compiled with ``key_lens=True``),
 output ``o`` with row stride ``o_stride_s`` and batch/head strides (BSHD or BHSD), ``lse (B,H,Sq)`` fp32.
+
+Key-padding masks (``key_lens=True``, compile time): each CTA reads ``n = key_lens[b]`` of its batch item on
+the device (no host sync; CUDA-graph capturable) and attends to keys ``[0, min(max(n, 0), seqlen_k))`` only:
+it loops over ``max(ceil(n / 32), 1)`` strips and gives the keys ``>= n`` of the last one -inf, exactly as the
+keys ``>= seqlen_k`` are masked without it.  The keys ``[n, seqlen_k)`` of K and V are real data that is
+ignored: their scores are replaced by -inf, their P is 0.  Those sharing the last strip with valid keys still
+go through the P.V mma, so the prepared V must be finite there (0 * NaN = NaN; e4m3 has no Inf), K may hold
+anything.  An item with ``n <= 0`` still runs one fully masked strip (no hang, no out-of-bounds read); its rows
+come out NaN (output and LSE), like SDPA's fully masked rows.  With ``key_lens=False`` the pointer is not
+passed to the kernel at all and the kernel is the one compiled before the option existed (same SASS).
+
+Compiled function's positional arguments: ``q8, k8, v8t, o, lse, scales, key_lens`` (pointers), ``batch,
+heads, seqlen_q, seqlen_k`` (Int32), ``o_stride_b, o_stride_h`` (Int64), ``o_stride_s`` (Int32),
+``softmax_scale`` (Float32), ``stream``.
 """
 
 from __future__ import annotations
@@ -58,10 +73,11 @@ def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
 
 
 class Fp8FlashAttentionSm120:
-    """One configuration of the kernel (head_dim, output dtype, LSE on/off); tiles are fixed."""
+    """One configuration of the kernel (head_dim, output dtype, LSE on/off, early V, key_lens on/off); tiles
+    are fixed."""
 
     def __init__(self, head_dim: int = 128, out_dtype: Type[cutlass.Numeric] = cutlass.BFloat16,
-                 write_lse: bool = True, early_v: bool = True):
+                 write_lse: bool = True, early_v: bool = True, key_lens: bool = False):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim {head_dim} not supported (use one of {SUPPORTED_HEAD_DIMS})")
         self.head_dim = head_dim
@@ -69,6 +85,8 @@ class Fp8FlashAttentionSm120:
         self.write_lse = write_lse
         # issue the V ldmatrix before the softmax (hides its latency; +32 live registers)
         self.early_v = early_v
+        # per-batch key counts read on the device (key-padding masks); off: the pointer is not used at all
+        self.key_lens = key_lens
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -80,6 +98,7 @@ class Fp8FlashAttentionSm120:
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         scales_ptr: cute.Pointer,
+        key_lens_ptr: cute.Pointer,
         batch: Int32,
         heads: Int32,
         seqlen_q: Int32,
@@ -124,12 +143,18 @@ class Fp8FlashAttentionSm120:
             permutation_mnk=(NUM_THREADS // 32 * 16, 16, 32),
         )
 
+        # key_lens off: the kernel gets no extra argument (same kernel symbol and SASS as without the option)
+        key_lens_arg = ()
+        if cutlass.const_expr(self.key_lens):
+            key_lens_arg = (cute.make_tensor(key_lens_ptr, cute.make_layout((batch,))),)
+
         grid = (cute.ceil_div(seqlen_q, M_BLOCK), heads, batch)
         self.kernel(
             q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scales_ptr,
             heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h, o_stride_s,
             softmax_scale * LOG2_E,
             sQ_layout, sK_layout, sV_layout, g2s_QK, g2s_V, tiled_mma, SharedStorage,
+            *key_lens_arg,
         ).launch(grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------------------------------
@@ -156,6 +181,7 @@ class Fp8FlashAttentionSm120:
         g2s_V: cute.TiledCopy,
         tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
+        mKeyLens: cute.Tensor | None = None,  # (B,) int32, only with key_lens
     ):
         D = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
@@ -168,6 +194,12 @@ class Fp8FlashAttentionSm120:
         sq_pad = cute.assume((seqlen_q + (M_BLOCK - 1)) // M_BLOCK * M_BLOCK, divby=M_BLOCK)
         sk_pad = cute.assume((seqlen_k + (N_BLOCK - 1)) // N_BLOCK * N_BLOCK, divby=N_BLOCK)
         n_tiles = sk_pad // N_BLOCK
+        kv_len = seqlen_k  # keys of this batch item (those >= kv_len get -inf)
+        if cutlass.const_expr(mKeyLens is not None):
+            # the first key_lens[b] keys (at most seqlen_k); at least one strip is run, so a fully masked item
+            # ends in NaN rows instead of reading strip -1
+            kv_len = cutlass.max(cutlass.min(mKeyLens[bidb], seqlen_k), 0)
+            n_tiles = cutlass.max((kv_len + (N_BLOCK - 1)) // N_BLOCK, 1)
         bh = Int64(bidb) * Int64(heads) + Int64(head)
 
         # ---- per-(batch, head) views --------------------------------------------------------
@@ -251,17 +283,17 @@ class Fp8FlashAttentionSm120:
             cute.copy(g2s_V, tVgV[None, None, None, n + 1], tVsV[None, None, None, nxt])
             cute.arch.cp_async_commit_group()
             self.strip(
-                n, stage, False, seqlen_k, qk_scale, tiled_mma, s_shape, p_shape,
+                n, stage, False, kv_len, qk_scale, tiled_mma, s_shape, p_shape,
                 s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
                 acc_O, row_max, row_sum, quad_col,
             )
 
-        # ---- last strip (masks keys >= seqlen_k) ----------------------------------------------
+        # ---- last strip (masks keys >= kv_len: seqlen_k, or this item's key_lens) -----------------
         last = n_tiles - 1
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
         self.strip(
-            last, last % NUM_STAGES, True, seqlen_k, qk_scale, tiled_mma, s_shape, p_shape,
+            last, last % NUM_STAGES, True, kv_len, qk_scale, tiled_mma, s_shape, p_shape,
             s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
             acc_O, row_max, row_sum, quad_col,
         )
@@ -296,7 +328,7 @@ class Fp8FlashAttentionSm120:
         n: Int32,
         stage: Int32,
         masked: cutlass.Constexpr,
-        seqlen_k: Int32,
+        kv_len: Int32,
         qk_scale: Float32,
         tiled_mma: cute.TiledMma,
         s_shape: cutlass.Constexpr,
@@ -341,7 +373,7 @@ class Fp8FlashAttentionSm120:
                     for j in cutlass.range_constexpr(4):
                         for c in cutlass.range_constexpr(2):
                             key = n * N_BLOCK + j * 8 + quad_col * 2 + c
-                            if key >= seqlen_k:
+                            if key >= kv_len:
                                 acc_S[(c, r), mt, j] = -Float32.inf
                 local = acc_S[(0, r), mt, 0]
                 for j in cutlass.range_constexpr(4):
@@ -414,24 +446,29 @@ _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 
 def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                    write_lse: bool = True, early_v: bool | None = None, extra_options: str = ""):
+                    write_lse: bool = True, early_v: bool | None = None, extra_options: str = "",
+                    key_lens: bool = False):
     """Compile the kernel for ``arch`` (e.g. ``sm_120a``, ``sm_89``, ``sm_90a``) with placeholder
-    pointers; works on a machine without a GPU.  Returns the compiled callable."""
+    pointers; works on a machine without a GPU.  Returns the compiled callable, called with
+    ``(q8, k8, v8t, o, lse, scales, key_lens, batch, heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h,
+    o_stride_s, softmax_scale, stream)``.  ``key_lens``: read per-batch key counts from the ``key_lens``
+    pointer (int32, B elements); without it that pointer is never read (pass any int32 pointer)."""
     from ditprof.kernels.cute_arch import cute_dsl_arch
 
     if out_dtype not in _DTYPES:
         raise ValueError(f"out_dtype {out_dtype!r} not supported")
     if early_v is None:
         early_v = default_early_v(arch)
-    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse, early_v)
+    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse, early_v, key_lens)
     gm = cute.AddressSpace.gmem
     args = (
         cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
         cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
         cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
         cute.runtime.make_ptr(_DTYPES[out_dtype], 0, gm, assumed_align=16),
-        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),
-        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),
+        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),  # lse
+        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),  # scales
+        cute.runtime.make_ptr(Int32, 0, gm, assumed_align=4),  # key_lens (B,) int32
         Int32(1), Int32(1), Int32(1), Int32(1),
         Int64(0), Int64(0), Int32(0),
         Float32(1.0),

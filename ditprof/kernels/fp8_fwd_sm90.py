@@ -123,7 +123,8 @@ def config_for(arch: str, head_dim: int) -> Sm90Config:
 class Sm90Fp8Attention:
     """Compile-time configuration + the jit entry point (``__call__``) and the kernel."""
 
-    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None):
+    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None,
+                 key_lens: bool = False):
         config = config or config_for("sm_90a", head_dim)
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
@@ -143,6 +144,8 @@ class Sm90Fp8Attention:
         self.tile_m = TILE_M_WG * self.num_wg
         self.regs_consumer = REGS_CONSUMER[self.num_wg]
         self.threads = 128 * (1 + self.num_wg)
+        # per-batch key counts read on the device (key-padding masks); off: the pointer is not used at all
+        self.key_lens = key_lens
 
     # ------------------------------------------------------------------ host side (traced at compile)
     @cute.jit
@@ -152,6 +155,7 @@ class Sm90Fp8Attention:
         pK: cute.Pointer,
         pV: cute.Pointer,
         pScales: cute.Pointer,
+        pKeyLens: cute.Pointer,
         pO: cute.Pointer,
         pLSE: cute.Pointer,
         batch: Int32,
@@ -179,6 +183,9 @@ class Sm90Fp8Attention:
         mO = cute.make_tensor(
             pO, cute.make_layout((sq, D, heads, batch), stride=(heads * D, 1, D, sq * heads * D)))
         mLSE = cute.make_tensor(pLSE, cute.make_layout((sq, heads, batch), stride=(1, sq, heads * sq)))
+        mKeyLens = None
+        if const_expr(self.key_lens):
+            mKeyLens = cute.make_tensor(pKeyLens, cute.make_layout((batch,)))
 
         K_MAJOR = OperandMajorMode.K
         qk_mma = sm90_utils.make_trivial_tiled_mma(
@@ -228,7 +235,7 @@ class Sm90Fp8Attention:
         self.kernel(
             qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
             tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
-            mScales, mO, mLSE, sq, sk, softmax_scale * LOG2E,
+            mScales, mO, mLSE, mKeyLens, sq, sk, softmax_scale * LOG2E,
             sQ_layout, sK_layout, sV_layout, sOnes_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -253,6 +260,7 @@ class Sm90Fp8Attention:
         mScales: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mKeyLens: cute.Tensor | None,
         sq: Int32,
         sk: Int32,
         scale_log2: Float32,
@@ -288,7 +296,12 @@ class Sm90Fp8Attention:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sPin = storage.pin.get_tensor(cute.make_layout(32))
 
-        n_tiles = cute.ceil_div(sk, tile_n)
+        if const_expr(mKeyLens is not None):
+            # this batch item's keys: the first key_lens[b] (at most sk); at least one tile is run, so a fully
+            # masked item ends in NaN rows (as SDPA's do) instead of consumers waiting on a tile never loaded
+            n_tiles = cutlass.max(cute.ceil_div(self.item_keys(mKeyLens, bat, sk), tile_n), 1)
+        else:
+            n_tiles = cute.ceil_div(sk, tile_n)
 
         if tidx == 0:
             # a zeroed scratch slot no schedule of this kernel reads: dropping the store reorders the prologue's
@@ -399,7 +412,7 @@ class Sm90Fp8Attention:
             warpgroup.wait_group(0)
             k_pipe.consumer_release(kv_state)
             if n_tiles == 1:
-                self.mask_tile(acc_S, 0, sk, quad)
+                self.mask_tile(acc_S, 0, self.item_keys(mKeyLens, bat, sk), quad)
             alpha0 = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
             alpha_keep[0] = alpha0[0]
             alpha_keep[1] = alpha0[1]
@@ -425,7 +438,7 @@ class Sm90Fp8Attention:
                 warpgroup.wait_group(0)
                 k_pipe.consumer_release(v_state)
                 if j == n_tiles - 1:
-                    self.mask_tile(acc_S, j, sk, cute.arch.lane_idx() % 4)
+                    self.mask_tile(acc_S, j, self.item_keys(mKeyLens, bat, sk), cute.arch.lane_idx() % 4)
                 alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
                 # keep this tile's alpha for the merge after its P V
                 alpha_keep[0] = alpha[0]
@@ -449,6 +462,15 @@ class Sm90Fp8Attention:
         for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
             cute.gemm(qk_mma_zero if kb == 0 else qk_mma, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc_S)
         warpgroup.commit_group()
+
+    @cute.jit
+    def item_keys(self, mKeyLens: cute.Tensor | None, bat: Int32, sk: Int32) -> Int32:
+        """Keys of batch item ``bat``: sk, or key_lens[bat] clamped to [0, sk]. Read again where it is used (the
+        last tile) rather than kept in a register across the main loop: at 160 registers one more live value
+        spills."""
+        if const_expr(mKeyLens is None):
+            return sk
+        return cutlass.max(cutlass.min(mKeyLens[bat], sk), 0)
 
     @cute.jit
     def mask_tile(self, acc_S: cute.Tensor, tile: Int32, sk: Int32, quad: Int32):
@@ -647,6 +669,7 @@ def _compile_args(dtype_out):
         make_ptr(Uint8, 0, gm, assumed_align=16),
         make_ptr(Uint8, 0, gm, assumed_align=16),
         make_ptr(Float32, 0, gm, assumed_align=4),
+        make_ptr(Int32, 0, gm, assumed_align=4),  # key_lens (unused unless compiled with key_lens=True)
         make_ptr(dtype_out, 0, gm, assumed_align=4),
         make_ptr(Float32, 0, gm, assumed_align=4),
         Int32(1), Int32(1), Int32(1), Int32(1), Int32(128), Int32(32),
@@ -674,18 +697,21 @@ def tvm_ffi_launch_enabled() -> bool:
 
 
 def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
-                 tvm_ffi: bool = False, config: Sm90Config | None = None):
+                 tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
     ``config``: ``config_for(arch, head_dim)`` unless given. ``fake=True``: no GPU needed (stream faked); pass e.g.
     ``options_extra="--keep-cubin --dump-dir DIR"``. ``fake=False``: compile for launching on the current device.
     ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers, see ``run_sm90``).
+    ``key_lens``: the kernel reads per-batch key counts (Int32, the argument after the scales) on the device:
+    batch item b attends to its first key_lens[b] keys (key-padding masks; CUDA-graph capturable).
+    Arguments: q8, k8, v8t, scales, key_lens, out, lse, B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale, stream.
     """
     from ditprof.kernels.cute_arch import cute_dsl_arch
 
     dtype_out = _out_dtype(dtype_out)
     config = config or config_for(arch, head_dim)
-    kern = Sm90Fp8Attention(head_dim, dtype_out, config)
+    kern = Sm90Fp8Attention(head_dim, dtype_out, config, key_lens=key_lens)
     if fake:
         stream = cute.runtime.make_fake_stream()
     else:
@@ -700,7 +726,7 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     return fn
 
 
-def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse) -> None:
+def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, key_lens=None) -> None:
     """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts)."""
     import torch
     from cutlass.cute.runtime import make_ptr
@@ -725,18 +751,21 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
         raise ValueError(f"run_sm90 needs an sm_90 GPU (H100/H200), got sm_{major}{minor}")
     arch = "sm_90a"
     config = config_for(arch, D)
-    key = (arch, D, out.dtype, config)
+    masked = key_lens is not None
+    key = (arch, D, out.dtype, config, masked)
+    lens_ptr = key_lens.data_ptr() if masked else scales.data_ptr()  # never read unless masked
 
     def compiled(tvm_ffi: bool):
         fn = _CACHE.get((tvm_ffi,) + key)
         if fn is None:
-            fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tvm_ffi=tvm_ffi, config=config)
+            fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tvm_ffi=tvm_ffi, config=config, key_lens=masked)
             _CACHE[(tvm_ffi,) + key] = fn
         return fn
 
     if tvm_ffi_launch_enabled():
         try:
-            compiled(True)(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            compiled(True)(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), lens_ptr, out.data_ptr(),
+                           lse.data_ptr(),
                B, H, sq, sk, sq_pad, sk_pad, float(softmax_scale), torch.cuda.current_stream(dev).cuda_stream)
             LAUNCH_INFO["last_launch"] = "tvm_ffi"
             return
@@ -750,6 +779,7 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
         make_ptr(Uint8, k8.data_ptr(), gm, assumed_align=16),
         make_ptr(Uint8, v8t.data_ptr(), gm, assumed_align=16),
         make_ptr(Float32, scales.data_ptr(), gm, assumed_align=4),
+        make_ptr(Int32, lens_ptr, gm, assumed_align=4),
         make_ptr(dtype_out, out.data_ptr(), gm, assumed_align=4),
         make_ptr(Float32, lse.data_ptr(), gm, assumed_align=4),
         Int32(B), Int32(H), Int32(sq), Int32(sk), Int32(sq_pad), Int32(sk_pad),

@@ -177,19 +177,19 @@ class _CaptureFds:
 
 # ---------------------------------------------------------------------------------------------- main
 
-def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str):
+def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False):
     from ditprof.kernels import fp8_fwd_sm120 as K
 
     return K.compile_fp8_fwd(
         arch, head_dim=head_dim, out_dtype=out_dtype, write_lse=True,
-        extra_options=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}",
+        extra_options=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}", key_lens=key_lens,
     ), K.smem_bytes(head_dim)
 
 
-def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str):
+def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False):
     from ditprof.kernels import fp8_fwd_sm90 as K
 
-    fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch,
+    fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens,
                         options_extra=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}")
     return fn, K.smem_bytes(head_dim)
 
@@ -198,9 +198,10 @@ _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
 
 
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                   keep_sass: str | None = None) -> dict:
+                   keep_sass: str | None = None, key_lens: bool = False) -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
-    spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there."""
+    spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
+    ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks)."""
     if kernel not in KNOWN_KERNELS:
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
     archs = KNOWN_KERNELS[kernel]["archs"]
@@ -213,7 +214,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         t0 = time.perf_counter()
         try:
             with _CaptureFds() as cap, cute_dsl_arch(arch):
-                _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype)
+                _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens)
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
@@ -261,6 +262,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         "smem_static_bytes": res["static_smem_bytes"],
         "mma_variants": mma,
         "head_dim": head_dim,
+        "key_lens": key_lens,
         "native_fp8_mma": mma_is_native(base),
     }
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 from typing import Optional
 
 import torch
@@ -18,15 +17,8 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import LAYOUTS, check_qkv  # noqa: F401 -- LAYOUTS re-exported
 from ditprof.kernels.op import SUPPORTED_HEAD_DIMS  # one definition, with the op's checks
-from ditprof.kernels.prep import finish_finite_check
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-# (arch, head_dim, out dtype, tile config, flags) -> compiled kernel
-_COMPILE_CACHE: dict = {}
-_COMPILE_LOCK = threading.Lock()
-COMPILE_STATS = {"compiles": 0, "hits": 0}
-
 
 # ---------------------------------------------------------------------------------------------- arch
 
@@ -125,61 +117,66 @@ def _inner_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- compile
 
-def get_compiled(arch: str, head_dim: int, dtype_name: str, write_lse: bool):
-    from ditprof.kernels import fp8_fwd_sm120 as K
+def spec_for(kernel: str, arch: str, head_dim: int, dtype_name: str, write_lse: bool, key_lens: bool = False):
+    """The ``launch.KernelSpec`` of a call (fp8-sm90 always writes its LSE and launches through TVM-FFI where it
+    can)."""
+    from ditprof.kernels.launch import KernelSpec
 
-    early_v = K.default_early_v(arch)
-    key = (arch, head_dim, dtype_name, K.tile_config(), ("lse", write_lse), ("early_v", early_v))
-    fn = _COMPILE_CACHE.get(key)
-    if fn is not None:
-        COMPILE_STATS["hits"] += 1
-        return fn
-    with _COMPILE_LOCK:
-        fn = _COMPILE_CACHE.get(key)
-        if fn is None:
-            fn = K.compile_fp8_fwd(arch, head_dim, dtype_name, write_lse=write_lse, early_v=early_v)
-            _COMPILE_CACHE[key] = fn
-            COMPILE_STATS["compiles"] += 1
-    return fn
+    if kernel == "fp8-sm90":
+        from ditprof.kernels.fp8_fwd_sm90 import tvm_ffi_launch_enabled
+
+        return KernelSpec(kernel, arch, head_dim, dtype_name, True, key_lens, tvm_ffi_launch_enabled())
+    return KernelSpec(kernel, arch, head_dim, dtype_name, write_lse, key_lens)
+
+
+def get_compiled(arch: str, head_dim: int, dtype_name: str, write_lse: bool, key_lens: bool = False):
+    """The compiled fp8-sm120 kernel (the one compile cache is ``launch.compiled``)."""
+    from ditprof.kernels.launch import compiled
+
+    return compiled(spec_for("fp8-sm120", arch, head_dim, dtype_name, write_lse, key_lens))
 
 
 def clear_cache() -> None:
-    _COMPILE_CACHE.clear()
+    from ditprof.kernels.launch import clear_cache as clear
+
+    clear()
 
 
 # ---------------------------------------------------------------------------------------------- launch
 
-def _launch_sm90(prep, out: torch.Tensor, layout: str, softmax_scale: float,
-                 lse: Optional[torch.Tensor]) -> None:
-    """The wgmma kernel writes a contiguous (B,Sq,H,D) output and always writes LSE."""
-    from ditprof.kernels.fp8_fwd_sm90 import run_sm90
-
-    B, H, _, D = prep.q8.shape
-    Sq = int(prep.sq)
-    direct = layout == "BSHD" and out.is_contiguous()
-    o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
-    lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
-        (B, H, Sq), dtype=torch.float32, device=out.device)
-    run_sm90(prep.q8, prep.k8, prep.v8t, prep.scales, Sq, int(prep.sk), softmax_scale, o, lse_buf)
-    if not direct:
-        out.copy_(o if layout == "BSHD" else o.transpose(1, 2))
-    if lse is not None and lse_buf is not lse:
-        lse.copy_(lse_buf)
-
-
 def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
-                    lse: Optional[torch.Tensor] = None, kernel: Optional[str] = None) -> None:
-    """Run the kernel on an already prepared input; ``out`` (B,Sq,H,D) or (B,H,Sq,D) per ``layout``."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
+                    lse: Optional[torch.Tensor] = None, kernel: Optional[str] = None,
+                    key_lens: Optional[torch.Tensor] = None) -> None:
+    """Run the kernel on an already prepared input; ``out`` (B,Sq,H,D) or (B,H,Sq,D) per ``layout``.
+    ``key_lens`` (B,) int32 on the device: batch item b attends to its first key_lens[b] keys."""
+    from ditprof.kernels.launch import compiled, launch_compiled
 
     B, H, sq_pad, D = prep.q8.shape
     Sq, Sk = int(prep.sq), int(prep.sk)
     arch = arch_for_capability(torch.cuda.get_device_capability(out.device))
-    if kernel_name_for_arch(arch, kernel) == "fp8-sm90":
-        return _launch_sm90(prep, out, layout, softmax_scale, lse)
-    fn = get_compiled(arch, D, _DTYPE_NAMES[out.dtype], lse is not None)
+    name = kernel_name_for_arch(arch, kernel)
+    if key_lens is not None and (key_lens.dtype != torch.int32 or tuple(key_lens.shape) != (B,)
+                                 or key_lens.device != out.device or not key_lens.is_contiguous()):
+        raise DitprofError(f"key_lens must be a contiguous int32 tensor of shape ({B},) on {out.device}, got "
+                           f"{key_lens.dtype} {tuple(key_lens.shape)} on {key_lens.device}")
+    for n, t in (("q8", prep.q8), ("k8", prep.k8), ("v8t", prep.v8t), ("scales", prep.scales)):
+        if not t.is_contiguous():
+            raise DitprofError(f"prepared {n} must be contiguous")
+    spec = spec_for(name, arch, D, _DTYPE_NAMES[out.dtype], lse is not None, key_lens is not None)
+    stream = torch.cuda.current_stream(out.device).cuda_stream
+    if name == "fp8-sm90":
+        # writes a contiguous (B,Sq,H,D) output and always an LSE
+        direct = layout == "BSHD" and out.is_contiguous()
+        o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
+        lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
+            (B, H, Sq), dtype=torch.float32, device=out.device)
+        launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, key_lens, o, lse_buf,
+                        B, H, Sq, Sk, softmax_scale, stream)
+        if not direct:
+            out.copy_(o if layout == "BSHD" else o.transpose(1, 2))
+        if lse is not None and lse_buf is not lse:
+            lse.copy_(lse_buf)
+        return
     if layout == "BSHD":
         sb, ss, sh = out.stride(0), out.stride(1), out.stride(2)
     else:
@@ -188,55 +185,21 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
         raise DitprofError("fp8 attention output must have unit stride in head_dim and 16-byte aligned rows")
     if (Sq - 1) * ss + D >= 2**31:
         raise DitprofError(f"fp8 attention: one head's output spans over 2^31 elements (Sq={Sq}, row stride {ss})")
-    for name, t in (("q8", prep.q8), ("k8", prep.k8), ("v8t", prep.v8t), ("scales", prep.scales)):
-        if not t.is_contiguous():
-            raise DitprofError(f"prepared {name} must be contiguous")
-    gm = cute.AddressSpace.gmem
-    f8 = cutlass.Float8E4M3FN
-    out_ty = cutlass.BFloat16 if out.dtype == torch.bfloat16 else cutlass.Float16
-    lse_t = lse if lse is not None else prep.scales  # never written when LSE is off
-    stream = cuda.CUstream(torch.cuda.current_stream(out.device).cuda_stream)
-    fn(
-        cute.runtime.make_ptr(f8, prep.q8.data_ptr(), gm, assumed_align=16),
-        cute.runtime.make_ptr(f8, prep.k8.data_ptr(), gm, assumed_align=16),
-        cute.runtime.make_ptr(f8, prep.v8t.data_ptr(), gm, assumed_align=16),
-        cute.runtime.make_ptr(out_ty, out.data_ptr(), gm, assumed_align=16),
-        cute.runtime.make_ptr(cutlass.Float32, lse_t.data_ptr(), gm, assumed_align=4),
-        cute.runtime.make_ptr(cutlass.Float32, prep.scales.data_ptr(), gm, assumed_align=4),
-        cutlass.Int32(B), cutlass.Int32(H), cutlass.Int32(Sq), cutlass.Int32(Sk),
-        cutlass.Int64(sb), cutlass.Int64(sh), cutlass.Int32(ss),
-        cutlass.Float32(softmax_scale),
-        stream,
-    )
-
-
-# deferred_finite_checks(): per-thread queue of finiteness checks not waited for yet (None outside the context)
-_DEFERRED = threading.local()
-
-
-def _drain(queue: list, wait: bool) -> None:
-    """Finish the queued checks in call order: those whose host copy has landed (event.query(), no wait), or
-    all of them with ``wait``."""
-    while queue and (wait or queue[0][1].query()):
-        finish_finite_check(queue.pop(0))
+    launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, key_lens, out,
+                    lse if lse is not None else prep.scales, B, H, Sq, Sk, softmax_scale, stream,
+                    out_strides=(sb, sh, ss))
 
 
 @contextlib.contextmanager
 def deferred_finite_checks():
-    """Inside, ``fp8_attention`` does not wait for its finiteness check.
+    """A scope whose fp8 calls' NaN/Inf checks of q, k, v are all finished at its exit.
 
-    Outside, each call waits for its prep's descales to reach the host (one event sync per call), which can cost
-    the CPU its lead over the GPU in a block of small kernels (on the H200 ltx-video's fp8 block had 2.2 ms of host
-    overhead per block call against sdpa's 0.2 ms; how much of that this sync was is not separated). Inside this
-    context the checks queue up and are finished in call order as their copies land (polled at each call) and all
-    at the exit: non-finite inputs still raise the same DitprofError, at the latest when the context ends."""
-    prev = getattr(_DEFERRED, "queue", None)
-    _DEFERRED.queue = []
-    try:
-        yield
-        _drain(_DEFERRED.queue, wait=True)
-    finally:
-        _DEFERRED.queue = prev
+    No fp8 call waits for its check (``launch``'s module docstring): each is read by a later call once its copy has
+    landed, or here at the latest -- non-finite inputs raise the same one-line DitprofError, never silently."""
+    from ditprof.kernels.launch import finish_finite_checks
+
+    yield
+    finish_finite_checks()
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
@@ -264,8 +227,9 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
 
 def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
                          scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True,
-                         kernel: Optional[str] = None):
-    """The kernel call itself (prep + launch + finiteness check); ``fp8_attention`` documents the arguments."""
+                         kernel: Optional[str] = None, key_lens: Optional[torch.Tensor] = None):
+    """The kernel call itself (prep + launch + finiteness check); ``fp8_attention`` documents the arguments.
+    ``key_lens`` (B,) int32 on the device: batch item b attends to its first key_lens[b] keys."""
     _validate(q, k, v, layout, scale)
     q, k, v = (_inner_contiguous(x) for x in (q, k, v))
     kernel = kernel_name_for_arch(arch_for_capability(torch.cuda.get_device_capability(q.device)), kernel)
@@ -280,15 +244,15 @@ def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
         else:
             out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device) if return_lse else None
-        launch_prepared(prep, out, layout, softmax_scale, lse, kernel=kernel)
+        launch_prepared(prep, out, layout, softmax_scale, lse, kernel=kernel, key_lens=key_lens)
         if hasattr(prep, "take_finite_check"):
             pending = prep.take_finite_check()
-            queue = getattr(_DEFERRED, "queue", None)
-            if queue is None:
-                finish_finite_check(pending)  # waits for the prep only; DitprofError "q contains NaN or Inf" etc.
-            elif pending is not None:
+            if pending is not None:
+                from ditprof.kernels.launch import drain, pending_queue
+
+                queue = pending_queue()
                 queue.append(pending)
-                _drain(queue, wait=False)
+                drain(queue, wait=os.environ.get("DITPROF_FP8_CHECK", "") == "sync")
         if not return_lse:
             return out
         k_mean = getattr(prep, "k_mean", None)
@@ -298,5 +262,6 @@ def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
         return out, lse
 
 
-__all__ = ["fp8_attention", "fp8_attention_kernel", "deferred_finite_checks", "arch_for_capability", "kernel_name_for_arch", "KERNELS", "get_compiled", "launch_prepared", "clear_cache",
-           "COMPILE_STATS", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["fp8_attention", "fp8_attention_kernel", "deferred_finite_checks", "arch_for_capability",
+           "kernel_name_for_arch", "KERNELS", "get_compiled", "spec_for", "launch_prepared", "clear_cache",
+           "SUPPORTED_HEAD_DIMS"]

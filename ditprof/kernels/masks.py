@@ -65,11 +65,3 @@ def attended_keys(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) 
     m = mask if mask.dtype == torch.bool else (mask == 0 if mask.is_floating_point() else mask != 0)
     return _as_4d(m, mask, batch, heads, sq, sk)[:, 0].any(dim=1)
 
-
-def prefix_lengths(keys: torch.Tensor) -> list[int] | None:
-    """Per batch item the number of attended keys when they are a prefix (valid first, padding last), else None."""
-    lengths = keys.sum(dim=-1)
-    pos = torch.arange(keys.shape[-1], device=keys.device)
-    if bool((keys == (pos[None, :] < lengths[:, None])).all()):
-        return [int(x) for x in lengths.tolist()]
-    return None

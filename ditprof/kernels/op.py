@@ -5,9 +5,9 @@ during tracing, so bad input is the same one-line ``DitprofError`` under compile
 with ``fullgraph=True`` without dynamo tracing into the kernel's Python. CUDA runs our CuTe DSL kernel
 (``interface``); any other device runs the numerics emulation, so the op works everywhere.
 
-Key-padding masks (``key_mask`` (B, Sk) bool): the emulation takes any key subset. The CUDA kernels take
-prefix masks (valid keys first, padding last: what padded prompts are after diffusers' processors reorder them),
-run per batch item over its valid keys; the lengths are read on the host (one sync a call).
+Key-padding masks (``key_mask`` (B, Sk) bool, any key subset): the emulation takes the mask as it is. On CUDA
+each batch item's kept keys are moved to the front on the device (``launch.compact_keys``: a stable sort of the
+mask, gathers) and the kernels read the per-batch key counts on the device: no host sync, CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -33,28 +33,21 @@ def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[
 def fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """o (B, Sq, H, D) in q's dtype; q (B, Sq, H, D), k and v (B, Sk, H, D)."""
-    check(q, k, v, key_mask)
     if q.device.type != "cuda":
+        check(q, k, v, key_mask)
         from ditprof.kernels.fp8_emulation import fp8_attention_emulated
 
         return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask)
-    from ditprof.kernels.interface import fp8_attention_kernel
+    # the launch record checks q, k, v once per configuration (shapes, strides, dtypes, device), not per call
+    from ditprof.kernels.launch import compact_keys, fp8_attention_cuda
 
     if key_mask is None:
-        return fp8_attention_kernel(q, k, v, scale=scale)
-    from ditprof.kernels.masks import prefix_lengths
-
-    lengths = prefix_lengths(key_mask)
-    if lengths is None:
-        raise DitprofError("the fp8 CUDA kernels take key masks whose valid keys come first (a padded prompt); "
-                           "this one masks keys in the middle")
-    if min(lengths) == k.shape[1]:
-        return fp8_attention_kernel(q, k, v, scale=scale)
-    if len(set(lengths)) == 1:
-        n = lengths[0]
-        return fp8_attention_kernel(q, k[:, :n], v[:, :n], scale=scale)
-    return torch.cat([fp8_attention_kernel(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale=scale)
-                      for b, n in enumerate(lengths)], dim=0)
+        return fp8_attention_cuda(q, k, v, scale)
+    check_key_mask(key_mask, k)
+    if key_mask.device != k.device:
+        raise DitprofError(f"key_mask must be on {k.device}, got {key_mask.device}")
+    k, v, key_lens = compact_keys(k, v, key_mask)
+    return fp8_attention_cuda(q, k, v, scale, key_lens)
 
 
 @fp8_attention_op.register_fake

@@ -366,6 +366,119 @@ def stats_rows_per_warp(D: int) -> int:
     return max(1, 256 // D)
 
 
+def _launch_hooks_set() -> bool:
+    # a launch hook (proton, a user's) must see every launch: then every launch goes through Triton's JIT
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
+
+
+class _Launch:
+    """One Triton kernel of the prep with its grid, options and argument order fixed. The first call goes through
+    the JIT (which specialises, compiles and returns the CompiledKernel); later calls on CUDA call that kernel's
+    launcher directly (what the JIT itself calls after ~10-20 us of per-call argument specialisation), unless a
+    launch hook is set. The arguments a plan fixes (sizes, strides, alignment of the buffers) are what the JIT
+    specialised on, so the compiled kernel stays valid for every call of the plan."""
+
+    def __init__(self, fn, grid: tuple, options: dict):
+        self.fn = fn
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.options = options
+        self.compiled = None
+
+    def __call__(self, args: dict, stream: int | None) -> None:
+        ck = self.compiled
+        if ck is not None and stream is not None and not _launch_hooks_set():
+            ck.run(self.grid[0], self.grid[1], self.grid[2], stream, ck.function, ck.packed_metadata, None, None,
+                   None, *[args[name] for name in self.fn.arg_names])
+            return
+        res = self.fn[self.grid](**args, **self.options)
+        if stream is not None and all(hasattr(res, a) for a in ("run", "function", "packed_metadata")):
+            self.compiled = res
+
+
+class PrepPlan:
+    """The prep's three launches for one configuration (input shapes, strides, dtype, smoothing, tuning): grids,
+    sizes and launch options computed once, so that a caller that keeps the plan (``kernels.launch``) pays only the
+    launches per call. ``prepare_triton`` builds one per call."""
+
+    def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
+                 stats_r=None, stats_warps=None, fast_div=None):
+        quant_block = quant_block or QUANT_BLOCK
+        quant_warps = quant_warps or QUANT_WARPS
+        stats_chunk = stats_chunk or STATS_CHUNK
+        stats_r = stats_r or STATS_R
+        stats_warps = stats_warps or STATS_WARPS
+        fast_div = FAST_DIV if fast_div is None else bool(fast_div)
+        if 128 % quant_block or quant_block % 16:
+            raise ValueError(f"quant_block must divide 128 and be a multiple of 16, got {quant_block}")
+        for name, val in (("stats_r", stats_r), ("stats_warps", stats_warps)):
+            if val < 1 or val & (val - 1):
+                raise ValueError(f"{name} must be a power of two, got {val}")
+        if stats_chunk < 1:
+            raise ValueError(f"stats_chunk must be positive, got {stats_chunk}")
+        B, Sq, H, D = q.shape
+        Sk = k.shape[1]
+        self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
+        self.Sq_pad = _cdiv(Sq, Q_ROW_PAD) * Q_ROW_PAD
+        self.Sk_pad = _cdiv(Sk, K_ROW_PAD) * K_ROW_PAD
+        self.smooth_k = bool(smooth_k)
+        BH = B * H
+        ncq, nck = _cdiv(Sq, stats_chunk), _cdiv(Sk, stats_chunk)
+        nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
+        self.ncq, self.nck = ncq, nck
+        # strides are (b, s, h, d) for each tensor: the kernels take them in that order
+        strides = {}
+        for pre, x in (("sq", q), ("sk", k), ("sv", v)):
+            for axis, st in zip("bshd", x.stride()):
+                strides[pre + axis] = st
+        self.static = {
+            "stats": dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
+                          W=stats_warps * stats_rows_per_warp(D)),
+            "finalize": dict(Sk=Sk, NCQ=ncq, NCK=nck, D=D, CB=FINALIZE_CB, SMOOTH=self.smooth_k),
+            "quant": dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
+                          BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div),
+        }
+        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps))
+        self.finalize = _Launch(_finalize_kernel, (BH,), dict(num_warps=4))
+        self.quant = _Launch(_quant_kernel, (nq + 2 * nk, BH), dict(num_warps=quant_warps))
+
+    def buffers(self, device, out=None) -> dict:
+        """Every tensor the three kernels write: the prep's outputs (q8, k8, v8t, scales, k_mean) and the
+        partials. ``out``: (q8, k8, v8t, scales) to write into instead of new ones."""
+        B, H, D, BH = self.B, self.H, self.D, self.B * self.H
+        f8 = torch.float8_e4m3fn
+        if out is not None:
+            q8, k8, v8t, scales = out
+        else:
+            q8 = torch.empty((B, H, self.Sq_pad, D), dtype=f8, device=device)
+            k8 = torch.empty((B, H, self.Sk_pad, D), dtype=f8, device=device)
+            v8t = torch.empty((B, H, D, self.Sk_pad), dtype=f8, device=device)
+            scales = torch.empty((B, H, 3), dtype=torch.float32, device=device)
+        return dict(
+            q8=q8, k8=k8, v8t=v8t, scales=scales,
+            # written by the finalize kernel when smoothing; otherwise never touched (a 1-element placeholder)
+            k_mean=torch.empty((B, H, D) if self.smooth_k else (1,), dtype=torch.float32, device=device),
+            qpart=torch.empty((BH, self.ncq), dtype=torch.int32, device=device),  # amax as |x| bits
+            vpart=torch.empty((BH, self.nck), dtype=torch.int32, device=device),
+            ksum=torch.empty((BH, self.nck, D), dtype=torch.float64, device=device),
+            kmax=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
+            kmin=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
+        )
+
+    def launch(self, q, k, v, bufs: dict, stream: int | None = None) -> None:
+        """The three launches on ``stream`` (a raw CUDA stream handle; None: Triton's JIT path, which launches on
+        the current stream). The current device must be the tensors' device."""
+        b = bufs
+        self.stats(dict(self.static["stats"], q_ptr=q, k_ptr=k, v_ptr=v, qpart_ptr=b["qpart"], vpart_ptr=b["vpart"],
+                        ksum_ptr=b["ksum"], kmax_ptr=b["kmax"], kmin_ptr=b["kmin"]), stream)
+        self.finalize(dict(self.static["finalize"], qpart_ptr=b["qpart"], vpart_ptr=b["vpart"], ksum_ptr=b["ksum"],
+                           kmax_ptr=b["kmax"], kmin_ptr=b["kmin"], mean_ptr=b["k_mean"], scales_ptr=b["scales"]),
+                      stream)
+        self.quant(dict(self.static["quant"], q_ptr=q, k_ptr=k, v_ptr=v, q8_ptr=b["q8"], k8_ptr=b["k8"],
+                        v8t_ptr=b["v8t"], mean_ptr=b["k_mean"], scales_ptr=b["scales"]), stream)
+
+
 def prepare_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -385,73 +498,13 @@ def prepare_triton(
     ``out``: optional (q8, k8, v8t, scales) contiguous buffers to write into (checked by ``prep.fp8_prepare``).
     No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
     """
-    quant_block = quant_block or QUANT_BLOCK
-    quant_warps = quant_warps or QUANT_WARPS
-    stats_chunk = stats_chunk or STATS_CHUNK
-    stats_r = stats_r or STATS_R
-    stats_warps = stats_warps or STATS_WARPS
-    fast_div = FAST_DIV if fast_div is None else bool(fast_div)
-    if 128 % quant_block or quant_block % 16:
-        raise ValueError(f"quant_block must divide 128 and be a multiple of 16, got {quant_block}")
-    for name, val in (("stats_r", stats_r), ("stats_warps", stats_warps)):
-        if val < 1 or val & (val - 1):
-            raise ValueError(f"{name} must be a power of two, got {val}")
-    if stats_chunk < 1:
-        raise ValueError(f"stats_chunk must be positive, got {stats_chunk}")
-
-    B, Sq, H, D = q.shape
-    Sk = k.shape[1]
-    Sq_pad = _cdiv(Sq, Q_ROW_PAD) * Q_ROW_PAD
-    Sk_pad = _cdiv(Sk, K_ROW_PAD) * K_ROW_PAD
-    dev = q.device
-    BH = B * H
-    f8 = torch.float8_e4m3fn
-    if out is not None:
-        q8, k8, v8t, scales = out
-    else:
-        q8 = torch.empty((B, H, Sq_pad, D), dtype=f8, device=dev)
-        k8 = torch.empty((B, H, Sk_pad, D), dtype=f8, device=dev)
-        v8t = torch.empty((B, H, D, Sk_pad), dtype=f8, device=dev)
-        scales = torch.empty((B, H, 3), dtype=torch.float32, device=dev)
-    # written by the finalize kernel when smoothing; otherwise never touched (a 1-element placeholder)
-    k_mean = torch.empty((B, H, D) if smooth_k else (1,), dtype=torch.float32, device=dev)
-
-    ncq = _cdiv(Sq, stats_chunk)
-    nck = _cdiv(Sk, stats_chunk)
-    qpart = torch.empty((BH, ncq), dtype=torch.int32, device=dev)  # amax as |x| bits
-    vpart = torch.empty((BH, nck), dtype=torch.int32, device=dev)
-    ksum = torch.empty((BH, nck, D), dtype=torch.float64, device=dev)
-    kmax = torch.empty((BH, nck, D), dtype=torch.float32, device=dev)
-    kmin = torch.empty((BH, nck, D), dtype=torch.float32, device=dev)
-
-    nq = Sq_pad // quant_block
-    nk = _cdiv(Sk_pad, quant_block)
-    # strides are (b, s, h, d) for each tensor: the kernels take them in that order
-    sq_ = (q.stride(0), q.stride(1), q.stride(2), q.stride(3))
-    sk_ = (k.stride(0), k.stride(1), k.stride(2), k.stride(3))
-    sv_ = (v.stride(0), v.stride(1), v.stride(2), v.stride(3))
-
-    ctx = torch.cuda.device(dev) if dev.type == "cuda" else _NullCtx()
+    plan = PrepPlan(q, k, v, smooth_k, quant_block=quant_block, quant_warps=quant_warps, stats_chunk=stats_chunk,
+                    stats_r=stats_r, stats_warps=stats_warps, fast_div=fast_div)
+    bufs = plan.buffers(q.device, out)
+    ctx = torch.cuda.device(q.device) if q.device.type == "cuda" else _NullCtx()
     with ctx:
-        _stats_kernel[(ncq + 2 * nck, BH)](
-            q, k, v, *sq_, *sk_, *sv_,
-            qpart, vpart, ksum, kmax, kmin,
-            H, Sq, Sk, ncq, nck,
-            D=D, CHUNK=stats_chunk, R=stats_r, W=stats_warps * stats_rows_per_warp(D), num_warps=stats_warps,
-        )
-        _finalize_kernel[(BH,)](
-            qpart, vpart, ksum, kmax, kmin, k_mean, scales,
-            Sk, ncq, nck,
-            D=D, CB=FINALIZE_CB, SMOOTH=bool(smooth_k), num_warps=4,
-        )
-        _quant_kernel[(nq + 2 * nk, BH)](
-            q, k, v, *sq_, *sk_, *sv_,
-            q8, k8, v8t, k_mean, scales,
-            H, Sq, Sk, Sq_pad, Sk_pad, nq, nk,
-            D=D, BLOCK=quant_block, SMOOTH=bool(smooth_k), MANUAL_RNE=INTERPRET, FAST=fast_div,
-            num_warps=quant_warps,
-        )
-    return q8, k8, v8t, scales, (k_mean if smooth_k else None)
+        plan.launch(q, k, v, bufs)
+    return bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], (bufs["k_mean"] if smooth_k else None)
 
 
 class _NullCtx:

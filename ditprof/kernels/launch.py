@@ -1,0 +1,389 @@
+"""The FP8 attention's launch path on CUDA: one compile cache for both arch kernels, one launch record per call
+configuration, and the finiteness check of q, k, v without a host sync.
+
+- ``KernelSpec`` (frozen) is everything a compiled kernel is specialised for; ``compiled(spec)`` is the one compile
+  cache (both kernels, every caller). ``fp8-sm90`` and ``fp8-sm120`` compile from the same spec fields.
+- ``Fp8Launch`` (the launch record) is built once per (device, shapes, strides, dtype, alignment, key lengths) by
+  ``record_for``: the prep plan (``prep_triton.PrepPlan``), the compiled kernel, the arguments that do not change
+  and, for problems up to ``WORKSPACE_REUSE_BYTES``, the prep's workspace (one per stream: work on one stream is
+  ordered, so the next call's prep writes it only after this call's kernel has read it; under CUDA-graph capture
+  each call allocates its own). A call is then the prep's three launches, the kernel launch, the output
+  allocation and an async copy of the descales: no sync, no other allocation, no per-call argument checks
+  (``record_for`` checks once per configuration).
+- Finiteness: the descales of q, k, v are non-finite exactly when an input held NaN/Inf. Each call copies them to a
+  slot of a pinned ring and records an event; every later call polls the queue (``event.query``, no wait) and
+  raises ``DitprofError("q contains NaN or Inf")`` (or k, v) for the earliest finished call that had one.
+  ``finish_finite_checks()`` waits for all of them (the harness and ``interface.deferred_finite_checks`` call it);
+  a host more than ``RING_DEPTH`` calls ahead of the GPU waits for the oldest. ``DITPROF_FP8_CHECK=sync`` waits at
+  every call instead (the error then comes from the call itself).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ditprof.errors import DitprofError
+
+WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: a few us against milliseconds of kernel
+RING_DEPTH = 16
+_NAMES = ("q", "k", "v")
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+# ------------------------------------------------------------------------------------------------ compile cache
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What one compiled FP8 attention kernel is specialised for (the compile cache's key)."""
+
+    kernel: str  # "fp8-sm90" | "fp8-sm120"
+    arch: str  # e.g. "sm_90a", "sm_120a", "sm_89"
+    head_dim: int
+    out_dtype: str  # "bfloat16" | "float16"
+    write_lse: bool
+    key_lens: bool  # per-batch key counts read on the device
+    tvm_ffi: bool = False  # compiled for TVM-FFI's C ABI (raw ints for pointers and the stream)
+
+
+_COMPILED: dict = {}
+_COMPILE_LOCK = threading.Lock()
+COMPILE_STATS = {"compiles": 0, "hits": 0}
+
+
+def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = ""):
+    """Compile ``spec`` (``fake``: no GPU needed, for inspection on any machine)."""
+    if spec.kernel == "fp8-sm90":
+        from ditprof.kernels import fp8_fwd_sm90 as K
+
+        if not spec.write_lse:
+            raise ValueError("fp8-sm90 always writes the LSE")
+        return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
+                              tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens)
+    if spec.kernel == "fp8-sm120":
+        from ditprof.kernels import fp8_fwd_sm120 as K
+
+        if spec.tvm_ffi:
+            raise ValueError("fp8-sm120 launches through cute's JIT executor")
+        return K.compile_fp8_fwd(spec.arch, spec.head_dim, spec.out_dtype, write_lse=spec.write_lse,
+                                 early_v=K.default_early_v(spec.arch), extra_options=options_extra,
+                                 key_lens=spec.key_lens)
+    raise DitprofError(f"unknown fp8 kernel {spec.kernel!r}")
+
+
+def compiled(spec: KernelSpec):
+    """The compiled kernel for ``spec`` on the current device (compiled once per process)."""
+    fn = _COMPILED.get(spec)
+    if fn is not None:
+        COMPILE_STATS["hits"] += 1
+        return fn
+    with _COMPILE_LOCK:
+        fn = _COMPILED.get(spec)
+        if fn is None:
+            fn = compile_spec(spec)
+            _COMPILED[spec] = fn
+            COMPILE_STATS["compiles"] += 1
+    return fn
+
+
+def clear_cache() -> None:
+    _COMPILED.clear()
+    _RECORDS.clear()
+
+
+# ------------------------------------------------------------------------------------------------ finiteness
+
+class _Check(tuple):
+    """(pinned host copy of the descales, event after the copy) plus the ring slot to give back once read."""
+
+    def __new__(cls, host, event, ring=None, slot=None):
+        self = super().__new__(cls, (host, event))
+        self.ring, self.slot = ring, slot
+        return self
+
+
+def raise_if_nonfinite(host) -> None:
+    """``host``: the (B*H*3,) descales of q, k, v, already on the host."""
+    arr = host.numpy().reshape(-1, 3)
+    finite = np.isfinite(arr)
+    if finite.all():
+        return
+    for name, bad in zip(_NAMES, (~finite).any(axis=0).tolist()):
+        if bad:
+            raise DitprofError(f"{name} contains NaN or Inf")
+
+
+def finish_check(item) -> None:
+    """Wait for one check's copy (no-op for None), free its ring slot, raise on a non-finite input."""
+    if item is None:
+        return
+    host, event = item[0], item[1]
+    event.synchronize()
+    try:
+        raise_if_nonfinite(host)
+    finally:
+        ring = getattr(item, "ring", None)
+        if ring is not None:
+            ring.busy[item.slot] = False
+
+
+_STATE = threading.local()
+
+
+def pending_queue() -> collections.deque:
+    """This thread's checks not read yet, in call order."""
+    q = getattr(_STATE, "queue", None)
+    if q is None:
+        q = _STATE.queue = collections.deque()
+    return q
+
+
+def drain(queue, wait: bool) -> None:
+    """Read the queued checks in call order: those whose copy has landed (``event.query()``, no wait), or all of
+    them with ``wait``. Raises for the first non-finite one (which is then out of the queue)."""
+    while queue and (wait or queue[0][1].query()):
+        finish_check(queue.popleft() if isinstance(queue, collections.deque) else queue.pop(0))
+
+
+def finish_finite_checks() -> None:
+    """Wait for every pending finiteness check of this thread; ``DitprofError`` for the first NaN/Inf input."""
+    drain(pending_queue(), wait=True)
+
+
+class _Ring:
+    """Pinned host slots for one configuration's descales, and an event per slot."""
+
+    def __init__(self, n: int):
+        self.host = torch.empty((RING_DEPTH, n), dtype=torch.float32, pin_memory=True)
+        self.events = [torch.cuda.Event() for _ in range(RING_DEPTH)]
+        self.busy = [False] * RING_DEPTH
+        self.next = 0
+
+    def start(self, scales: torch.Tensor) -> _Check:
+        i = self.next
+        queue = pending_queue()
+        while self.busy[i]:  # the host is RING_DEPTH calls of this configuration ahead: wait for the oldest
+            drain(queue, wait=False)
+            if self.busy[i]:
+                finish_check(queue.popleft())
+        self.next = (i + 1) % RING_DEPTH
+        self.busy[i] = True
+        host = self.host[i]
+        host.copy_(scales.view(-1), non_blocking=True)
+        self.events[i].record()
+        return _Check(host, self.events[i], self, i)
+
+
+def _sync_checks() -> bool:
+    return os.environ.get("DITPROF_FP8_CHECK", "") == "sync"
+
+
+# ------------------------------------------------------------------------------------------------ launch record
+
+_ARCH_BY_DEVICE: dict = {}
+
+
+def _raw_stream(device_index: int) -> int:
+    # the current stream's handle without building a torch.cuda.Stream object (what inductor's launchers read)
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(device_index) if get is not None else torch.cuda.current_stream(device_index).cuda_stream
+
+
+def arch_of(device_index: int) -> str:
+    arch = _ARCH_BY_DEVICE.get(device_index)
+    if arch is None:
+        from ditprof.kernels.interface import arch_for_capability
+
+        arch = _ARCH_BY_DEVICE[device_index] = arch_for_capability(torch.cuda.get_device_capability(device_index))
+    return arch
+
+
+class Fp8Launch:
+    """Everything one call configuration needs, computed once (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, key_lens: bool):
+        from ditprof.kernels.prep_triton import PrepPlan
+
+        B, Sq, H, D = q.shape
+        Sk = k.shape[1]
+        self.device = q.device
+        self.device_index = q.device.index
+        self.kernel = kernel
+        self.plan = PrepPlan(q, k, v, True)
+        self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
+        self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
+        self.out_shape = (B, Sq, H, D)
+        self.dtype = q.dtype
+        self.masked = key_lens
+        arch = arch_of(self.device_index)
+        tvm = kernel == "fp8-sm90" and _tvm_ffi_enabled()
+        self.spec = KernelSpec(kernel, arch, D, _DTYPE_NAMES[q.dtype], write_lse=kernel == "fp8-sm90",
+                               key_lens=key_lens, tvm_ffi=tvm)
+        with torch.cuda.device(self.device):
+            self.fn = compiled(self.spec)
+        bufs = self.plan.buffers("meta")
+        lse_bytes = B * H * Sq * 4 if self.spec.write_lse else 0
+        ws_bytes = sum(t.numel() * t.element_size() for t in bufs.values()) + lse_bytes
+        self.reuse = ws_bytes <= WORKSPACE_REUSE_BYTES
+        self._workspaces: dict = {}
+        self.ring = _Ring(B * H * 3)
+        self.launches = 0
+
+    def _workspace(self) -> dict:
+        ws = self.plan.buffers(self.device)
+        ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
+            if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
+        return ws
+
+    def __call__(self, q, k, v, softmax_scale: float, key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        queue = pending_queue()
+        capturing = torch.cuda.is_current_stream_capturing()
+        if queue and not capturing:  # no event queries while a graph is being captured
+            drain(queue, wait=False)
+        switch = torch.cuda.current_device() != self.device_index
+        if switch:
+            prev = torch.cuda.current_device()
+            torch.cuda.set_device(self.device_index)
+        try:
+            stream = _raw_stream(self.device_index)
+            if self.reuse and not capturing:
+                ws = self._workspaces.get(stream)
+                if ws is None:
+                    ws = self._workspaces[stream] = self._workspace()
+            else:
+                ws = self._workspace()
+            self.plan.launch(q, k, v, ws, stream)
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            self._launch_kernel(ws, out, key_lens, float(softmax_scale), stream)
+            self.launches += 1
+            if not capturing:
+                check = self.ring.start(ws["scales"])
+                if _sync_checks():
+                    drain(queue, wait=True)
+                    finish_check(check)
+                else:
+                    queue.append(check)
+        finally:
+            if switch:
+                torch.cuda.set_device(prev)
+        return out
+
+    def _launch_kernel(self, ws: dict, out, key_lens, softmax_scale: float, stream: int) -> None:
+        self.spec, self.fn = launch_compiled(
+            self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], key_lens, out, ws["lse"],
+            self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)
+
+
+def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, key_lens, out, lse, B: int, H: int, Sq: int,
+                    Sk: int, softmax_scale: float, stream: int, out_strides: Optional[tuple] = None):
+    """Launch a compiled kernel on the prep's buffers (``stream``: a raw CUDA stream handle). Both kernels take the
+    same arguments here; ``out_strides`` (b, h, s) is fp8-sm120's (fp8-sm90 writes a contiguous (B,Sq,H,D)).
+    Returns (spec, fn) actually used: a TVM-FFI call that fails falls back to cute's JIT executor for good."""
+    D = q8.shape[3]
+    sq_pad, sk_pad = q8.shape[2], k8.shape[2]
+    lens_ptr = key_lens.data_ptr() if key_lens is not None else scales.data_ptr()  # not read unless key_lens
+    if spec.tvm_ffi:
+        try:
+            fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), lens_ptr, out.data_ptr(),
+               lse.data_ptr(), B, H, Sq, Sk, sq_pad, sk_pad, softmax_scale, stream)
+            _LAST["launch"] = "tvm_ffi"
+            return spec, fn
+        except Exception as exc:  # noqa: BLE001 -- argument conversion fails before anything is launched
+            from ditprof.kernels import fp8_fwd_sm90 as K
+
+            K.LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            spec = KernelSpec(**{**spec.__dict__, "tvm_ffi": False})
+            fn = compiled(spec)
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    gm = cute.AddressSpace.gmem
+    f8 = cutlass.Float8E4M3FN
+    out_ty = cutlass.BFloat16 if out.dtype == torch.bfloat16 else cutlass.Float16
+
+    def ptr(ty, t, align):
+        return cute.runtime.make_ptr(ty, t if isinstance(t, int) else t.data_ptr(), gm, assumed_align=align)
+
+    I32 = cutlass.Int32
+    if spec.kernel == "fp8-sm90":
+        fn(ptr(f8, q8, 16), ptr(f8, k8, 16), ptr(f8, v8t, 16), ptr(cutlass.Float32, scales, 4),
+           ptr(cutlass.Int32, lens_ptr, 4), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
+           I32(B), I32(H), I32(Sq), I32(Sk), I32(sq_pad), I32(sk_pad), cutlass.Float32(softmax_scale),
+           cuda.CUstream(stream))
+    else:
+        sb, sh, ss = out_strides if out_strides is not None else (Sq * H * D, D, H * D)
+        fn(ptr(f8, q8, 16), ptr(f8, k8, 16), ptr(f8, v8t, 16), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
+           ptr(cutlass.Float32, scales, 4), ptr(cutlass.Int32, lens_ptr, 4), I32(B), I32(H), I32(Sq), I32(Sk),
+           cutlass.Int64(sb), cutlass.Int64(sh), I32(ss), cutlass.Float32(softmax_scale), cuda.CUstream(stream))
+    _LAST["launch"] = "jit"
+    return spec, fn
+
+
+_LAST = {"launch": None}  # how the last kernel launch went ("tvm_ffi" or "jit"), for tests and benchmarks
+
+
+def _tvm_ffi_enabled() -> bool:
+    from ditprof.kernels.fp8_fwd_sm90 import tvm_ffi_launch_enabled
+
+    return tvm_ffi_launch_enabled()
+
+
+_RECORDS: dict = {}
+
+
+def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool,
+               kernel: Optional[str] = None) -> Fp8Launch:
+    """The launch record of this call's configuration (built, with the full input checks, on first use)."""
+    kernel = kernel or os.environ.get("DITPROF_FP8_KERNEL")  # a forced kernel is part of the configuration
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           k.device, v.device,
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel)
+    rec = _RECORDS.get(key)
+    if rec is None:
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel)
+    return rec
+
+
+def _build(q, k, v, key_lens: bool, kernel: Optional[str]) -> Fp8Launch:
+    from ditprof.kernels.checks import check_qkv
+    from ditprof.kernels.interface import SUPPORTED_HEAD_DIMS, kernel_name_for_arch
+
+    check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
+              max_grid=65535)
+    if any(x.stride(-1) != 1 for x in (q, k, v)):
+        raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
+    name = kernel_name_for_arch(arch_of(q.device.index), kernel)
+    return Fp8Launch(q, k, v, name, key_lens)
+
+
+def fp8_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+                       key_lens: Optional[torch.Tensor] = None, kernel: Optional[str] = None) -> torch.Tensor:
+    """o (B, Sq, H, D) in q's dtype; q (B, Sq, H, D), k and v (B, Sk, H, D) CUDA bf16/fp16 with unit stride in
+    head_dim. ``key_lens`` (B,) int32 on q's device: batch item b attends to its first key_lens[b] keys."""
+    return record_for(q, k, v, key_lens is not None, kernel)(q, k, v, softmax_scale, key_lens)
+
+
+def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
+    """Any key subset as a prefix, on the device (no sync, CUDA-graph capturable): ``keep`` (B, Sk) bool ->
+    (k, v with each batch item's kept keys first, in order, and the others zeroed; key_lens (B,) int32).
+    Zeroing keeps dropped keys out of the descales; attention over a key subset does not depend on key order."""
+    order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+    kept = torch.gather(keep, 1, order)[:, :, None, None]
+    idx = order[:, :, None, None].expand(-1, -1, k.shape[2], k.shape[3])
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    k2 = torch.where(kept, torch.gather(k, 1, idx), zero)
+    v2 = torch.where(kept, torch.gather(v, 1, idx), zero)
+    return k2, v2, keep.sum(dim=1, dtype=torch.int32)
+
+
+__all__ = ["KernelSpec", "compile_spec", "compiled", "clear_cache", "COMPILE_STATS", "Fp8Launch", "record_for",
+           "fp8_attention_cuda", "compact_keys", "finish_finite_checks", "drain", "pending_queue",
+           "WORKSPACE_REUSE_BYTES", "RING_DEPTH"]
+

@@ -1,0 +1,56 @@
+"""The launch record (``kernels.launch``) on a GPU: the op's fast path gives the same bits as the general path
+(prep + ``launch_prepared``), a reused workspace never leaks one call's data into the next, the op with a key mask
+is CUDA-graph capturable and replays the eager result, and the prep's direct Triton launches are used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+def _qkv(seed, B=2, Sq=300, Sk=333, H=3, D=128):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(B, s, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for s in (Sq, Sk, Sk)]
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_fast_path_equals_the_general_path_and_reuses_safely(D):
+    _cuda()
+    from ditprof.kernels import launch
+    from ditprof.kernels.interface import fp8_attention_kernel
+
+    a, b = _qkv(1, D=D), _qkv(2, D=D)
+    scale = D ** -0.5
+    want_a = fp8_attention_kernel(*a, scale=scale)
+    want_b = fp8_attention_kernel(*b, scale=scale)
+    out_a = launch.fp8_attention_cuda(*a, scale)
+    out_b = launch.fp8_attention_cuda(*b, scale)  # same configuration: same record, same workspace
+    launch.finish_finite_checks()
+    torch.cuda.synchronize()
+    assert launch.record_for(*a, False).reuse
+    assert torch.isfinite(out_a).all() and torch.isfinite(out_b).all()
+    assert torch.equal(out_a, want_a) and torch.equal(out_b, want_b)
+    assert not torch.equal(out_a, out_b)
+    rec = launch.record_for(*a, False)
+    assert all(step.compiled is not None for step in (rec.plan.stats, rec.plan.finalize, rec.plan.quant))
+
+
+def test_op_with_a_key_mask_captures_in_a_cuda_graph():
+    _cuda()
+    from ditprof.harness import session as S
+    from ditprof.kernels.op import fp8_attention
+
+    q, k, v = _qkv(3, B=3, Sq=256, Sk=480)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    keep = torch.rand(3, 480, device="cuda", generator=g) < 0.7
+    eager = fp8_attention(q, k, v, key_mask=keep).cpu()
+    samples, note, out = S.time_block_graph(lambda: fp8_attention(q, k, v, key_mask=keep), torch.device("cuda"), 3)
+    assert samples is not None, note
+    assert torch.equal(out, eager)
