@@ -165,7 +165,7 @@ class _Ring:
         self.busy = [False] * RING_DEPTH
         self.next = 0
 
-    def start(self, scales: torch.Tensor) -> _Check:
+    def start(self, scales: torch.Tensor, stream: torch.cuda.Stream) -> _Check:
         i = self.next
         queue = pending_queue()
         while self.busy[i]:  # the host is RING_DEPTH calls of this configuration ahead: wait for the oldest
@@ -176,7 +176,7 @@ class _Ring:
         self.busy[i] = True
         host = self.host[i]
         host.copy_(scales.view(-1), non_blocking=True)
-        self.events[i].record()
+        self.events[i].record(stream)
         return _Check(host, self.events[i], self, i)
 
 
@@ -189,10 +189,18 @@ def _sync_checks() -> bool:
 _ARCH_BY_DEVICE: dict = {}
 
 
-def _raw_stream(device_index: int) -> int:
-    # the current stream's handle without building a torch.cuda.Stream object (what inductor's launchers read)
+_STREAMS: dict = {}
+
+
+def _current_stream(device_index: int) -> tuple[int, torch.cuda.Stream]:
+    """(raw handle, torch.cuda.Stream) of the current stream; the object is built once per handle (building one per
+    call costs a few us; the handle alone is what inductor's launchers read)."""
     get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(device_index) if get is not None else torch.cuda.current_stream(device_index).cuda_stream
+    raw = get(device_index) if get is not None else torch.cuda.current_stream(device_index).cuda_stream
+    obj = _STREAMS.get(raw)
+    if obj is None or obj.cuda_stream != raw:
+        obj = _STREAMS[raw] = torch.cuda.current_stream(device_index)
+    return raw, obj
 
 
 def arch_of(device_index: int) -> str:
@@ -243,15 +251,15 @@ class Fp8Launch:
 
     def __call__(self, q, k, v, softmax_scale: float, key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
         queue = pending_queue()
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = torch._C._cuda_isCurrentStreamCapturing()
         if queue and not capturing:  # no event queries while a graph is being captured
             drain(queue, wait=False)
-        switch = torch.cuda.current_device() != self.device_index
+        prev = torch._C._cuda_getDevice()
+        switch = prev != self.device_index
         if switch:
-            prev = torch.cuda.current_device()
             torch.cuda.set_device(self.device_index)
         try:
-            stream = _raw_stream(self.device_index)
+            stream, stream_obj = _current_stream(self.device_index)
             if self.reuse and not capturing:
                 ws = self._workspaces.get(stream)
                 if ws is None:
@@ -263,7 +271,7 @@ class Fp8Launch:
             self._launch_kernel(ws, out, key_lens, float(softmax_scale), stream)
             self.launches += 1
             if not capturing:
-                check = self.ring.start(ws["scales"])
+                check = self.ring.start(ws["scales"], stream_obj)
                 if _sync_checks():
                     drain(queue, wait=True)
                     finish_check(check)

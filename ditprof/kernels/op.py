@@ -1,4 +1,4 @@
-"""``torch.ops.ditprof.fp8_attention``: the FP8 attention as a torch custom op.
+"""``torch.ops.ditprof.fp8_attention``: the FP8 attention as a torch custom op (torch.library).
 
 torch.compile treats it as one opaque node (``register_fake`` gives the output's shape and checks the inputs
 during tracing, so bad input is the same one-line ``DitprofError`` under compile), so a block with the swap compiles
@@ -29,15 +29,17 @@ def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[
     check_key_mask(key_mask, ks)
 
 
-@torch.library.custom_op("ditprof::fp8_attention", mutates_args=())
-def fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """o (B, Sq, H, D) in q's dtype; q (B, Sq, H, D), k and v (B, Sk, H, D)."""
-    if q.device.type != "cuda":
-        check(q, k, v, key_mask)
-        from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+# Defined with torch.library's schema API rather than ``torch.library.custom_op``: the same op for torch.compile,
+# CUDA graphs and the dispatcher, without custom_op's Python autograd and aliasing-check layers on every eager call
+# (~70 us of host time per call on the H200 host, 2026-12-02, benchmarks/host_overhead.py). No backward: calling
+# backward through it raises torch's "not implemented" error.
+_LIB = torch.library.Library("ditprof", "DEF")
+_LIB.define("fp8_attention(Tensor q, Tensor k, Tensor v, float scale, Tensor? key_mask=None) -> Tensor")
 
-        return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask)
+
+def fp8_attention_cuda_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """o (B, Sq, H, D) in q's dtype; q (B, Sq, H, D), k and v (B, Sk, H, D), CUDA: our kernel."""
     # the launch record checks q, k, v once per configuration (shapes, strides, dtypes, device), not per call
     from ditprof.kernels.launch import compact_keys, fp8_attention_cuda
 
@@ -50,8 +52,21 @@ def fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return fp8_attention_cuda(q, k, v, scale, key_lens)
 
 
-@fp8_attention_op.register_fake
-def _(q, k, v, scale, key_mask=None):
+def fp8_attention_cpu_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                           key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Any other device: the numerics emulation."""
+    check(q, k, v, key_mask)
+    from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask)
+
+
+_LIB.impl("fp8_attention", fp8_attention_cuda_impl, "CUDA")
+_LIB.impl("fp8_attention", fp8_attention_cpu_impl, "CPU")
+
+
+@torch.library.register_fake("ditprof::fp8_attention")
+def _fake(q, k, v, scale, key_mask=None):
     check(q, k, v, key_mask)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 

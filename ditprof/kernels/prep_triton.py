@@ -367,10 +367,13 @@ def stats_rows_per_warp(D: int) -> int:
 
 
 def _launch_hooks_set() -> bool:
-    # a launch hook (proton, a user's) must see every launch: then every launch goes through Triton's JIT
-    knobs = getattr(triton, "knobs", None)
-    runtime = getattr(knobs, "runtime", None)
-    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
+    # a launch hook (proton, a user's) must see every launch: then every launch goes through Triton's JIT. Newer
+    # Triton keeps the hooks as HookChain objects (never None; empty ``calls`` when nothing is hooked)
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None:
+        return False
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 class _Launch:
