@@ -321,6 +321,15 @@ def test_interpreter_inner(shape):
                 {"q": qq, "k": kk, "v": vv}[which][0, -1, 0, 0] = bad
                 with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
                     fp8_prepare(qq, kk, vv, smooth_k=smooth_k, backend="triton")
+                # the sticky flags a launch record reads instead of the descales: exactly this input's flag
+                plan = prep_triton.PrepPlan(qq, kk, vv, smooth_k)
+                bufs = plan.buffers(qq.device)
+                plan.launch(qq, kk, vv, bufs)
+                assert bufs["flags"].tolist() == [int(n == which) for n in "qkv"]
+    plan = prep_triton.PrepPlan(q, k, v, True)
+    bufs = plan.buffers(q.device)
+    plan.launch(q, k, v, bufs)
+    assert bufs["flags"].tolist() == [0, 0, 0]
 
 
 # ------------------------------------------------------------------ GPU: Triton kernels vs the torch chain

@@ -3,19 +3,20 @@ configuration, and the finiteness check of q, k, v without a host sync.
 
 - ``KernelSpec`` (frozen) is everything a compiled kernel is specialised for; ``compiled(spec)`` is the one compile
   cache (both kernels, every caller). ``fp8-sm90`` and ``fp8-sm120`` compile from the same spec fields.
-- ``Fp8Launch`` (the launch record) is built once per (device, shapes, strides, dtype, alignment, key lengths) by
-  ``record_for``: the prep plan (``prep_triton.PrepPlan``), the compiled kernel, the arguments that do not change
-  and, for problems up to ``WORKSPACE_REUSE_BYTES``, the prep's workspace (one per stream: work on one stream is
-  ordered, so the next call's prep writes it only after this call's kernel has read it; under CUDA-graph capture
-  each call allocates its own). A call is then the prep's three launches, the kernel launch, the output
-  allocation and an async copy of the descales: no sync, no other allocation, no per-call argument checks
-  (``record_for`` checks once per configuration).
-- Finiteness: the descales of q, k, v are non-finite exactly when an input held NaN/Inf. Each call copies them to a
-  slot of a pinned ring and records an event; every later call polls the queue (``event.query``, no wait) and
-  raises ``DitprofError("q contains NaN or Inf")`` (or k, v) for the earliest finished call that had one.
-  ``finish_finite_checks()`` waits for all of them (the harness and ``interface.deferred_finite_checks`` call it);
-  a host more than ``RING_DEPTH`` calls ahead of the GPU waits for the oldest. ``DITPROF_FP8_CHECK=sync`` waits at
-  every call instead (the error then comes from the call itself).
+- ``Fp8Launch`` (the launch record) is built once per (device, shapes, strides, dtypes, alignment, key lengths,
+  forced kernel) by ``record_for``: the prep plan (``prep_triton.PrepPlan``, whose launches skip Triton's per-call
+  argument specialisation), the compiled kernel, the arguments that do not change and, for problems up to
+  ``WORKSPACE_REUSE_BYTES``, the prep's workspace (one per stream: work on one stream is ordered, so the next call's
+  prep writes it only after this call's kernel has read it; under CUDA-graph capture each call allocates its own).
+  A call is then the prep's three launches, the kernel launch and the output allocation: no sync, no other
+  allocation, no per-call argument checks (``record_for`` checks once per configuration).
+- Finiteness: a descale is non-finite exactly when its input held NaN/Inf; the prep's finalize kernel then sets a
+  sticky flag for q, k or v in the workspace. Every ``CHECK_EVERY`` calls of a workspace (every call when it is not
+  reused) the flags are copied to a slot of a pinned ring, with an event, and zeroed; every later call polls the
+  queue (``event.query``, no wait) and raises ``DitprofError("q contains NaN or Inf")`` (or k, v) once a copy that
+  holds a flag has landed. ``finish_finite_checks()`` reads the flags of every call made so far and waits (the
+  harness and ``interface.deferred_finite_checks`` call it): a NaN input is reported at the latest there, never
+  silently. ``DITPROF_FP8_CHECK=sync`` reads and waits at every call instead (the error then comes from the call).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ditprof.errors import DitprofError
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: a few us against milliseconds of kernel
 RING_DEPTH = 16
+CHECK_EVERY = 8  # calls of one reused workspace between two reads of its non-finite flags
 _NAMES = ("q", "k", "v")
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -100,23 +102,26 @@ def clear_cache() -> None:
 # ------------------------------------------------------------------------------------------------ finiteness
 
 class _Check(tuple):
-    """(pinned host copy of the descales, event after the copy) plus the ring slot to give back once read."""
+    """(pinned host copy, event after the copy) plus the ring slot to give back once read. The copy is the sticky
+    non-finite flags of q, k, v (int32 x 3, ``flags=True``) or the (B*H*3,) descales (the general path's prep)."""
 
-    def __new__(cls, host, event, ring=None, slot=None):
+    def __new__(cls, host, event, ring=None, slot=None, flags=False):
         self = super().__new__(cls, (host, event))
-        self.ring, self.slot = ring, slot
+        self.ring, self.slot, self.flags = ring, slot, flags
         return self
+
+
+def _raise_for(bad: list) -> None:
+    for name, flag in zip(_NAMES, bad):
+        if flag:
+            raise DitprofError(f"{name} contains NaN or Inf")
 
 
 def raise_if_nonfinite(host) -> None:
     """``host``: the (B*H*3,) descales of q, k, v, already on the host."""
-    arr = host.numpy().reshape(-1, 3)
-    finite = np.isfinite(arr)
-    if finite.all():
-        return
-    for name, bad in zip(_NAMES, (~finite).any(axis=0).tolist()):
-        if bad:
-            raise DitprofError(f"{name} contains NaN or Inf")
+    finite = np.isfinite(host.numpy().reshape(-1, 3))
+    if not finite.all():
+        _raise_for((~finite).any(axis=0).tolist())
 
 
 def finish_check(item) -> None:
@@ -126,7 +131,10 @@ def finish_check(item) -> None:
     host, event = item[0], item[1]
     event.synchronize()
     try:
-        raise_if_nonfinite(host)
+        if getattr(item, "flags", False):
+            _raise_for(host.tolist())
+        else:
+            raise_if_nonfinite(host)
     finally:
         ring = getattr(item, "ring", None)
         if ring is not None:
@@ -151,33 +159,45 @@ def drain(queue, wait: bool) -> None:
         finish_check(queue.popleft() if isinstance(queue, collections.deque) else queue.pop(0))
 
 
+# reused workspaces whose flags have not been read since their last calls: id -> (record, workspace, stream)
+_UNCHECKED: dict = {}
+
+
 def finish_finite_checks() -> None:
-    """Wait for every pending finiteness check of this thread; ``DitprofError`` for the first NaN/Inf input."""
-    drain(pending_queue(), wait=True)
+    """Read the flags of every call made so far and wait for every pending check of this thread;
+    ``DitprofError`` for the first NaN/Inf input."""
+    queue = pending_queue()
+    for rec, ws, stream in list(_UNCHECKED.values()):
+        with torch.cuda.stream(stream):
+            rec.check(ws, stream, queue)
+    drain(queue, wait=True)
 
 
 class _Ring:
-    """Pinned host slots for one configuration's descales, and an event per slot."""
+    """Pinned host slots for one configuration's non-finite flags, and an event per slot."""
 
-    def __init__(self, n: int):
-        self.host = torch.empty((RING_DEPTH, n), dtype=torch.float32, pin_memory=True)
+    def __init__(self):
+        self.host = torch.empty((RING_DEPTH, 3), dtype=torch.int32, pin_memory=True)
         self.events = [torch.cuda.Event() for _ in range(RING_DEPTH)]
         self.busy = [False] * RING_DEPTH
         self.next = 0
 
-    def start(self, scales: torch.Tensor, stream: torch.cuda.Stream) -> _Check:
+    def start(self, flags: torch.Tensor, stream: torch.cuda.Stream, zero: bool) -> _Check:
+        """Copy ``flags`` to a free slot on ``stream`` (the current stream), then zero them there if ``zero``."""
         i = self.next
         queue = pending_queue()
-        while self.busy[i]:  # the host is RING_DEPTH calls of this configuration ahead: wait for the oldest
+        while self.busy[i]:  # the host is RING_DEPTH checks of this configuration ahead: wait for the oldest
             drain(queue, wait=False)
             if self.busy[i]:
                 finish_check(queue.popleft())
         self.next = (i + 1) % RING_DEPTH
         self.busy[i] = True
         host = self.host[i]
-        host.copy_(scales.view(-1), non_blocking=True)
+        host.copy_(flags, non_blocking=True)
         self.events[i].record(stream)
-        return _Check(host, self.events[i], self, i)
+        if zero:
+            flags.zero_()
+        return _Check(host, self.events[i], self, i, flags=True)
 
 
 def _sync_checks() -> bool:
@@ -240,13 +260,16 @@ class Fp8Launch:
         ws_bytes = sum(t.numel() * t.element_size() for t in bufs.values()) + lse_bytes
         self.reuse = ws_bytes <= WORKSPACE_REUSE_BYTES
         self._workspaces: dict = {}
-        self.ring = _Ring(B * H * 3)
+        self.ring = _Ring()
+        self.sizes = (B, H, Sq, Sk, self.sq_pad, self.sk_pad)
         self.launches = 0
 
     def _workspace(self) -> dict:
         ws = self.plan.buffers(self.device)
         ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
             if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
+        ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse"))
+        ws["unchecked"] = 0
         return ws
 
     def __call__(self, q, k, v, softmax_scale: float, key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -271,18 +294,37 @@ class Fp8Launch:
             self._launch_kernel(ws, out, key_lens, float(softmax_scale), stream)
             self.launches += 1
             if not capturing:
-                check = self.ring.start(ws["scales"], stream_obj)
-                if _sync_checks():
-                    drain(queue, wait=True)
-                    finish_check(check)
+                sync = _sync_checks()
+                if not self.reuse or sync:
+                    self.check(ws, stream_obj, queue)
+                    if sync:
+                        drain(queue, wait=True)
                 else:
-                    queue.append(check)
+                    n = ws["unchecked"] = ws["unchecked"] + 1
+                    if n >= CHECK_EVERY:
+                        self.check(ws, stream_obj, queue)
+                    elif n == 1:
+                        _UNCHECKED[id(ws)] = (self, ws, stream_obj)
         finally:
             if switch:
                 torch.cuda.set_device(prev)
         return out
 
+    def check(self, ws: dict, stream: torch.cuda.Stream, queue) -> None:
+        """Queue a read of ``ws``'s flags (set by every prep since the last read), zeroing them after the copy."""
+        ws["unchecked"] = 0
+        _UNCHECKED.pop(id(ws), None)
+        queue.append(self.ring.start(ws["flags"], stream, zero=self.reuse))
+
     def _launch_kernel(self, ws: dict, out, key_lens, softmax_scale: float, stream: int) -> None:
+        if self.spec.tvm_ffi:
+            try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
+                q8, k8, v8t, sc, lse = ws["ptrs"]
+                self.fn(q8, k8, v8t, sc, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
+                        lse, *self.sizes, softmax_scale, stream)
+                return
+            except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
+                pass
         self.spec, self.fn = launch_compiled(
             self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], key_lens, out, ws["lse"],
             self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)

@@ -14,7 +14,8 @@ Three launches, all deterministic (no atomics):
 2. ``_finalize_kernel`` grid (B*H,): reduces the partials in a fixed order; mean_k = fp32(sum64 / Sk);
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
    because rounding is monotonic); a non-finite K sum (K holds a NaN or Inf) makes amax_k NaN;
-   descales = amax / 448 (1.0 where amax == 0), IEEE division.
+   descales = amax / 448 (1.0 where amax == 0), IEEE division; a non-finite descale also sets a sticky flag for
+   q, k or v (``flags``, int32 x 3: what ``kernels.launch`` reads instead of every call's descales).
 3. ``_quant_kernel``  grid (Q tiles + K tiles + V tiles, B*H), one branch per operand, each branch body a jit
    helper (the compiled path type-checks variables across if/else; the interpreter does not):
    X8 = e4m3(clamp(X / descale, +-448)), round to nearest even; writes q8 and k8 row-major (pad rows zero) and V
@@ -247,7 +248,7 @@ def _stats_kernel(
 @triton.jit
 def _finalize_kernel(
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr,
+    mean_ptr, scales_ptr, flags_ptr,
     Sk, NCQ, NCK,
     D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr,
 ):
@@ -291,6 +292,11 @@ def _finalize_kernel(
     tl.store(scales_ptr + bh * 3 + 0, ds_q)
     tl.store(scales_ptr + bh * 3 + 1, ds_k)
     tl.store(scales_ptr + bh * 3 + 2, ds_v)
+    # sticky non-finite flags of q, k, v (int32 x 3, zeroed by the caller): a launch record reads them every few
+    # calls instead of copying every call's descales to the host (x - x is 0 for finite x, NaN for NaN and Inf)
+    tl.store(flags_ptr + 0, 1, mask=(ds_q - ds_q) != 0.0)
+    tl.store(flags_ptr + 1, 1, mask=(ds_k - ds_k) != 0.0)
+    tl.store(flags_ptr + 2, 1, mask=(ds_v - ds_v) != 0.0)
 
 
 # ---------------------------------------------------------------- quantize
@@ -377,25 +383,35 @@ def _launch_hooks_set() -> bool:
 
 
 class _Launch:
-    """One Triton kernel of the prep with its grid, options and argument order fixed. The first call goes through
-    the JIT (which specialises, compiles and returns the CompiledKernel); later calls on CUDA call that kernel's
-    launcher directly (what the JIT itself calls after ~10-20 us of per-call argument specialisation), unless a
-    launch hook is set. The arguments a plan fixes (sizes, strides, alignment of the buffers) are what the JIT
-    specialised on, so the compiled kernel stays valid for every call of the plan."""
+    """One Triton kernel of the prep with its grid, options and argument list fixed but for the tensors. The first
+    call goes through the JIT (which specialises, compiles and returns the CompiledKernel); later calls on CUDA call
+    that kernel's launcher directly (what the JIT itself calls after ~10-20 us of per-call argument
+    specialisation), unless a launch hook is set. The arguments a plan fixes (sizes, strides, alignment of the
+    buffers) are what the JIT specialised on, so the compiled kernel stays valid for every call of the plan."""
 
-    def __init__(self, fn, grid: tuple, options: dict):
+    def __init__(self, fn, grid: tuple, options: dict, static: dict, dynamic: tuple):
         self.fn = fn
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.options = options
+        names = list(fn.arg_names)
+        self.names = names
+        self.template = [static.get(n) for n in names]
+        self.slots = tuple(names.index(n) for n in dynamic)  # where each per-call tensor goes
+        missing = set(names) - set(static) - set(dynamic)
+        if missing:
+            raise ValueError(f"{fn.__name__}: no value for {sorted(missing)}")
         self.compiled = None
 
-    def __call__(self, args: dict, stream: int | None) -> None:
+    def __call__(self, values: tuple, stream: int | None) -> None:
+        args = self.template.copy()
+        for i, val in zip(self.slots, values):
+            args[i] = val
         ck = self.compiled
         if ck is not None and stream is not None and not _launch_hooks_set():
             ck.run(self.grid[0], self.grid[1], self.grid[2], stream, ck.function, ck.packed_metadata, None, None,
-                   None, *[args[name] for name in self.fn.arg_names])
+                   None, *args)
             return
-        res = self.fn[self.grid](**args, **self.options)
+        res = self.fn[self.grid](**dict(zip(self.names, args)), **self.options)
         if stream is not None and all(hasattr(res, a) for a in ("run", "function", "packed_metadata")):
             self.compiled = res
 
@@ -435,16 +451,18 @@ class PrepPlan:
         for pre, x in (("sq", q), ("sk", k), ("sv", v)):
             for axis, st in zip("bshd", x.stride()):
                 strides[pre + axis] = st
-        self.static = {
-            "stats": dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
-                          W=stats_warps * stats_rows_per_warp(D)),
-            "finalize": dict(Sk=Sk, NCQ=ncq, NCK=nck, D=D, CB=FINALIZE_CB, SMOOTH=self.smooth_k),
-            "quant": dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
-                          BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div),
-        }
-        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps))
-        self.finalize = _Launch(_finalize_kernel, (BH,), dict(num_warps=4))
-        self.quant = _Launch(_quant_kernel, (nq + 2 * nk, BH), dict(num_warps=quant_warps))
+        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
+                     W=stats_warps * stats_rows_per_warp(D))
+        finalize = dict(Sk=Sk, NCQ=ncq, NCK=nck, D=D, CB=FINALIZE_CB, SMOOTH=self.smooth_k)
+        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
+                     BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div)
+        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps), stats,
+                             ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr"))
+        self.finalize = _Launch(_finalize_kernel, (BH,), dict(num_warps=4), finalize,
+                                ("qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr", "mean_ptr",
+                                 "scales_ptr", "flags_ptr"))
+        self.quant = _Launch(_quant_kernel, (nq + 2 * nk, BH), dict(num_warps=quant_warps), quant,
+                             ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr"))
 
     def buffers(self, device, out=None) -> dict:
         """Every tensor the three kernels write: the prep's outputs (q8, k8, v8t, scales, k_mean) and the
@@ -467,19 +485,18 @@ class PrepPlan:
             ksum=torch.empty((BH, self.nck, D), dtype=torch.float64, device=device),
             kmax=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
             kmin=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
+            # sticky non-finite flags of q, k, v (the finalize kernel sets them; whoever reads them zeroes them)
+            flags=torch.zeros((3,), dtype=torch.int32, device=device),
         )
 
     def launch(self, q, k, v, bufs: dict, stream: int | None = None) -> None:
         """The three launches on ``stream`` (a raw CUDA stream handle; None: Triton's JIT path, which launches on
         the current stream). The current device must be the tensors' device."""
         b = bufs
-        self.stats(dict(self.static["stats"], q_ptr=q, k_ptr=k, v_ptr=v, qpart_ptr=b["qpart"], vpart_ptr=b["vpart"],
-                        ksum_ptr=b["ksum"], kmax_ptr=b["kmax"], kmin_ptr=b["kmin"]), stream)
-        self.finalize(dict(self.static["finalize"], qpart_ptr=b["qpart"], vpart_ptr=b["vpart"], ksum_ptr=b["ksum"],
-                           kmax_ptr=b["kmax"], kmin_ptr=b["kmin"], mean_ptr=b["k_mean"], scales_ptr=b["scales"]),
-                      stream)
-        self.quant(dict(self.static["quant"], q_ptr=q, k_ptr=k, v_ptr=v, q8_ptr=b["q8"], k8_ptr=b["k8"],
-                        v8t_ptr=b["v8t"], mean_ptr=b["k_mean"], scales_ptr=b["scales"]), stream)
+        self.stats((q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"]), stream)
+        self.finalize((b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
+                       b["flags"]), stream)
+        self.quant((q, k, v, b["q8"], b["k8"], b["v8t"], b["k_mean"], b["scales"]), stream)
 
 
 def prepare_triton(
@@ -537,7 +554,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     ptr_types = {
         "q_ptr": elem, "k_ptr": elem, "v_ptr": elem,
         "qpart_ptr": "*i32", "vpart_ptr": "*i32", "ksum_ptr": "*fp64", "kmax_ptr": "*fp32", "kmin_ptr": "*fp32",
-        "mean_ptr": "*fp32", "scales_ptr": "*fp32",
+        "mean_ptr": "*fp32", "scales_ptr": "*fp32", "flags_ptr": "*i32",
         "q8_ptr": "*fp8e4nv", "k8_ptr": "*fp8e4nv", "v8t_ptr": "*fp8e4nv",
     }
 
