@@ -93,6 +93,12 @@ session8)  # session 8, second batch: host cost after the fixes, the GPU tests, 
   step attention-peers 170 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
   step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   ;;
+session8b)  # session 8, third batch: host cost with the sticky flags, the sm90 GPU tests, peers, flux
+  step host-overhead 90 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  step gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_finite_checks.py tests/test_fp8_op_gpu.py tests/test_fp8_key_lens_gpu.py -k "not sm120 and not compiles_with_inductor"
+  step attention-peers 150 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
+  ;;
 peers)  # session 8: ours vs FA3 FP8/BF16 and cuDNN at the shapes in one process, then the flux compare
   step attention-peers 330 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3,cogvideox} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,cudnn-fp8,prep-triton --json "$out/attention-peers.json"
   step compare-flux 200 python -m ditprof compare --preset flux.1-dev --out "$out/compare-flux"
