@@ -177,7 +177,8 @@ class _Ring:
     """Pinned host slots for one configuration's non-finite flags, and an event per slot."""
 
     def __init__(self):
-        self.host = torch.empty((RING_DEPTH, 3), dtype=torch.int32, pin_memory=True)
+        with torch.inference_mode(False):  # normal tensors: written in place inside and outside inference mode
+            self.host = torch.empty((RING_DEPTH, 3), dtype=torch.int32, pin_memory=True)
         self.events = [torch.cuda.Event() for _ in range(RING_DEPTH)]
         self.busy = [False] * RING_DEPTH
         self.next = 0
@@ -265,9 +266,11 @@ class Fp8Launch:
         self.launches = 0
 
     def _workspace(self) -> dict:
-        ws = self.plan.buffers(self.device)
-        ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
-            if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
+        # normal tensors even when made inside inference mode: later calls outside it zero the flags in place
+        with torch.inference_mode(False):
+            ws = self.plan.buffers(self.device)
+            ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
+                if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
         ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse"))
         ws["unchecked"] = 0
         return ws
