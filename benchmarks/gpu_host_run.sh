@@ -99,6 +99,12 @@ session8b)  # session 8, third batch: host cost with the sticky flags, the sm90 
   step attention-peers 150 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
   step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   ;;
+session8c)  # session 8, fourth batch: two prep launches, inference-mode records; tests, host cost, flux, h3
+  step gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_finite_checks.py tests/test_fp8_op_gpu.py tests/test_fp8_key_lens_gpu.py tests/test_prep.py tests/test_cuda_graph.py -k "not sm120 and not compiles_with_inductor"
+  step host-overhead 80 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
+  step compare-h3 150 python -m ditprof compare --iters 5 --out "$out/compare-h3"
+  ;;
 peers)  # session 8: ours vs FA3 FP8/BF16 and cuDNN at the shapes in one process, then the flux compare
   step attention-peers 330 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3,cogvideox} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,cudnn-fp8,prep-triton --json "$out/attention-peers.json"
   step compare-flux 200 python -m ditprof compare --preset flux.1-dev --out "$out/compare-flux"
