@@ -387,14 +387,17 @@ def stats_rows_per_warp(D: int) -> int:
     return max(1, 256 // D)
 
 
+_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
 def _launch_hooks_set() -> bool:
     # a launch hook (proton, a user's) must see every launch: then every launch goes through Triton's JIT. Newer
     # Triton keeps the hooks as HookChain objects (never None; empty ``calls`` when nothing is hooked)
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is None:
+    rt = _RUNTIME_KNOBS
+    if rt is None:
         return False
-    return any(h is not None and bool(getattr(h, "calls", True))
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool(getattr(enter, "calls", enter is not None)) or bool(getattr(leave, "calls", leave is not None))
 
 
 class _Launch:
