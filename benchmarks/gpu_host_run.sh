@@ -105,6 +105,11 @@ session8c)  # session 8, fourth batch: two prep launches, inference-mode records
   step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   step compare-h3 150 python -m ditprof compare --iters 5 --out "$out/compare-h3"
   ;;
+session8d)  # session 8, last batch: the sm120 kernel's GPU tests (emulated on Hopper), flux eager diagnosis, host cost
+  step sm120-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_fp8_key_lens_gpu.py -k "sm120 or not key_lens"
+  step eager-diag 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag.json"
+  step host-overhead 80 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  ;;
 peers)  # session 8: ours vs FA3 FP8/BF16 and cuDNN at the shapes in one process, then the flux compare
   step attention-peers 330 python benchmarks/attention.py --shapes ${PEER_SHAPES:-flux,ltx,h3,cogvideox} --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,cudnn-fp8,prep-triton --json "$out/attention-peers.json"
   step compare-flux 200 python -m ditprof compare --preset flux.1-dev --out "$out/compare-flux"
