@@ -1,8 +1,6 @@
 """Extrapolation math, memory budget parsing/limits, atomic writes and forced-failure runs, bad input."""
 
-import json
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

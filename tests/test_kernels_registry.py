@@ -70,17 +70,8 @@ def test_fp8_availability_by_compute_capability(monkeypatch, capability, expecte
     monkeypatch.setattr(peers, "_cuda_reason", lambda device: "")
     monkeypatch.setattr(peers, "_capability", lambda device: capability)
     monkeypatch.setattr(peers, "_import_reason", lambda module: "")
-    monkeypatch.setattr(peers, "_module_exists", lambda module: True)
     ok, reason = registry.available("fp8", "cuda")
     assert ok == (expected == "") and expected in reason
-
-
-def test_fp8_without_interface_module_says_so(monkeypatch):
-    monkeypatch.setattr(peers, "_cuda_reason", lambda device: "")
-    monkeypatch.setattr(peers, "_capability", lambda device: (12, 0))
-    monkeypatch.setattr(peers, "_import_reason", lambda module: "")
-    monkeypatch.setattr(peers, "_module_exists", lambda module: False)
-    assert registry.available("fp8", "cuda") == (False, "ditprof.kernels.interface is not written yet")
 
 
 def test_fp8_backend_imports_the_kernel_only_when_called():

@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 
 from ditprof.harness import noise, report
 

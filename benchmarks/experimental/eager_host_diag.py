@@ -66,7 +66,6 @@ def main() -> int:
     from ditprof.kernels import launch, registry
     from ditprof.model_blocks import load_block, make_inputs
 
-    dev = torch.device("cuda")
     loaded = load_block(args.preset, device="cuda", dtype=torch.bfloat16, progress=False)
     inputs = make_inputs(loaded)
     uses = loaded.family.uses_dispatcher

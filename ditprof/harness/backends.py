@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -15,16 +15,6 @@ CPU_SWAP = "fp8-emulated"
 DEFAULT_BASELINE = "sdpa"
 
 
-def _registry():
-    try:
-        from ditprof.kernels import registry
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("ditprof.kernels"):
-            raise DitprofError("the attention backend registry (ditprof.kernels.registry) is not installed") from None
-        raise
-    return registry
-
-
 @dataclass
 class BackendInfo:
     name: str
@@ -34,39 +24,25 @@ class BackendInfo:
     fn: Callable | None
 
 
-def _entry_fn(entry: Any) -> Callable | None:
-    if entry is None:
-        return None
-    for attr in ("fn", "func", "function", "impl"):
-        f = getattr(entry, attr, None)
-        if callable(f):
-            return f
-    return entry if callable(entry) else None
-
-
 def names() -> list[str]:
-    reg = _registry()
-    out = reg.all_backends()
-    if isinstance(out, dict):
-        return list(out)
-    return [b if isinstance(b, str) else getattr(b, "name") for b in out]
+    from ditprof.kernels import registry
+
+    return registry.names()
 
 
 def availability(name: str, device: torch.device | str) -> tuple[bool, str]:
-    reg = _registry()
-    res = reg.available(name, str(torch.device(device).type if not isinstance(device, str) else device))
-    if isinstance(res, tuple):
-        ok, reason = res[0], (res[1] if len(res) > 1 else "")
-    else:
-        ok, reason = bool(res), ""
+    from ditprof.kernels import registry
+
+    ok, reason = registry.available(name, torch.device(device))
     return bool(ok), str(reason or "")
 
 
 def info(name: str, device: torch.device | str) -> BackendInfo:
-    reg = _registry()
-    entry = reg.get(name)
+    from ditprof.kernels import registry
+
+    entry = registry.get(name)
     ok, reason = availability(name, device)
-    return BackendInfo(name, str(getattr(entry, "description", "") or ""), ok, reason, _entry_fn(entry))
+    return BackendInfo(name, entry.description, ok, reason, entry.fn)
 
 
 def describe_all(device: torch.device | str) -> list[BackendInfo]:
@@ -87,8 +63,6 @@ def resolve(name: str, device: torch.device) -> BackendInfo:
     b = info(name, device)
     if not b.available:
         raise DitprofError(f"attention backend {name!r} is not available on {device.type}: {b.reason or 'no reason given'}")
-    if b.fn is None:
-        raise DitprofError(f"attention backend {name!r} has no callable in the registry")
     return b
 
 

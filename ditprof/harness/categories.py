@@ -72,7 +72,6 @@ ELEMENTWISE_OPS = {
     "_unsafe_view", "reshape", "view_as_real", "view_as_complex", "polar", "complex", "flip", "roll",
     "repeat", "repeat_interleave", "index_select", "unflatten", "flatten",
 }
-OTHER_HINT = {"softmax", "_softmax", "sum", "mean", "amax", "max", "min", "var", "std", "sort", "topk"}
 
 # Fallback rules on device-kernel names (only when the launching op cannot be found).
 KERNEL_NAME_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (

@@ -172,7 +172,6 @@ def png(d: dict) -> bytes:
 
     from ditprof.harness.plots import COLORS
 
-    cats = [r["category"] for r in d["categories"]]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.6), dpi=110, gridspec_kw={"width_ratios": [1, 1.4]})
     for i, side in enumerate(("a", "b")):
         bottom = 0.0

@@ -293,7 +293,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
 
 
 def markdown(report: dict) -> str:
-    m, e, st = report["model"], report["environment"], report["settings"]
+    m, st = report["model"], report["settings"]
     lines = [f"# ditprof {report['command']} — {m.get('preset') or m.get('checkpoint')}", "",
              f"Created {report['created']}.", "",
              f"**Model:** {model_line(report)}", "",

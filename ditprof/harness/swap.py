@@ -18,7 +18,6 @@ attributes every kernel it launches to attention; the baseline backend is wrappe
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import inspect
 import threading
@@ -303,14 +302,6 @@ def swapped(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher
         yield state
     finally:
         state.restore()
-
-
-def active_backend_value() -> str:
-    """diffusers' global active backend (to check the harness leaves it alone)."""
-    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-    b = _AttentionBackendRegistry._active_backend
-    return b.value if isinstance(b, enum.Enum) else str(b)
 
 
 # --------------------------------------------------------------------------- norm module ranges

@@ -45,11 +45,6 @@ def _import_reason(module: str) -> str:
     return ""
 
 
-def _module_exists(module: str) -> bool:
-    """Whether ``module`` can be found, without importing it."""
-    return importlib.util.find_spec(module) is not None
-
-
 def _needs_cuda(device: torch.device) -> tuple[bool, str]:
     reason = _cuda_reason(device)
     return not reason, reason
@@ -159,8 +154,6 @@ def _fp8_available(device: torch.device) -> tuple[bool, str]:
     reason = _import_reason("cutlass.cute")
     if reason:
         return False, f"CuTe DSL (nvidia-cutlass-dsl) missing: {reason}"
-    if not _module_exists("ditprof.kernels.interface"):
-        return False, "ditprof.kernels.interface is not written yet"
     return True, ""
 
 
