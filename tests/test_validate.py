@@ -10,6 +10,7 @@ import torch
 
 from ditprof.cli import main
 from ditprof.errors import DitprofError
+from ditprof.harness import session as S
 from ditprof.harness import validate as V
 from ditprof.model_blocks import load_block, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block
@@ -73,7 +74,7 @@ def test_streamed_chain_equals_resident_chain():
     blocks = [synthetic_block("h3-mini", i) for i in range(3)]
     inputs = make_inputs(blocks[0], tokens=64)
     chain = V.Chain(inputs, blocks[0].family.plan(blocks[0].kind))
-    clock = V._Clock(torch.device("cpu"))
+    clock = S.Clock(torch.device("cpu"))
     with torch.inference_mode():
         _, per, resident = V.run_chain(chain, [b.module for b in blocks], clock, n=3)
         working = synthetic_block("h3-mini", 0).module

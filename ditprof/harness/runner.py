@@ -14,12 +14,13 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, backends, plots, report, swap
+from ditprof.harness import atomic, backends, report, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
 from ditprof.harness.memory import memory_budget, parse_size
 from ditprof.harness.progress import make_progress
+from ditprof.harness.run_parts import Phases, model_section, plot_title, tensor_bytes, write_run  # noqa: F401
 from ditprof.harness.run_plan import check_plan, make_plan
 from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
@@ -154,67 +155,6 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
     )
 
 
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type == "meta":
-            return 0
-        try:
-            return obj.untyped_storage().nbytes()
-        except Exception:  # noqa: BLE001
-            return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(o) for o in obj)
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(o) for o in obj.values())
-    return 0
-
-
-def _model_section(spec: RunSpec, loaded: Any, inputs: Any) -> dict:
-    g = lambda o, k, d=None: getattr(o, k, d)  # noqa: E731
-    family = g(loaded, "family")
-    return {
-        "preset": spec.source if spec.source_kind == "preset" else None,
-        "checkpoint": spec.source if spec.source_kind == "checkpoint" else None,
-        "source": str(g(loaded, "source", spec.source)),
-        "family": g(family, "name", str(family)),
-        "block_class": type(loaded.module).__name__,
-        "kind": g(loaded, "kind"),
-        "block_index": g(loaded, "index", spec.block),
-        "n_blocks": spec.n_blocks or g(loaded, "n_blocks"),
-        "model_n_blocks": g(loaded, "n_blocks"),
-        "heads": g(loaded, "heads"),
-        "head_dim": g(loaded, "head_dim"),
-        "tokens": g(inputs, "tokens"),
-        "text_tokens": g(inputs, "text_tokens"),
-        "grid": str(g(inputs, "grid")) if g(inputs, "grid") is not None else None,
-        # a packed family: how the one sequence splits into its modalities' rows, in words
-        "layout": (g(inputs, "grid").describe() if getattr(g(inputs, "grid"), "packed", False) else None),
-        "batch": spec.batch,
-        "dtype": str(spec.dtype).replace("torch.", ""),
-        "block_params": g(loaded, "params"),
-        "block_bytes": g(loaded, "bytes"),
-        "load_s": g(loaded, "load_s"),
-        "uses_dispatcher": g(family, "uses_dispatcher"),
-        "attention_mask": g(inputs, "mask_note"),
-    }
-
-
-class _Phases:
-    """rich progress for warm-up / timing / profiling of one backend."""
-
-    def __init__(self, progress: Progress | None, label: str):
-        self.progress = progress
-        self.label = label
-        self.tasks: dict[str, Any] = {}
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if self.progress is None:
-            return
-        if phase not in self.tasks:
-            self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total)
-        self.progress.update(self.tasks[phase], completed=done, total=total)
-
-
 def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str | None:
     """Why the swap cannot run on this block (its mask masks positions, the backend takes no mask), or None."""
     if b is None or mask_note is None or swap.accepts_mask(b.fn):
@@ -234,7 +174,7 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
         try:
             run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
                           workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                          on_phase=_Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
+                          on_phase=Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
         except NonFiniteOutput as exc:
             raise DitprofError(f"{exc}: {first_nonfinite(loaded.module, lambda: inputs.run(loaded.module))}") \
                 from None
@@ -274,8 +214,8 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                              frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype,
                              batch=spec.batch, text_tokens=spec.text_tokens)
         check_inputs(getattr(inputs, "kwargs", {}))
-        resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(getattr(inputs, "args", ())) + \
-            _tensor_bytes(getattr(inputs, "kwargs", {}))
+        resident = int(getattr(loaded, "bytes", 0) or 0) + tensor_bytes(getattr(inputs, "args", ())) + \
+            tensor_bytes(getattr(inputs, "kwargs", {}))
         with atomic.staged_dir(out) as stage:
             progress = make_progress(console)
             with progress:
@@ -291,13 +231,13 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
             if skipped:
                 rep["swap_skipped"] = skipped
                 console.print(f"[yellow]swap not run[/]: {skipped}")
-            _write(stage, rep, fail_after=fail_after)
+            write_run(stage, rep, fail_after=fail_after)
     return rep, out
 
 
 def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: BackendRun | None,
               budget: int | None) -> dict:
-    model = _model_section(spec, loaded, inputs)
+    model = model_section(spec, loaded, inputs)
     acc = report.accuracy(base.output, sw.output) if sw is not None else None
     ex = extrapolate(
         n_blocks=int(model["n_blocks"] or 1),
@@ -319,27 +259,6 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
         created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     )
-
-
-def plot_title(rep: dict) -> str:
-    """split.png's title: what ran, in which time unit; for --sp, which rank's columns these are."""
-    m = rep["model"]
-    unit = "GPU kernel time" if rep["baseline"]["split_mode"] == "cuda" else "CPU op self time"
-    title = f"{m.get('preset') or m.get('checkpoint')} block {m['block_index']}, {m['tokens']} tokens ({unit})"
-    sp = rep.get("sp")
-    if sp:  # the columns are one rank's: say which
-        title += (f"\nrank {rep['baseline'].get('rank', 0)} of {sp['degree']} (the slowest), "
-                  f"{sp['tokens_per_rank']} tokens per rank")
-    return title
-
-
-def _write(stage: Path, rep: dict, fail_after: str | None = None) -> None:
-    runs = [rep["baseline"]] + ([rep["swapped"]] if rep["swapped"] else [])
-    atomic.write_bytes(stage / "split.png", plots.split_png(runs, plot_title(rep), note=plots.speedup_note(rep)))
-    atomic.write_text(stage / "report.md", report.markdown(rep))
-    if fail_after == "write":
-        raise DitprofError("forced failure while writing (test)")
-    atomic.write_text(stage / "report.json", report.to_json(rep))
 
 
 def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] | None = None) -> int:

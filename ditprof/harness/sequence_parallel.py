@@ -336,7 +336,7 @@ def combine_ranks(sections: list[dict]) -> dict:
 
 def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int, world: int, backend: str,
                   device: torch.device, progress, resident: int):
-    from ditprof.harness.runner import _Phases
+    from ditprof.harness.run_parts import Phases
     from ditprof.harness.session import measure
     from ditprof.kernels.interface import deferred_finite_checks
 
@@ -351,7 +351,7 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
         dist.barrier()
         run = measure(lambda: local.run(loaded.module), label=name, backend=b.name, device=device, workdir=work,
                       warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                      on_phase=_Phases(progress, f"{label} ({b.name}), rank 0 of {world}"),
+                      on_phase=Phases(progress, f"{label} ({b.name}), rank 0 of {world}"),
                       cuda_graph=False)  # NCCL all-to-alls inside a captured graph: not attempted
     # the trace next to the others, the tb trace into this run's HTA job folder
     os.replace(work / run.trace_file, stage / run.trace_file)
@@ -424,7 +424,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
     from rich.console import Console
 
     from ditprof.harness.progress import make_progress
-    from ditprof.harness.runner import _tensor_bytes, _write
+    from ditprof.harness.run_parts import tensor_bytes, write_run
     from ditprof.model_blocks import load_block, make_inputs
 
     device = distributed.rank_device(spec.device.type, local_rank)
@@ -446,7 +446,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
         local = shard_inputs(loaded, full, rank, world)
         if rank != 0:
             full = None  # only rank 0 runs the single-device reference
-        resident = int(getattr(loaded, "bytes", 0) or 0) + _tensor_bytes(local.args) + _tensor_bytes(local.kwargs)
+        resident = int(getattr(loaded, "bytes", 0) or 0) + tensor_bytes(local.args) + tensor_bytes(local.kwargs)
         progress = make_progress(console) if console else None
         runs = {}
         with progress if progress is not None else contextlib.nullcontext():
@@ -473,14 +473,14 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
             return None
         rep = _assemble(spec, loaded, full, sections, gathered, checks, budget, world=world, backend=backend,
                         launcher=launcher, device=device)
-        _write(stage, rep)
+        write_run(stage, rep)
         return rep
 
 
 def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, backend, launcher, device) -> dict:
-    from ditprof.harness.runner import _model_section
+    from ditprof.harness.run_parts import model_section
 
-    model = _model_section(spec, loaded, full)
+    model = model_section(spec, loaded, full)
     base = combine_ranks(sections["baseline"])
     sw = combine_ranks(sections["swapped"]) if "swapped" in sections else None
     acc = report.accuracy(gathered["baseline"], gathered["swapped"]) if sw else None

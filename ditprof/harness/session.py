@@ -98,6 +98,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Clock:
+    """Marks on the device timeline (CUDA events) or the host clock; elapsed in ms."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def elapsed(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
+
+    def wait(self, m) -> None:
+        if self.cuda:
+            m.synchronize()
+
+
 def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tuple[list[float], str]:
     """Per-call milliseconds, outside the profiler."""
     samples = []
@@ -219,7 +240,7 @@ def measure(
             if graph_out is not None and not torch.equal(graph_out, output):
                 # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
                 # that differs more than that means the capture went wrong, and its timing is not used
-                from ditprof.harness.report import accuracy  # (report imports this module)
+                from ditprof.harness.metrics import accuracy
 
                 diff = accuracy(output, graph_out)["block_output_rel_rms"]
                 if not diff <= GRAPH_REPLAY_TOLERANCE:

@@ -41,7 +41,7 @@ from ditprof.harness import atomic, backends, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.progress import make_progress
-from ditprof.harness.session import time_block
+from ditprof.harness.session import Clock, time_block
 from ditprof.model_blocks.memory import tensor_bytes
 from ditprof.model_blocks.presets import block_size
 from ditprof.model_blocks.synthetic import synth_tensor, synthetic_block
@@ -345,27 +345,6 @@ def plan_memory(spec: ValidateSpec, n: int, block_bytes: int, est: dict, nonbloc
 
 # --------------------------------------------------------------------------- timing
 
-class _Clock:
-    """Marks on the device timeline (CUDA events) or the host clock; elapsed in ms."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def mark(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def elapsed(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
-
-    def wait(self, m) -> None:
-        if self.cuda:
-            m.synchronize()
-
-
 def _stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "samples": samples}
 
@@ -399,7 +378,7 @@ class _Streamer:
             t.copy_(self.host[i][k], non_blocking=True)
 
 
-def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: _Clock, *,
+def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: Clock, *,
               streamer: _Streamer | None = None, n: int) -> tuple[float, list[float], torch.Tensor]:
     """One pass over N blocks. Returns (chain ms, per-block ms, final hidden states).
 
@@ -443,7 +422,7 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
     dev = spec.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    clock = _Clock(dev)
+    clock = Clock(dev)
     modules: list[torch.nn.Module] = []
     streamer = None
     t_build = time.perf_counter()

@@ -98,9 +98,9 @@ def modules_run(model: torch.nn.Module, call) -> tuple[list[str], list[str]]:
 
 def time_parts(model: torch.nn.Module, call, device: torch.device, iters: int) -> dict[str, float]:
     """Median ms per top-level part (forward pre/post hooks with CUDA events or the host clock)."""
-    from ditprof.harness.validate import _Clock
+    from ditprof.harness.session import Clock
 
-    clock = _Clock(device)
+    clock = Clock(device)
     marks: dict[str, list] = {}
     handles = []
     for n, m in _parts(model):

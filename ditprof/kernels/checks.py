@@ -10,6 +10,7 @@ import torch
 from ditprof.errors import DitprofError
 
 LAYOUTS = ("BSHD", "BHSD")
+SUPPORTED_HEAD_DIMS = (64, 128)  # what both FP8 kernels compile for
 _NAMES = ("q", "k", "v")
 _WORDS = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 

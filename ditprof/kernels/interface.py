@@ -16,46 +16,12 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import LAYOUTS, check_qkv  # noqa: F401 -- LAYOUTS re-exported
-from ditprof.kernels.op import SUPPORTED_HEAD_DIMS  # one definition, with the op's checks
+from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS
+from ditprof.kernels.launch import KERNELS, arch_for_capability, kernel_name_for_arch  # noqa: F401 -- re-exported
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 # ---------------------------------------------------------------------------------------------- arch
-
-def arch_for_capability(cap: tuple[int, int]) -> str:
-    """Compute capability -> the arch string the kernel is compiled for (DitprofError if unsupported)."""
-    major, minor = cap
-    if (major, minor) == (8, 9):
-        return "sm_89"
-    if major == 9:
-        return "sm_90a"  # mma.sync e4m3 emulated with HMMA: correct, not fast
-    if major == 10:
-        return "sm_100a" if minor == 0 else f"sm_10{minor}a"  # emulated as on Hopper
-    if major == 12:
-        return f"sm_12{minor}a"
-    raise DitprofError(
-        f"fp8 attention needs an sm_89, sm_90, sm_100 or sm_120 class GPU, got compute capability {major}.{minor}"
-    )
-
-
-KERNELS = ("fp8-sm120", "fp8-sm90")
-
-
-def kernel_name_for_arch(arch: str, requested: Optional[str] = None) -> str:
-    """Which kernel runs on ``arch``: the Hopper-native wgmma kernel on sm_90a, the mma.sync one elsewhere.
-
-    ``requested`` (or the ``DITPROF_FP8_KERNEL`` environment variable) forces one: ``fp8-sm120`` also runs on
-    Hopper (its FP8 mma.sync is emulated there: correct, slow), which is useful to compare the two.
-    """
-    requested = requested or os.environ.get("DITPROF_FP8_KERNEL") or "auto"
-    if requested == "auto":
-        return "fp8-sm90" if arch == "sm_90a" else "fp8-sm120"
-    if requested not in KERNELS:
-        raise DitprofError(f"unknown fp8 kernel {requested!r}; known: auto, {', '.join(KERNELS)}")
-    if requested == "fp8-sm90" and arch != "sm_90a":
-        raise DitprofError(f"kernel fp8-sm90 needs an sm_90a GPU (H100/H200), this one is {arch}")
-    return requested
-
 
 # ---------------------------------------------------------------------------------------------- prep
 

@@ -205,6 +205,43 @@ def _sync_checks() -> bool:
     return os.environ.get("DITPROF_FP8_CHECK", "") == "sync"
 
 
+# ------------------------------------------------------------------------------------------------ arch
+
+def arch_for_capability(cap: tuple[int, int]) -> str:
+    """Compute capability -> the arch string the kernel is compiled for (DitprofError if unsupported)."""
+    major, minor = cap
+    if (major, minor) == (8, 9):
+        return "sm_89"
+    if major == 9:
+        return "sm_90a"  # mma.sync e4m3 emulated with HMMA: correct, not fast
+    if major == 10:
+        return "sm_100a" if minor == 0 else f"sm_10{minor}a"  # emulated as on Hopper
+    if major == 12:
+        return f"sm_12{minor}a"
+    raise DitprofError(
+        f"fp8 attention needs an sm_89, sm_90, sm_100 or sm_120 class GPU, got compute capability {major}.{minor}"
+    )
+
+
+KERNELS = ("fp8-sm120", "fp8-sm90")
+
+
+def kernel_name_for_arch(arch: str, requested: Optional[str] = None) -> str:
+    """Which kernel runs on ``arch``: the Hopper-native wgmma kernel on sm_90a, the mma.sync one elsewhere.
+
+    ``requested`` (or the ``DITPROF_FP8_KERNEL`` environment variable) forces one: ``fp8-sm120`` also runs on
+    Hopper (its FP8 mma.sync is emulated there: correct, slow), which is useful to compare the two.
+    """
+    requested = requested or os.environ.get("DITPROF_FP8_KERNEL") or "auto"
+    if requested == "auto":
+        return "fp8-sm90" if arch == "sm_90a" else "fp8-sm120"
+    if requested not in KERNELS:
+        raise DitprofError(f"unknown fp8 kernel {requested!r}; known: auto, {', '.join(KERNELS)}")
+    if requested == "fp8-sm90" and arch != "sm_90a":
+        raise DitprofError(f"kernel fp8-sm90 needs an sm_90a GPU (H100/H200), this one is {arch}")
+    return requested
+
+
 # ------------------------------------------------------------------------------------------------ launch record
 
 _ARCH_BY_DEVICE: dict = {}
@@ -227,8 +264,6 @@ def _current_stream(device_index: int) -> tuple[int, torch.cuda.Stream]:
 def arch_of(device_index: int) -> str:
     arch = _ARCH_BY_DEVICE.get(device_index)
     if arch is None:
-        from ditprof.kernels.interface import arch_for_capability
-
         arch = _ARCH_BY_DEVICE[device_index] = arch_for_capability(torch.cuda.get_device_capability(device_index))
     return arch
 
@@ -406,7 +441,7 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
 
 def _build(q, k, v, key_lens: bool, kernel: Optional[str]) -> Fp8Launch:
     from ditprof.kernels.checks import check_qkv
-    from ditprof.kernels.interface import SUPPORTED_HEAD_DIMS, kernel_name_for_arch
+    from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
               max_grid=65535)

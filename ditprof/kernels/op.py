@@ -18,9 +18,7 @@ from typing import Optional
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.kernels.checks import check_key_mask, check_qkv
-
-SUPPORTED_HEAD_DIMS = (64, 128)
+from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_key_mask, check_qkv
 
 
 def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:

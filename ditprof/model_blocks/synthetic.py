@@ -23,7 +23,7 @@ from ditprof.errors import DitprofError
 
 from .checkpoint import CONFIG_NAME, INDEX_NAME, read_json, shard_name
 from .families import BlockFamily
-from .loading import LoadedBlock, install_state, parent_modules
+from .block import LoadedBlock, install_state, parent_modules
 from .presets import Preset, block_on_meta
 
 FORMAT_VERSION = 1  # bump when the generated values change, so caches are not reused
