@@ -13,7 +13,9 @@ from ditprof.errors import DitprofError
 from ditprof.harness import atomic, plots, report
 
 
-def tensor_bytes(obj: Any) -> int:
+def resident_bytes(obj: Any) -> int:
+    """Device bytes a nest of tensors holds: whole storages (a view counts the storage it keeps alive), meta tensors
+    nothing -- unlike ``model_blocks.memory.tensor_bytes``, the numel x size that estimates count."""
     if isinstance(obj, torch.Tensor):
         if obj.device.type == "meta":
             return 0
@@ -22,9 +24,9 @@ def tensor_bytes(obj: Any) -> int:
         except Exception:  # noqa: BLE001
             return obj.numel() * obj.element_size()
     if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(o) for o in obj)
+        return sum(resident_bytes(o) for o in obj)
     if isinstance(obj, dict):
-        return sum(tensor_bytes(o) for o in obj.values())
+        return sum(resident_bytes(o) for o in obj.values())
     return 0
 
 

@@ -20,7 +20,7 @@ from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
 from ditprof.harness.memory import memory_budget, parse_size
 from ditprof.harness.progress import make_progress
-from ditprof.harness.run_parts import Phases, model_section, plot_title, tensor_bytes, write_run  # noqa: F401
+from ditprof.harness.run_parts import Phases, model_section, plot_title, resident_bytes, write_run  # noqa: F401
 from ditprof.harness.run_plan import check_plan, make_plan
 from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
@@ -214,8 +214,8 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                              frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype,
                              batch=spec.batch, text_tokens=spec.text_tokens)
         check_inputs(getattr(inputs, "kwargs", {}))
-        resident = int(getattr(loaded, "bytes", 0) or 0) + tensor_bytes(getattr(inputs, "args", ())) + \
-            tensor_bytes(getattr(inputs, "kwargs", {}))
+        resident = int(getattr(loaded, "bytes", 0) or 0) + resident_bytes(getattr(inputs, "args", ())) + \
+            resident_bytes(getattr(inputs, "kwargs", {}))
         with atomic.staged_dir(out) as stage:
             progress = make_progress(console)
             with progress:

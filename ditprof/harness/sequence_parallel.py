@@ -424,7 +424,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
     from rich.console import Console
 
     from ditprof.harness.progress import make_progress
-    from ditprof.harness.run_parts import tensor_bytes, write_run
+    from ditprof.harness.run_parts import resident_bytes, write_run
     from ditprof.model_blocks import load_block, make_inputs
 
     device = distributed.rank_device(spec.device.type, local_rank)
@@ -446,7 +446,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
         local = shard_inputs(loaded, full, rank, world)
         if rank != 0:
             full = None  # only rank 0 runs the single-device reference
-        resident = int(getattr(loaded, "bytes", 0) or 0) + tensor_bytes(local.args) + tensor_bytes(local.kwargs)
+        resident = int(getattr(loaded, "bytes", 0) or 0) + resident_bytes(local.args) + resident_bytes(local.kwargs)
         progress = make_progress(console) if console else None
         runs = {}
         with progress if progress is not None else contextlib.nullcontext():
