@@ -158,9 +158,10 @@ def test_cpu_tensors_rejected():
 
 @pytest.mark.gpu
 def test_long_keys_biased_v():
-    """The fp8-sm120 kernel accumulates O across key strips inside mma.sync. Hopper runs that FP8 instruction as
-    FP16 HMMA (exact accumulation), so this passes there; on sm_89 / sm_120, where the FP8 MMA is native, it tells
-    whether the hardware's accumulation keeps enough bits (the Hopper wgmma did not: see test_fp8_sm90_gpu.py)."""
+    """The fp8-sm120 kernel adds every key strip's P V, summed from zero in the mma, to an FP32 O (two-level
+    accumulation, issue 18): on sm_89 / sm_120, whose FP8 mma.sync keeps ~13 mantissa bits, O accumulated inside
+    the mma across strips would lose the small per-strip terms (modelled: test_fp8_sm120_two_level.py; the Hopper
+    wgmma did: test_fp8_sm90_gpu.py). Hopper runs that FP8 instruction as FP16 HMMA (exact accumulation)."""
     from ditprof.kernels.reference import attention_reference
 
     q, k, v = biased_v_inputs(1, 2, 512, 32768, 128)

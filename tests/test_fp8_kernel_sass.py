@@ -1,5 +1,9 @@
 """Compile-only checks of the FP8 mma.sync attention kernel (CPU is enough: CuTe DSL compiles for any arch)."""
 
+import os
+import re
+import tempfile
+
 import pytest
 
 pytest.importorskip("cutlass")
@@ -12,8 +16,17 @@ _CACHE = {}
 
 def _inspect(arch):
     if arch not in _CACHE:
-        _CACHE[arch] = inspect_kernel("fp8-sm120", arch)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.sass")
+            r = inspect_kernel("fp8-sm120", arch, keep_sass=path)
+            r["sass"] = open(path).read()
+        _CACHE[arch] = r
     return _CACHE[arch]
+
+
+def _qmma_accumulators(sass: str) -> list:
+    """The C operand (accumulator input) of every QMMA in the SASS: ``RZ`` or a register."""
+    return re.findall(r"QMMA\.[\w.]+\s+R\d+,\s*R\d+[\w.]*,\s*R\d+[\w.]*,\s*(R\w+)", sass)
 
 
 @pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
@@ -32,6 +45,25 @@ def test_native_qmma_no_spills(arch):
     assert r["smem_bytes"] >= 32768
     for key in ("registers", "spill_bytes", "smem_bytes", "compile_s", "instructions"):
         assert key in r
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
+def test_pv_mma_starts_from_zero(arch):
+    """Two-level accumulation (issue 18): no P V QMMA accumulates into O (on sm_89 / sm_120 its f32 accumulator keeps
+    ~13 mantissa bits); each reads RZ as C and its products are added to O in FP32.  The RZ count: 2 strip bodies x
+    (32 P V mmas + the first k-step of S, 2 m x 4 n); only those 16 read RZ with O accumulated in the mma."""
+    acc = _qmma_accumulators(_inspect(arch)["sass"])
+    assert len(acc) == 128, acc
+    assert acc.count("RZ") == 80, acc
+
+
+def test_qmma_accumulator_parser():
+    text = """
+        /*2470*/                   QMMA.16832.F32.E4M3.E4M3 R8, R124, R20, RZ ;
+        /*25c0*/                   QMMA.16832.F32.E4M3.E4M3 R16, R128, R20.reuse, R16 ;
+        /*26a0*/                   QMMA.16832.F32.E4M3.E4M3 R8, R84.ROW, R18.COL, RZ ;
+    """
+    assert _qmma_accumulators(text) == ["RZ", "R16", "RZ"]
 
 
 def test_sm90_is_emulated():

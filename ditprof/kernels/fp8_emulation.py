@@ -11,8 +11,10 @@ This pins the numbers of docs/ARCHITECTURE.md "FP8 numerics", which the CuTe DSL
 3. Keys in strips of 32, natural order. Per strip: m_new = max(m, rowmax S); alpha = exp2(m - m_new);
    P = exp2(S - m_new) in fp32; l = l * alpha + rowsum(P) (fp32 P, before rounding);
    O = O * alpha + e4m3(P * 256) @ V8 with fp32 accumulation. The x256 lifts P in [0, 1] out of e4m3's
-   subnormal range. The kernel masks keys >= Sk of the last strip to -inf (P = 0 exactly); here the last strip
-   is simply shorter, which gives the same sums (the masked terms are exact zeros).
+   subnormal range. Two-level, as fp8-sm120 does it: each strip's product is computed from zero (every P V mma
+   issued with C = 0) and added to the fp32 O, never accumulated into O inside the tensor core (``acc_bits`` /
+   ``acc_promote`` model a narrow accumulator). The kernel masks keys >= Sk of the last strip to -inf (P = 0
+   exactly); here the last strip is simply shorter, which gives the same sums (the masked terms are exact zeros).
 4. O = O * ((descale_v / 256) / l) -> q's dtype (one multiply, as the kernel's epilogue does it).
    LSE (natural log) = m / log2(e) + ln(l); with smoothing this is the LSE of the *smoothed* scores, so we add
    softmax_scale * (q . mean_k) (fp32) to return the LSE of the scores the caller asked for.
@@ -140,9 +142,10 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
 
     ``acc_bits`` models the P V MMA's accumulator: each strip's P8 @ V8 is cut to that many mantissa bits (one
     MMA's output, ``truncate_mantissa``). ``acc_promote=False``: O itself lives in that accumulator -- O <-
-    trunc(O * alpha + P8 @ V8),
-    the mma.sync kernel's accumulation across strips; True: each strip's product is added to an FP32 O (a fresh
-    accumulator per strip, two-level accumulation)."""
+    trunc(O * alpha + P8 @ V8), the mma.sync kernel's accumulation across strips before issue 18; True (the
+    default): each strip's product, from a fresh accumulator, is added to an FP32 O rescaled in FP32 -- O <-
+    O * alpha + trunc(P8 @ V8), two-level accumulation as fp8-sm120 does it now (one strip per fresh accumulator,
+    ``fp8_fwd_sm120.PV_ACC_STRIPS`` = 1: FMUL then FADD, the same two roundings as here)."""
     B, H, n, D = q8.shape
     Sk = k8.shape[2]
     o = torch.zeros((B, H, n, D), dtype=torch.float32, device=q8.device)

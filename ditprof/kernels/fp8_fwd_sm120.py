@@ -11,6 +11,15 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
   the P.V mma as the A operand.  Each lane only holds keys ``8j + 2t + {0,1}`` of a strip, so its
   A-slot ``4t + e (+16)`` takes key ``2t + e%2 + 8*(e//2) (+16)``: V is stored by the prep
   feature-major with the keys of every 16-key group in exactly that order (``key_order``).
+* Two-level accumulation of O (issue 18): each P.V mma is issued with C = 0, so it sums one strip's 32 keys from
+  zero, and its products are added to the FP32 O on the CUDA cores: O = O * alpha (the online-softmax rescale,
+  FMUL) + O_strip (FADD), a fresh accumulator per strip (``PV_ACC_STRIPS`` = 1: a group of several strips would need
+  a second O-sized register fragment, which does not fit at head_dim 128).  On sm_89 / sm_120 the FP8 mma keeps
+  only ~13 mantissa bits of its f32 accumulator ("FP22", SageAttention2, DeepGEMM#37): O accumulated inside it
+  across strips lost the small per-strip terms once |O| is large (biased V).  The P.V mmas go out in waves
+  (``PV_WAVE_COLS``) so that ptxas cannot hoist them all (0 spills on sm_120a and sm_89).  This is
+  ``fp8_emulation``'s ``acc_promote=True``; the sm_89 / sm_120 accuracy is modelled there (``acc_bits=13``), not
+  run (no such GPU here).
 * O is scaled by ``dv / 256 / l`` at the end; LSE (natural log) = (m + log2 l) * ln 2.
 
 Inputs are raw pointers (so float8 never has to cross DLPack) plus the lengths:
@@ -26,7 +35,7 @@ ignored: their scores are replaced by -inf, their P is 0.  Those sharing the las
 go through the P.V mma, so the prepared V must be finite there (0 * NaN = NaN; e4m3 has no Inf), K may hold
 anything.  An item with ``n <= 0`` still runs one fully masked strip (no hang, no out-of-bounds read); its rows
 come out NaN (output and LSE), like SDPA's fully masked rows.  With ``key_lens=False`` the pointer is not
-passed to the kernel at all and the kernel is the one compiled before the option existed (same SASS).
+passed to the kernel at all: the kernel is the one compiled without the option (same SASS).
 
 Compiled function's positional arguments: ``q8, k8, v8t, o, lse, scales, key_lens`` (pointers), ``batch,
 heads, seqlen_q, seqlen_k`` (Int32), ``o_stride_b, o_stride_h`` (Int64), ``o_stride_s`` (Int32),
@@ -42,6 +51,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warp
 
 LOG2_E = math.log2(math.e)
@@ -52,7 +63,55 @@ N_BLOCK = 32  # keys per strip
 NUM_THREADS = 128  # 4 warps
 NUM_STAGES = 2  # K/V cp.async stages
 SUPPORTED_HEAD_DIMS = (64, 128)
+# Two-level accumulation of O (issue 18): P V is summed over PV_ACC_STRIPS strips in the mma's accumulator, then
+# added to the FP32 O on the CUDA cores.  1: every P V mma starts from C = 0 (one m16n8k32 covers exactly one 32-key
+# strip), so no mma accumulator outlives its instruction; the extra registers are only the products in flight.
+# 2 or more would keep a second O-sized fragment live across strips (head_dim floats per thread: 128 more registers
+# at head_dim 128, where the kernel already uses 244-250 of 255, and 64 more at head_dim 64) and rescale it by alpha
+# too: it does not fit at head_dim 128.  1 is also the most accurate; fp8_emulation's acc_promote=True models it.
+PV_ACC_STRIPS = 1
+PV_CHUNK = 2  # n8 tiles of O per fresh accumulator (one ldmatrix.x4 of V): 16 registers of products per chunk
+# ptxas issues independent mmas as early as it can: all 32 P V mmas of a strip at once would need 128 fresh
+# registers.  So the P V mmas go out in waves of PV_WAVE_COLS output columns; the P operand of the next wave is
+# made to depend on the last O update of the previous one (``_after``: x | (dep & 0), the 0 unknown to ptxas).
+# Waves of 64 columns in the steady-state strips and of one chunk in the masked last strip are what compile with
+# 0 spills on sm_120a and sm_89 for head_dim 64/128, bf16/fp16, LSE on/off, key_lens on/off (nvidia-cutlass-dsl
+# 4.8.1; most other choices spill on one of them: the allocator is at its 255-register limit).  The sm_90 / sm_100
+# emulation (early V off) goes without waves: fewest spills there (head_dim 128: 112-140 bytes, 140-240 before).
+PV_WAVE_COLS = 64
+PV_WAVE_COLS_LAST = 8 * PV_CHUNK
 FP8 = cutlass.Float8E4M3FN
+
+
+@dsl_user_op
+def _after(x: Int32, dep: Float32, zero: Int32, *, loc=None, ip=None) -> Int32:
+    """``x`` again (``x | (dep & zero)``, ``zero`` a run-time 0 that ptxas cannot fold), made to wait for ``dep``:
+    orders the P V mmas (PV_WAVE_COLS) at the cost of one LOP3 per register."""
+    return Int32(llvm.inline_asm(
+        T.i32(),
+        [Int32(x).ir_value(loc=loc, ip=ip), Float32(dep).ir_value(loc=loc, ip=ip),
+         Int32(zero).ir_value(loc=loc, ip=ip)],
+        "lop3.b32 $0, $1, $2, $3, 0xF8;",
+        "=r,r,f,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
+def _fadd(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``a + b`` (add.rn.f32, inline PTX): not contracted with the alpha multiply into an FFMA, which ptxas for
+    sm_120a places into the product's registers and copies back to O's (128 MOVs and spills per strip)."""
+    return Float32(llvm.inline_asm(
+        T.f32(),
+        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        "add.rn.f32 $0, $1, $2;",
+        "=f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
 
 
 def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
@@ -201,6 +260,7 @@ class Fp8FlashAttentionSm120:
             kv_len = cutlass.max(cutlass.min(mKeyLens[bidb], seqlen_k), 0)
             n_tiles = cutlass.max((kv_len + (N_BLOCK - 1)) // N_BLOCK, 1)
         bh = Int64(bidb) * Int64(heads) + Int64(head)
+        sched_zero = seqlen_q >> 31  # 0 (seqlen_q >= 0), but not to the compiler (PV_WAVE_COLS)
 
         # ---- per-(batch, head) views --------------------------------------------------------
         q_off = cute.assume(bh * Int64(sq_pad) * D, divby=16)
@@ -285,7 +345,7 @@ class Fp8FlashAttentionSm120:
             self.strip(
                 n, stage, False, kv_len, qk_scale, tiled_mma, s_shape, p_shape,
                 s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
-                acc_O, row_max, row_sum, quad_col,
+                acc_O, row_max, row_sum, quad_col, sched_zero,
             )
 
         # ---- last strip (masks keys >= kv_len: seqlen_k, or this item's key_lens) -----------------
@@ -295,7 +355,7 @@ class Fp8FlashAttentionSm120:
         self.strip(
             last, last % NUM_STAGES, True, kv_len, qk_scale, tiled_mma, s_shape, p_shape,
             s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
-            acc_O, row_max, row_sum, quad_col,
+            acc_O, row_max, row_sum, quad_col, sched_zero,
         )
 
         # ---- epilogue ---------------------------------------------------------------------------
@@ -349,8 +409,10 @@ class Fp8FlashAttentionSm120:
         row_max: cute.Tensor,
         row_sum: cute.Tensor,
         quad_col: Int32,
+        sched_zero: Int32,
     ):
         D = self.head_dim
+        pv_shape = tiled_mma.get_slice(0).partition_shape_C((M_BLOCK, 8 * PV_CHUNK))  # ((2,2), 2, PV_CHUNK)
         # ---- S = Q K^T (fp32) ----------------------------------------------------------------
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         acc_S.fill(0.0)
@@ -392,6 +454,7 @@ class Fp8FlashAttentionSm120:
                         psum = psum + p
                 row_sum[st] = row_sum[st] * alpha + psum
                 row_max[st] = m_new
+                # O = O * alpha in FP32 here; this strip's P V is added after its own mma (two-level, below)
                 for j in cutlass.range_constexpr(D // 8):
                     for c in cutlass.range_constexpr(2):
                         acc_O[(c, r), mt, j] = acc_O[(c, r), mt, j] * alpha
@@ -407,17 +470,40 @@ class Fp8FlashAttentionSm120:
         tOrP = cute.make_rmem_tensor(p_shape, FP8)
         tOrP.store(p_f32.load().to(FP8))
 
-        # ---- O += P V --------------------------------------------------------------------------
-        if cutlass.const_expr(self.early_v):
-            cute.gemm(tiled_mma, acc_O, tOrP[None, None, 0], tOrV[None, None, 0], acc_O)
-        else:
-            # V in chunks of two n8 tiles (one ldmatrix.x4), each used right away: fewer live registers
-            acc_O_d = cute.logical_divide(acc_O, (None, None, 2))
-            tOrV_d = cute.logical_divide(tOrV, (None, 2, None))
-            for jj in cutlass.range_constexpr(D // 16):
-                cute.copy(s2r_V, tOsV[None, jj, None, stage], tOrV_v[None, jj, None])
-                acc = acc_O_d[None, None, (None, jj)]
-                cute.gemm(tiled_mma, acc, tOrP[None, None, 0], tOrV_d[None, (None, jj), 0], acc)
+        # ---- O = O * alpha + P V, two-level: every P V mma starts from C = 0 (a fresh accumulator: one m16n8k32
+        # is one 32-key strip) and its products are added to the FP32 O (rescaled by alpha above) on the CUDA cores.
+        # O never sits in the FP8 mma's accumulator across strips: on sm_89 / sm_120 that keeps ~13 mantissa bits.
+        tOrP_w = cute.recast_tensor(tOrP, Int32)
+        n_chunks = D // (8 * PV_CHUNK)
+        # chunks per wave; the emulated path (V loaded chunk by chunk) spills least without waves
+        wave_cols = (PV_WAVE_COLS_LAST if masked else PV_WAVE_COLS) if self.early_v else D
+        wave = wave_cols // (8 * PV_CHUNK)
+        for jj in cutlass.range_constexpr(n_chunks):
+            if cutlass.const_expr(not self.early_v):
+                # V in pairs of n8 tiles (one ldmatrix.x4), each loaded right before its chunk: fewer live registers
+                for g in cutlass.range_constexpr((jj * PV_CHUNK + 1) // 2, ((jj + 1) * PV_CHUNK + 1) // 2):
+                    cute.copy(s2r_V, tOsV[None, g, None, stage], tOrV_v[None, g, None])
+            last_o = self.add_pv(acc_O, tiled_mma, tOrP, tOrV, pv_shape, jj)
+            if cutlass.const_expr((jj + 1) % wave == 0 and jj + 1 < n_chunks):
+                for w in cutlass.range_constexpr(cute.size(tOrP_w)):  # the next wave waits for this O update
+                    tOrP_w[w] = _after(tOrP_w[w], last_o, sched_zero)
+
+    @cute.jit
+    def add_pv(self, acc_O: cute.Tensor, tiled_mma: cute.TiledMma, tOrP: cute.Tensor, tOrV: cute.Tensor,
+               pv_shape: cutlass.Constexpr, jj: cutlass.Constexpr) -> Float32:
+        """O[:, n8 tiles of chunk jj] += P V of those tiles, the mma accumulating from zero; returns one updated O
+        element (the dependency for the next wave)."""
+        acc_PV = cute.make_rmem_tensor(pv_shape, Float32)  # ((2,2), 2, PV_CHUNK)
+        acc_PV.fill(0.0)
+        tOrV_d = cute.logical_divide(tOrV, (None, PV_CHUNK, None))
+        cute.gemm(tiled_mma, acc_PV, tOrP[None, None, 0], tOrV_d[None, (None, jj), 0], acc_PV)
+        for mt in cutlass.range_constexpr(2):
+            for r in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(PV_CHUNK):
+                    for c in cutlass.range_constexpr(2):
+                        j = jj * PV_CHUNK + i
+                        acc_O[(c, r), mt, j] = _fadd(acc_O[(c, r), mt, j], acc_PV[(c, r), mt, i])
+        return acc_O[(1, 1), 1, jj * PV_CHUNK + PV_CHUNK - 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,8 +515,9 @@ EMULATED_ARCHS = ("sm_90", "sm_90a", "sm_100a", "sm_103a")
 
 
 def default_early_v(arch: str) -> bool:
-    """Early V ldmatrix: 244 regs / 0 spills on sm_120a and sm_89.  The sm_90 emulation (FP8 unpacked
-    to F16 for HMMA) needs more registers: there the V chunks are loaded right before their mma."""
+    """Early V ldmatrix: 255 regs / 0 spills on sm_120a and sm_89 at head_dim 128 (244-250 before the two-level
+    P V of issue 18).  The sm_90 emulation (FP8 unpacked to F16 for HMMA) needs more registers: there the V chunks
+    are loaded right before their mma."""
     return not (arch.startswith("sm_90") or arch.startswith("sm_10"))
 
 
