@@ -106,8 +106,8 @@ session8c)  # session 8, fourth batch: two prep launches, inference-mode records
   step compare-h3 150 python -m ditprof compare --iters 5 --out "$out/compare-h3"
   ;;
 session8d)  # session 8, last batch: the sm120 kernel's GPU tests (emulated on Hopper), flux eager diagnosis, host cost
-  step sm120-gpu-tests 220 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_fp8_key_lens_gpu.py tests/test_diffusers_entry.py -k "sm120 or not key_lens"
-  step eager-diag 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag.json"
+  step sm120-gpu-tests 220 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_fp8_key_lens_gpu.py tests/test_diffusers_entry.py tests/test_fp8_sm120_two_level_gpu.py -k "sm120 or not key_lens"
+  step eager-diag 100 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag.json"
   step host-overhead 80 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
   ;;
 peers)  # session 8: ours vs FA3 FP8/BF16 and cuDNN at the shapes in one process, then the flux compare
