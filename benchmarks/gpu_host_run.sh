@@ -105,6 +105,9 @@ session8c)  # session 8, fourth batch: two prep launches, inference-mode records
   step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   step compare-h3 150 python -m ditprof compare --iters 5 --out "$out/compare-h3"
   ;;
+session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
+  step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
+  ;;
 session8d)  # session 8, last batch: the sm120 kernel's GPU tests (emulated on Hopper), flux eager diagnosis, host cost
   step sm120-gpu-tests 220 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_kernel_gpu.py tests/test_fp8_key_lens_gpu.py tests/test_diffusers_entry.py tests/test_fp8_sm120_two_level_gpu.py -k "sm120 or not key_lens"
   step eager-diag 100 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag.json"
