@@ -312,6 +312,23 @@ def test_interpreter_inner(shape):
     ref = fp8_prepare_torch(q, k, v)
     got = prep_triton.prepare_triton(q, k, v, True, stats_chunk=40, stats_r=2, quant_block=16)
     _assert_same_bytes(Fp8Prepared(*got[:4], Sq, Sk, got[4]), ref)
+    # per-batch key counts: the K mean and the K/V descales from each item's first n keys (B > 1 shapes; 0 and
+    # more than Sk included), identical to the torch chain and, on the rows kept, to a prep of those keys alone
+    if B > 1:
+        lens = torch.tensor([0, Sk // 2 + 1][:B], dtype=torch.int32) if Sk > 2 else torch.ones(B, dtype=torch.int32)
+        lens[-1] = max(1, Sk // 2 + 1)
+        ref = fp8_prepare_torch(q, k, v, key_lens=lens)
+        res = fp8_prepare(q, k, v, backend="triton", key_lens=lens)
+        _assert_same_bytes(res, ref)
+        assert torch.equal(res.k_mean, ref.k_mean)
+        for b in range(B):
+            n = int(lens[b])
+            if n == 0:
+                assert torch.equal(ref.scales[b, :, 1:], torch.ones_like(ref.scales[b, :, 1:]))
+                continue
+            one = fp8_prepare_torch(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n])
+            assert torch.equal(ref.scales[b:b + 1], one.scales) and torch.equal(ref.k_mean[b:b + 1], one.k_mean)
+            assert torch.equal(ref.k8[b:b + 1, :, :n].view(torch.uint8), one.k8[:, :, :n].view(torch.uint8))
     if shape != INTERP_SHAPES[0]:
         return
     for which in "qkv":

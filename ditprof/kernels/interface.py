@@ -58,13 +58,15 @@ def _prepare_torch(q, k, v, smooth_k=True, layout="BSHD"):
                            sq=Sq, sk=Sk, k_mean=k_mean)
 
 
-def _prepare(q, k, v, smooth_k, layout):
+def _prepare(q, k, v, smooth_k, layout, key_lens=None):
     try:
         from ditprof.kernels.prep import fp8_prepare
     except ImportError:
+        if key_lens is not None:
+            raise
         return _prepare_torch(q, k, v, smooth_k, layout)
     # the finiteness check's device->host sync waits until after the kernel launch (fp8_attention)
-    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, check_finite="defer")
+    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, check_finite="defer", key_lens=key_lens)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -202,7 +204,7 @@ def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
     D = q.shape[3]
     softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(D)
     with torch.cuda.device(q.device):
-        prep = _prepare(q, k, v, smooth_k, layout)
+        prep = _prepare(q, k, v, smooth_k, layout, key_lens)
         B, H = prep.q8.shape[0], prep.q8.shape[1]
         Sq = int(prep.sq)
         if layout == "BSHD":

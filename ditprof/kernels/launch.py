@@ -279,7 +279,7 @@ class Fp8Launch:
         self.device = q.device
         self.device_index = q.device.index
         self.kernel = kernel
-        self.plan = PrepPlan(q, k, v, True)
+        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens)  # the descales over each item's own keys
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
         self.out_shape = (B, Sq, H, D)
@@ -327,7 +327,7 @@ class Fp8Launch:
                     ws = self._workspaces[stream] = self._workspace()
             else:
                 ws = self._workspace()
-            self.plan.launch(q, k, v, ws, stream)
+            self.plan.launch(q, k, v, ws, stream, key_lens=key_lens)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
             self._launch_kernel(ws, out, key_lens, float(softmax_scale), stream)
             self.launches += 1

@@ -165,6 +165,7 @@ def fp8_prepare(
     backend: str = "auto",
     check_finite: Union[bool, str] = True,
     out: Optional[Fp8Prepared] = None,
+    key_lens: Optional[torch.Tensor] = None,
 ) -> Fp8Prepared:
     """Fused FP8 prep. ``backend``: "auto" (Triton where it can run, else the torch chain), "triton", "torch".
 
@@ -173,6 +174,8 @@ def fp8_prepare(
     launching the work that consumes the result (on CPU tensors and the torch backend it checks at once).
     ``out``: an ``Fp8Prepared`` whose q8, k8, v8t, scales (contiguous, right shapes) are written in place and
     returned (buffer reuse, CUDA graphs; tests poison them first).
+    ``key_lens`` (B,) int32 on the inputs' device: batch item b's K mean and K/V descales come from its first
+    key_lens[b] keys only (what the kernels attend to; clamped to [0, Sk]); the other rows are still quantized.
     """
     if backend not in ("auto", "triton", "torch"):
         raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -184,7 +187,7 @@ def fp8_prepare(
         backend = "triton" if ok else "torch"
     bufs = _check_out(out, qs, ks) if out is not None else None
     if backend == "torch":
-        res = _prepare_torch(qs, ks, vs, smooth_k, bool(check_finite))
+        res = _prepare_torch(qs, ks, vs, smooth_k, bool(check_finite), key_lens)
         if bufs is None:
             return res
         for dst, src in zip(bufs, (res.q8, res.k8, res.v8t, res.scales)):
@@ -193,7 +196,7 @@ def fp8_prepare(
     ok, why = triton_available(qs.device)
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
-    q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs)
+    q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens)
     pending = None
     if check_finite == "defer" and scales.is_cuda:
         pending = _start_finite_check(scales)
@@ -231,13 +234,14 @@ def fp8_prepare_torch(
     layout: str = "BSHD",
     *,
     check_finite: bool = True,
+    key_lens: Optional[torch.Tensor] = None,
 ) -> Fp8Prepared:
     """The same contract as ``fp8_prepare`` as a plain chain of torch ops (any device)."""
     qs, ks, vs = _check_inputs(q, k, v, layout)
-    return _prepare_torch(qs, ks, vs, smooth_k, check_finite)
+    return _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens)
 
 
-def _prepare_torch(qs, ks, vs, smooth_k, check_finite) -> Fp8Prepared:
+def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None) -> Fp8Prepared:
     B, Sq, H, D = qs.shape
     Sk = ks.shape[1]
     Sq_pad, Sk_pad = padded_lengths(Sq, Sk)
@@ -246,13 +250,22 @@ def _prepare_torch(qs, ks, vs, smooth_k, check_finite) -> Fp8Prepared:
     qf = qs.transpose(1, 2).float()
     kf = ks.transpose(1, 2).float()
     vf = vs.transpose(1, 2).float()
+    # rows of each item's own keys (all Sk without key_lens): only they enter the K mean and the K/V descales
+    if key_lens is None:
+        keep = torch.ones((B, 1, Sk, 1), dtype=torch.bool, device=dev)
+        n_keys = torch.full((B,), float(Sk), dtype=torch.float64, device=dev)
+    else:
+        n = key_lens.to(dev).long().clamp(0, Sk)
+        keep = (torch.arange(Sk, device=dev)[None, :] < n[:, None])[:, None, :, None]
+        n_keys = n.double().clamp(min=1)
     k_mean = None
     if smooth_k:
-        ksum = ks.transpose(1, 2).double().sum(dim=2)  # (B, H, D), exact for bf16/fp16 inputs in practice
+        ksum = torch.where(keep, ks.transpose(1, 2).double(), 0.0).sum(dim=2)  # (B, H, D), exact for 16-bit inputs
         # divide by a device tensor, not a Python number: CUDA turns x / scalar into x * (1/scalar)
-        k_mean = (ksum / torch.tensor(float(Sk), dtype=torch.float64, device=dev)).float()
+        k_mean = (ksum / n_keys[:, None, None]).float()
         kf = kf - k_mean[:, :, None, :]
-    amax = torch.stack([x.abs().amax(dim=(2, 3)) for x in (qf, kf, vf)], dim=-1)  # (B, H, 3)
+    amax = torch.stack([x.abs().amax(dim=(2, 3)) if i == 0 else torch.where(keep, x.abs(), 0.0).amax(dim=(2, 3))
+                        for i, x in enumerate((qf, kf, vf))], dim=-1)  # (B, H, 3)
     scales = amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=dev)
     scales = torch.where(amax == 0, torch.ones_like(scales), scales)
     if check_finite:

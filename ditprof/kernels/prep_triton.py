@@ -13,7 +13,8 @@ Two launches, both deterministic (the one atomic counts arrivals; no value is ac
    fp32 (exact); K's sum in float64. Then each program counts itself done on its (b, h)'s counter; the last one
    runs the finalize for that (b, h) (``_finalize_bh``) and resets the counter (one launch less than a separate
    finalize kernel: ~8 us of host time per call on the H200 host):
-   the finalize reduces the partials in a fixed order; mean_k = fp32(sum64 / Sk);
+   the finalize reduces the partials in a fixed order; mean_k = fp32(sum64 / n) (n = Sk, or with ``key_lens``
+   the item's own key count: its K and V stats cover only those rows);
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
    because rounding is monotonic); a non-finite K sum (K holds a NaN or Inf) makes amax_k NaN;
    descales = amax / 448 (1.0 where amax == 0), IEEE division; a non-finite descale also sets a sticky flag for
@@ -228,23 +229,26 @@ def _stats_kernel(
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr,
+    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr,
     H, Sq, Sk, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
-    CB: tl.constexpr, SMOOTH: tl.constexpr,
+    CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
+    n_keys = Sk  # keys of this batch item: the first key_lens[b] (clamped to [0, Sk]) with KLENS
+    if KLENS:
+        n_keys = tl.minimum(tl.maximum(tl.load(klens_ptr + b), 0), Sk)
     if t < NCQ:
         _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
     elif t < NCQ + NCK:
-        _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, Sk, NCK,
+        _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                  D, CHUNK, R, W)
     else:
-        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, Sk, NCK, D, CHUNK, R, W)
+        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R, W)
     # the last of this (b, h)'s programs to finish reduces its partials (in a fixed order: deterministic) and sets
     # the counter back to 0 for the next launch. The barrier puts every thread's partial stores before the
     # counter's release; the acquire puts the last program's loads after everyone's stores.
@@ -252,7 +256,7 @@ def _stats_kernel(
     arrived = tl.atomic_add(count_ptr + bh64, 1, sem="acq_rel", scope="gpu")
     if arrived == NCQ + 2 * NCK - 1:
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
-                     Sk, NCQ, NCK, D, CB, SMOOTH)
+                     n_keys, NCQ, NCK, D, CB, SMOOTH)
         tl.store(count_ptr + bh64, 0)
 
 
@@ -292,11 +296,12 @@ def _finalize_bh(
     # may have skipped); then amax_k is NaN
     bad_k = tl.max(((s - s) != 0.0).to(tl.int32), axis=0)
     if SMOOTH:
-        mean = (s / Sk).to(tl.float32)
+        mean = (s / tl.maximum(Sk, 1)).to(tl.float32)
         tl.store(mean_ptr + bh * D + d, mean)
         ak = tl.maximum(mx - mean, mean - mn)
     else:
         ak = tl.maximum(mx, -mn)
+    ak = tl.where(mx >= mn, ak, 0.0)  # no key at all (a fully masked batch item): amax 0, descale 1
     amax_q = tl.max(aq, axis=0).to(tl.float32, bitcast=True)
     amax_k_bits = tl.max(_abs_bits(ak), axis=0)
     amax_k = tl.where(bad_k > 0, 0x7FC00000, amax_k_bits).to(tl.float32, bitcast=True)
@@ -440,7 +445,7 @@ class PrepPlan:
     launches per call. ``prepare_triton`` builds one per call."""
 
     def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
-                 stats_r=None, stats_warps=None, fast_div=None):
+                 stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False):
         quant_block = quant_block or QUANT_BLOCK
         quant_warps = quant_warps or QUANT_WARPS
         stats_chunk = stats_chunk or STATS_CHUNK
@@ -470,12 +475,14 @@ class PrepPlan:
             for axis, st in zip("bshd", x.stride()):
                 strides[pre + axis] = st
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
-                     W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k)
+                     W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
+                     KLENS=bool(key_lens))
+        self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div)
         self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps), stats,
                              ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr"))
+                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr"))
         self.quant = _Launch(_quant_kernel, (nq + 2 * nk, BH), dict(num_warps=quant_warps), quant,
                              ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr"))
         self.launches = (self.stats, self.quant)
@@ -507,12 +514,15 @@ class PrepPlan:
             count=torch.zeros((BH,), dtype=torch.int32, device=device),
         )
 
-    def launch(self, q, k, v, bufs: dict, stream: int | None = None) -> None:
+    def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The two launches on ``stream`` (a raw CUDA stream handle; None: Triton's JIT path, which launches on
         the current stream). The current device must be the tensors' device."""
         b = bufs
+        if self.key_lens and key_lens is None:
+            raise ValueError("this plan reads per-batch key counts: pass key_lens")
+        # without them the pointer is never read (any int32 tensor does)
         self.stats((q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
-                    b["flags"], b["count"]), stream)
+                    b["flags"], b["count"], key_lens if self.key_lens else b["count"]), stream)
         self.quant((q, k, v, b["q8"], b["k8"], b["v8t"], b["k_mean"], b["scales"]), stream)
 
 
@@ -529,6 +539,7 @@ def prepare_triton(
     stats_warps: int | None = None,
     fast_div: bool | None = None,
     out=None,
+    key_lens=None,
 ):
     """Run the two kernels on (B, S, H, D)-indexed views (any strides). Returns (q8, k8, v8t, scales, k_mean).
 
@@ -536,11 +547,11 @@ def prepare_triton(
     No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
     """
     plan = PrepPlan(q, k, v, smooth_k, quant_block=quant_block, quant_warps=quant_warps, stats_chunk=stats_chunk,
-                    stats_r=stats_r, stats_warps=stats_warps, fast_div=fast_div)
+                    stats_r=stats_r, stats_warps=stats_warps, fast_div=fast_div, key_lens=key_lens is not None)
     bufs = plan.buffers(q.device, out)
     ctx = torch.cuda.device(q.device) if q.device.type == "cuda" else _NullCtx()
     with ctx:
-        plan.launch(q, k, v, bufs)
+        plan.launch(q, k, v, bufs, key_lens=key_lens)
     return bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], (bufs["k_mean"] if smooth_k else None)
 
 
@@ -571,7 +582,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     ptr_types = {
         "q_ptr": elem, "k_ptr": elem, "v_ptr": elem,
         "qpart_ptr": "*i32", "vpart_ptr": "*i32", "ksum_ptr": "*fp64", "kmax_ptr": "*fp32", "kmin_ptr": "*fp32",
-        "mean_ptr": "*fp32", "scales_ptr": "*fp32", "flags_ptr": "*i32", "count_ptr": "*i32",
+        "mean_ptr": "*fp32", "scales_ptr": "*fp32", "flags_ptr": "*i32", "count_ptr": "*i32", "klens_ptr": "*i32",
         "q8_ptr": "*fp8e4nv", "k8_ptr": "*fp8e4nv", "v8t_ptr": "*fp8e4nv",
     }
 
@@ -595,7 +606,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     return {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
-                                       "SMOOTH": smooth_k}, sw),
+                                       "SMOOTH": smooth_k, "KLENS": False}, sw),
         "quant": build(_quant_kernel, {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k,
                                        "MANUAL_RNE": False, "FAST": fast}, quant_warps or QUANT_WARPS),
     }
