@@ -18,15 +18,15 @@ from ditprof.harness import atomic, backends, report, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
-from ditprof.harness.memory import memory_budget, parse_size
+from ditprof.harness.memory import memory_budget
 from ditprof.harness.progress import make_progress
 from ditprof.harness.run_parts import Phases, model_section, plot_title, resident_bytes, write_run  # noqa: F401
 from ditprof.harness.run_plan import check_plan, make_plan
 from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
 
-DEFAULT_CUDA_PRESET = "h3"
-DEFAULT_CPU_PRESET = "h3-mini"
+from ditprof.harness.cli_args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
+from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, source_of
 
 
 @dataclass
@@ -87,32 +87,11 @@ def _slug(text: str) -> str:
 
 def spec_from_args(args: Any, command: str) -> RunSpec:
     device = resolve_device(getattr(args, "device", None))
-    if args.preset and args.checkpoint:
-        raise DitprofError("give --preset or --checkpoint, not both")
-    if args.checkpoint:
-        source, source_kind = args.checkpoint, "checkpoint"
-    else:
-        source = args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET)
-        source_kind = "preset"
-    if args.tokens is not None and any(v is not None for v in (args.height, args.width, args.frames)):
-        raise DitprofError("give --tokens or --height/--width/--frames, not both")
-    if (args.height is None) != (args.width is None):
-        raise DitprofError("--height and --width go together")
-    if args.gpu_memory is not None:
-        parse_size(args.gpu_memory)  # unparsable: fail before any work
-    for opt in ("tokens", "height", "width", "frames", "blocks", "steps"):
-        v = getattr(args, opt)
-        if v is not None and v < 1:
-            raise DitprofError(f"--{opt} must be >= 1 (got {v})")
-    if args.block is not None and args.block < 0:
-        raise DitprofError(f"--block must be >= 0 (got {args.block})")
-    if args.iters is not None and args.iters < 1:
-        raise DitprofError(f"--iters must be >= 1 (got {args.iters})")
-    if args.warmup is not None and args.warmup < 0:
-        raise DitprofError(f"--warmup must be >= 0 (got {args.warmup})")
-    sp = getattr(args, "sp", None)
-    if sp is not None and sp < 1:
-        raise DitprofError(f"--sp must be >= 1 (got {sp})")
+    source, source_kind = source_of(args, device)
+    check_size(args)
+    check_gpu_memory(args)
+    check_counts(args, ("tokens", "height", "width", "frames", "blocks", "steps", "iters", "sp", "batch",
+                        "text_tokens"), ("block", "warmup"))
     swap_name = None
     if command == "compare":
         baseline = args.baseline or backends.DEFAULT_BASELINE
@@ -130,10 +109,6 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
     dtype = DTYPES.get(getattr(args, "dtype", None) or "bfloat16")
     if dtype is None:
         raise DitprofError(f"--dtype {args.dtype!r} is not supported (use one of: {', '.join(DTYPES)})")
-    for opt in ("batch", "text_tokens"):
-        v = getattr(args, opt, None)
-        if v is not None and v < 1:
-            raise DitprofError(f"--{opt.replace('_', '-')} must be >= 1 (got {v})")
     limit = getattr(args, "time_limit", None)
     if limit is not None and limit <= 0:
         raise DitprofError(f"--time-limit must be > 0 minutes (got {limit})")
@@ -147,7 +122,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         gpu_memory=args.gpu_memory, out=out,
         warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
         iters=args.iters if args.iters is not None else (10 if device.type == "cuda" else 5),
-        seed=args.seed, sp=sp, sp_cross=getattr(args, "sp_cross", None) or "local",
+        seed=args.seed, sp=getattr(args, "sp", None), sp_cross=getattr(args, "sp_cross", None) or "local",
         cuda_graph=getattr(args, "cuda_graph", True), yes=bool(getattr(args, "yes", False)),
         time_limit_min=limit if limit is not None else DEFAULT_TIME_LIMIT_MIN, size_note=size_note,
         batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),

@@ -40,38 +40,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text.rstrip("/").split("/")[-1] or "checkpoint")
 
 
-def _positive(args, *names) -> None:
-    for opt in names:
-        v = getattr(args, opt, None)
-        if v is not None and v < 1:
-            raise DitprofError(f"--{opt.replace('_', '-')} must be >= 1 (got {v})")
-
-
 # --------------------------------------------------------------------------- validate
 
 def cmd_validate(args) -> int:
     from ditprof.harness import atomic
-    from ditprof.harness.memory import parse_size
-    from ditprof.harness.runner import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET, resolve_device
+    from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, source_of
+    from ditprof.harness.runner import resolve_device
     from ditprof.harness.validate import ValidateSpec, summary_table, to_json, validate, write
 
     device = resolve_device(args.device)
-    if args.preset and args.checkpoint:
-        raise DitprofError("give --preset or --checkpoint, not both")
-    if args.tokens is not None and any(v is not None for v in (args.height, args.width, args.frames)):
-        raise DitprofError("give --tokens or --height/--width/--frames, not both")
-    if (args.height is None) != (args.width is None):
-        raise DitprofError("--height and --width go together")
-    _positive(args, "tokens", "height", "width", "frames", "blocks", "steps", "iters", "chain_iters")
-    if args.warmup is not None and args.warmup < 0:
-        raise DitprofError(f"--warmup must be >= 0 (got {args.warmup})")
-    if args.gpu_memory is not None:
-        parse_size(args.gpu_memory)
-    if args.checkpoint:
-        source, source_kind = args.checkpoint, "checkpoint"
-    else:
-        source = args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET)
-        source_kind = "preset"
+    source, source_kind = source_of(args, device)
+    check_size(args)
+    check_counts(args, ("tokens", "height", "width", "frames", "blocks", "steps", "iters", "chain_iters"))
+    check_gpu_memory(args)
+    if source_kind == "preset":
         from ditprof.model_blocks import get_preset
 
         get_preset(source)
