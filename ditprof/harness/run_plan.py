@@ -106,7 +106,8 @@ def _budget(spec) -> tuple[int | None, str]:
 
 def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     """The plan of ``spec`` (a ``runner.RunSpec``), from the family's config alone: nothing is loaded."""
-    from ditprof.harness.validate import estimate_forward_bytes, open_source
+    from ditprof.harness.activation import estimate_forward_bytes
+    from ditprof.harness.validate import open_source
     from ditprof.model_blocks.presets import block_size
 
     src = open_source(spec.source, spec.source_kind, spec.kind)

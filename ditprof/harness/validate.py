@@ -23,108 +23,31 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import math
 import statistics
 import sys
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, backends, swap
+from ditprof.harness import backends, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.progress import make_progress
+from ditprof.harness.activation import _LiveBytes, estimate_forward_bytes  # noqa: F401 -- re-exported
 from ditprof.harness.session import Clock, time_block
-from ditprof.model_blocks.memory import tensor_bytes
+from ditprof.harness.validate_report import SCHEMA, markdown, summary_table, to_json, write  # noqa: F401
 from ditprof.model_blocks.presets import block_size
 from ditprof.model_blocks.synthetic import synth_tensor, synthetic_block
 
-SCHEMA = "ditprof.validate/1"
 GOAL_PCT = 3.0  # |error| goal of the extrapolation on the H200 (issue 6)
 CPU_DEFAULT_BLOCKS = 4
 
 
-# --------------------------------------------------------------------------- activation estimate
-
-class _LiveBytes(TorchDispatchMode):
-    """Tracks the bytes of live tensors created inside the mode (by storage) and their peak."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = 0
-        self.peak = 0
-
-    def _free(self, key: int) -> None:
-        self.current -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                key = t.untyped_storage()._cdata
-                if key in self.live:
-                    continue
-                self.live[key] = t.untyped_storage().nbytes()
-                self.current += self.live[key]
-                self.peak = max(self.peak, self.current)
-                weakref.finalize(t, self._free, key)
-        return out
-
-
-def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtype: torch.dtype = torch.bfloat16,
-                           **input_args) -> dict:
-    """Inputs and peak activation bytes of one forward, traced on the meta device (no memory, no compute).
-
-    Every tensor the block creates is tracked while it is alive; attention is replaced by a stand-in that
-    only allocates its output (a flash-style kernel: no S x S scores). An estimate: the CUDA caching
-    allocator's rounding and a kernel's workspace are not in it.
-    """
-    from ditprof.model_blocks import LoadedBlock, make_inputs
-    from ditprof.model_blocks.presets import block_on_meta
-
-    module = block_on_meta(family, config, kind)
-    for n, p in list(module.named_parameters()):
-        p.data = p.data.to(family.tensor_dtype(n, dtype))
-    heads, head_dim = family.heads(config)
-    meta = LoadedBlock(module=module, family=family, kind=kind, index=0, n_blocks=family.n_blocks(config, kind),
-                       config=config, source="meta", params=0, bytes=0, heads=heads, head_dim=head_dim, load_s=0.0,
-                       device=torch.device("meta"), dtype=dtype, preset=preset)
-    inputs = make_inputs(meta, device="meta", dtype=dtype, **input_args)
-
-    attention_flops = [0]
-
-    def flash_stand_in(q, k, v, *, scale=None, attn_mask=None):
-        b, sq, h, d = q.shape  # (B, S, H, D): QK^T and PV, 2 FLOPs a multiply-add each
-        attention_flops[0] += 4 * b * h * sq * k.shape[1] * d
-        return torch.empty_like(q)
-
-    from torch.utils.flop_counter import FlopCounterMode
-
-    mode = _LiveBytes()
-    flops = FlopCounterMode(display=False)
-    with torch.inference_mode(), swap.swapped(module, "meta-estimate", flash_stand_in,
-                                              uses_dispatcher=family.uses_dispatcher):
-        with flops, mode:
-            out = inputs.run(module)
-        del out
-    with torch.device("meta"):  # the parent model's modules the inputs come from stay loaded beside the block
-        parents = family.input_modules(config, kind)
-    parent_bytes = sum(t.numel() * (torch.finfo(family.tensor_dtype(f"{n}.{k}", dtype) or t.dtype).bits // 8)
-                       for n, m in parents.items() for k, t in m.state_dict().items())
-    return {"input_bytes": tensor_bytes(inputs.args) + tensor_bytes(inputs.kwargs), "activation_bytes": int(mode.peak),
-            "input_module_bytes": int(parent_bytes), "attention_flops": int(attention_flops[0]),
-            "gemm_flops": int(flops.get_total_flops()), "grid": inputs.grid.describe(),
-            "mask_note": inputs.mask_note,
-            "tokens": inputs.tokens, "text_tokens": inputs.text_tokens,
-            "method": "meta-device trace of live tensors, attention as a flash-style kernel (output only)"}
 
 
 # --------------------------------------------------------------------------- chaining
@@ -597,118 +520,7 @@ def validate(spec: ValidateSpec, console=None) -> dict:
     return rep
 
 
-# --------------------------------------------------------------------------- output
-
-def _ms(x: float) -> str:
-    return f"{x:,.1f} ms" if x >= 100 else f"{x:,.3f} ms"
-
-
-def summary_table(rep: dict):
-    from rich.table import Table
-
-    m = rep["model"]
-    src = m["preset"] or m["checkpoint"]
-    t = Table(title=f"validate: {src}, {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks, "
-                    f"{m['tokens']} tokens, {rep['attention_backend']}, {rep['settings']['device']} "
-                    f"({rep['timing_source'].replace('_', ' ')})", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("note")
-    one, ch = rep["one_block_ms"], rep["chain_ms"]
-    t.add_row("one block", _ms(one["median"]), f"median of {len(one['samples'])}, "
-              f"{_ms(one['min'])} - {_ms(one['max'])}")
-    t.add_row(f"{rep['blocks']} x one block", _ms(rep["extrapolated_ms"]), "extrapolation")
-    t.add_row(f"{rep['blocks']} blocks chained", _ms(ch["median"]),
-              f"median of {len(ch['samples'])} passes; {rep['timed']}")
-    pb = rep["chain_per_block_ms"]
-    t.add_row("per block in the chain", _ms(pb["median"]), f"{_ms(pb['min'])} - {_ms(pb['max'])}")
-    err = rep["error_pct"]
-    colour = "green" if rep["within_goal"] else "yellow"
-    t.add_row("extrapolation error", f"[{colour}]{err:+.2f} %[/]", f"goal |error| <= {rep['goal_pct']:.0f} % "
-              f"(H3 x 50 on the H200)")
-    t.add_row("error, best calls", f"{rep['error_best_pct']:+.2f} %", "N x fastest call vs sum of each block's "
-              "fastest call in the chain")
-    t.add_row("mode", rep["mode"], rep["memory"]["note"])
-    t.add_row("weights", fmt_bytes(m["block_bytes"]) + " / block", rep["weights"])
-    if rep["memory"]["peak_allocated_bytes"] is not None:
-        t.add_row("peak device memory", fmt_bytes(rep["memory"]["peak_allocated_bytes"]), "max_memory_allocated")
-    if not rep["output_finite"]:
-        t.add_row("output", "[red]non-finite[/]", "the chain's final hidden states hold inf/NaN")
-    ws = rep.get("whole_step")
-    if ws:
-        ex, fc, rest = ws["extrapolated"], ws["from_chain"], ws["rest"]
-        t.add_section()
-        t.add_row(f"block part ({m['model_n_blocks']} blocks)", _ms(ex["block_part_ms"]),
-                  f"from the chain: {_ms(fc['block_part_ms'])}")
-        t.add_row("rest (non-block modules)", _ms(ex["rest_ms"]),
-                  ", ".join(f"{k} {_ms(v)}" for k, v in rest["parts_ms"].items()))
-        t.add_row("per step", _ms(ex["per_step_ms"]), f"block share {ex['block_share'] * 100:.1f} %; "
-                  f"from the chain: {_ms(fc['per_step_ms'])}")
-        if ex["steps"]:
-            t.add_row(f"per video ({ex['steps']} steps{' x 2 CFG' if ex['cfg'] else ''})",
-                      f"{ex['per_video_ms'] / 1000:,.2f} s",
-                      f"blocks {ex['per_video_block_ms'] / 1000:,.2f} s + rest {ex['per_video_rest_ms'] / 1000:,.2f} s;"
-                      f" from the chain: {fc['per_video_ms'] / 1000:,.2f} s")
-    return t
-
-
-def markdown(rep: dict) -> str:
-    m = rep["model"]
-    one, ch = rep["one_block_ms"], rep["chain_ms"]
-    lines = [
-        f"# ditprof validate: {m['preset'] or m['checkpoint']}",
-        "",
-        f"- {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks ({m['block_class']}), {m['tokens']} tokens, "
-        f"attention `{rep['attention_backend']}`, {rep['settings']['device']}, {rep['timing_source']}",
-        f"- weights: {rep['weights']}; {fmt_bytes(m['block_bytes'])} per block",
-        f"- mode: {rep['mode']} — {rep['memory']['note']}",
-        "",
-        "| quantity | ms |",
-        "|---|---:|",
-        f"| one block (median; min–max) | {one['median']:.3f} ({one['min']:.3f}–{one['max']:.3f}) |",
-        f"| {rep['blocks']} × one block (extrapolation) | {rep['extrapolated_ms']:.3f} |",
-        f"| {rep['blocks']} blocks chained (median; min–max) | {ch['median']:.3f} ({ch['min']:.3f}–{ch['max']:.3f}) |",
-        f"| **error** | **{rep['error_pct']:+.2f} %** (goal ±{rep['goal_pct']:.0f} %) |",
-        f"| error, best calls | {rep['error_best_pct']:+.2f} % |",
-    ]
-    ws = rep.get("whole_step")
-    if ws:
-        ex, fc = ws["extrapolated"], ws["from_chain"]
-        lines += [
-            "",
-            "## Whole denoising step",
-            "",
-            "| part | extrapolated (ms) | from the chain (ms) |",
-            "|---|---:|---:|",
-            f"| blocks ({m['model_n_blocks']}) | {ex['block_part_ms']:.3f} | {fc['block_part_ms']:.3f} |",
-            f"| rest (non-block modules) | {ex['rest_ms']:.3f} | {fc['rest_ms']:.3f} |",
-            f"| per step | {ex['per_step_ms']:.3f} | {fc['per_step_ms']:.3f} |",
-        ]
-        if ex["steps"]:
-            lines.append(f"| per video ({ex['passes']} passes) | {ex['per_video_ms']:.1f} | {fc['per_video_ms']:.1f} |")
-        lines += ["", "Rest by module: " + ", ".join(f"`{k}` {v:.3f} ms" for k, v in ws["rest"]["parts_ms"].items())]
-    return "\n".join(lines) + "\n"
-
-
-def to_json(rep: dict) -> str:
-    def default(o):
-        if isinstance(o, float) and not math.isfinite(o):
-            return None
-        return str(o)
-
-    return json.dumps(rep, indent=2, default=default) + "\n"
-
-
-def write(rep: dict, out: Path) -> Path:
-    out = atomic.check_writable(out)
-    with atomic.staged_dir(out) as stage:
-        atomic.write_text(stage / "validate.md", markdown(rep))
-        atomic.write_text(stage / "validate.json", to_json(rep))
-    return out
-
-
 __all__ = [
     "Chain", "GOAL_PCT", "MemoryPlan", "SCHEMA", "ValidateSpec", "estimate_forward_bytes",
     "markdown", "open_source", "plan_memory", "summary_table", "validate", "write",
 ]
-
