@@ -64,11 +64,11 @@ def test_cache_reuse_and_cli(tmp_path, monkeypatch, capsys):
     assert main(["make-checkpoint", "--preset", "wan-tiny"]) == 0
     assert "reused" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
-    assert main(["make-checkpoint", "--preset", "h3-mini", "--blocks", "2,3", "--out", str(tmp_path / "o")]) == 0
+    assert main(["make-checkpoint", "--preset", "h3-mini", "--block-indices", "2,3", "--out", str(tmp_path / "o")]) == 0
     wmap = read_layout(tmp_path / "o").weight_map
     assert {k.split(".")[1] for k in wmap if k.startswith("transformer_blocks.")} == {"2", "3"}
-    assert main(["make-checkpoint", "--preset", "h3-mini", "--blocks", "x"]) == 2
-    assert "--blocks must be" in capsys.readouterr().err
+    assert main(["make-checkpoint", "--preset", "h3-mini", "--block-indices", "x"]) == 2
+    assert "--block-indices must be" in capsys.readouterr().err
 
 
 def test_tiny_whole_model_loads_in_diffusers(tmp_path, monkeypatch):

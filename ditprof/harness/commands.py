@@ -50,7 +50,8 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
                      help="Ulysses sequence parallelism over P ranks (NCCL, one GPU each; gloo on CPU)")
     run.add_argument("--sp-cross", dest="sp_cross", choices=("local", "heads"), help=argparse.SUPPRESS)
     ex = p.add_argument_group("extrapolation")
-    ex.add_argument("--blocks", type=int, metavar="N", help="blocks in the model (default: the model's)")
+    ex.add_argument("--blocks", type=int, metavar="N",
+                    help="blocks the extrapolation covers: the model's block count (default: the model's)")
     ex.add_argument("--steps", type=int, metavar="S", help="denoising steps")
     ex.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
     p.add_argument("--out", metavar="DIR", help="output folder (default traces/<preset>-<timestamp>/)")

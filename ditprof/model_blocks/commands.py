@@ -19,7 +19,10 @@ def register(subparsers) -> None:
     )
     m.add_argument("--preset", required=True, help="preset name (see `ditprof presets`)")
     m.add_argument("--out", default=None, help="output folder (default: cache dir, $DITPROF_CACHE)")
-    m.add_argument("--blocks", default=None, help="comma-separated block indices or 'all' (default: 0; tiny: all)")
+    # --blocks N elsewhere is a block count (profile/compare: the model's, for the extrapolation; validate: the
+    # blocks chained); here the blocks written are named by index
+    m.add_argument("--block-indices", default=None, metavar="I,J,...|all",
+                   help="comma-separated block indices or 'all' (default: 0; tiny: all)")
     m.add_argument("--kind", default=None, help="block stack for double/single models (default: the preset's)")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--dtype", default=None, help="bfloat16 / float16 / float32 (default: the preset's)")
@@ -70,7 +73,7 @@ def cmd_make_checkpoint(args: argparse.Namespace) -> int:
     from .synthetic import make_checkpoint, parse_blocks
 
     preset = get_preset(args.preset)
-    blocks = parse_blocks(args.blocks) if args.blocks is not None else (None if preset.tiny else [0])
+    blocks = parse_blocks(args.block_indices) if args.block_indices is not None else (None if preset.tiny else [0])
     folder, reused = make_checkpoint(
         preset, args.out, blocks=blocks, kind=args.kind, seed=args.seed, dtype=args.dtype
     )

@@ -81,7 +81,7 @@ def parse_blocks(spec: str | None) -> list[int] | None:
     try:
         blocks = sorted({int(x) for x in spec.split(",")})
     except ValueError:
-        raise DitprofError(f"--blocks must be 'all' or comma-separated block indices, got {spec!r}") from None
+        raise DitprofError(f"--block-indices must be 'all' or comma-separated block indices, got {spec!r}") from None
     return blocks
 
 
