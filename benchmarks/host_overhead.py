@@ -77,7 +77,7 @@ def main() -> int:
     fast, general = L.fp8_attention_cuda(q, k, v, scale), fp8_attention_kernel(q, k, v, scale=scale)
     torch.cuda.synchronize()
     rec = L.record_for(q, k, v, False)
-    launch = dict(kernel=rec.spec.kernel, tvm_ffi=rec.spec.tvm_ffi, last_launch=L._LAST["launch"],
+    launch = dict(kernel=rec.spec.kernel, tvm_ffi=rec.spec.tvm_ffi, last_launch=L.LAUNCH_INFO["last_launch"],
                   direct_triton=all(s.compiled is not None for s in rec.plan.launches),
                   workspace_reused=rec.reuse, bitwise_equal=bool(torch.equal(fast, general)),
                   finite=bool(torch.isfinite(fast).all()))

@@ -68,9 +68,7 @@ Every tensor must have < 2**31 elements (32-bit index arithmetic).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
 
 import cutlass
 import cutlass.cute as cute
@@ -636,9 +634,6 @@ def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, on
     return cute.struct(SharedStorage)
 
 
-_CACHE: Dict[Tuple[Any, ...], Any] = {}
-
-
 def smem_bytes(head_dim: int = 128, config: Sm90Config | None = None) -> int:
     """Dynamic shared memory per CTA: mbarriers (padded to the 1024-byte alignment of the tiles), Q (consumer_wgs x
     64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each), the row-sum wgmma's ones tile."""
@@ -677,32 +672,13 @@ def _compile_args(dtype_out):
     )
 
 
-# Launch path. cute's JIT executor converts the 14 arguments in Python on every call (make_ptr, Int32 wrappers,
-# ctypes packing), ~100+ us of host time per launch, which small DiT blocks feel (docs/RESULTS.md, "eager vs
-# CUDA-graph replay"). Compiled with --enable-tvm-ffi the function takes raw ints (data_ptr()) and floats through
-# TVM-FFI's C ABI instead. Used when apache-tvm-ffi is importable (the GPU host has it; the CPU CI does not need
-# it: nothing launches there) and DITPROF_TVM_FFI is not "0"; if a TVM-FFI compile or call fails, the JIT path
-# takes over for the rest of the process and LAUNCH_INFO["tvm_ffi_error"] keeps the reason.
-LAUNCH_INFO: Dict[str, Any] = {"tvm_ffi_error": None, "last_launch": None}
-
-
-def tvm_ffi_launch_enabled() -> bool:
-    if os.environ.get("DITPROF_TVM_FFI", "1") == "0" or LAUNCH_INFO["tvm_ffi_error"] is not None:
-        return False
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
                  tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
     ``config``: ``config_for(arch, head_dim)`` unless given. ``fake=True``: no GPU needed (stream faked); pass e.g.
     ``options_extra="--keep-cubin --dump-dir DIR"``. ``fake=False``: compile for launching on the current device.
-    ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers, see ``run_sm90``).
+    ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers; ``kernels.launch`` does).
     ``key_lens``: the kernel reads per-batch key counts (Int32, the argument after the scales) on the device:
     batch item b attends to its first key_lens[b] keys (key-padding masks; CUDA-graph capturable).
     Arguments: q8, k8, v8t, scales, key_lens, out, lse, B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale, stream.
@@ -726,67 +702,5 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     return fn
 
 
-def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, key_lens=None) -> None:
-    """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts)."""
-    import torch
-    from cutlass.cute.runtime import make_ptr
-
-    B, H, sq_pad, D = q8.shape
-    sk_pad = k8.shape[2]
-    if sq_pad % TILE_M_WG or sk_pad % 32 or sq > sq_pad or sk > sk_pad or sk < 1 or sq < 1:
-        raise ValueError(f"bad padded lengths: sq={sq} sq_pad={sq_pad} sk={sk} sk_pad={sk_pad}")
-    if tuple(v8t.shape) != (B, H, D, sk_pad) or tuple(k8.shape) != (B, H, sk_pad, D):
-        raise ValueError("k8/v8t shapes do not match q8")
-    if tuple(out.shape) != (B, sq, H, D) or tuple(lse.shape) != (B, H, sq):
-        raise ValueError("out/lse shapes do not match")
-    for t in (q8, k8, v8t, scales, out, lse):
-        if not t.is_cuda or not t.is_contiguous():
-            raise ValueError("all tensors must be contiguous CUDA tensors")
-    if scales.dtype != torch.float32 or lse.dtype != torch.float32:
-        raise ValueError("scales and lse must be float32")
-    dtype_out = {torch.bfloat16: BFloat16, torch.float16: Float16}[out.dtype]
-    dev = q8.device
-    major, minor = torch.cuda.get_device_capability(dev)
-    if (major, minor) != (9, 0):
-        raise ValueError(f"run_sm90 needs an sm_90 GPU (H100/H200), got sm_{major}{minor}")
-    arch = "sm_90a"
-    config = config_for(arch, D)
-    masked = key_lens is not None
-    key = (arch, D, out.dtype, config, masked)
-    lens_ptr = key_lens.data_ptr() if masked else scales.data_ptr()  # never read unless masked
-
-    def compiled(tvm_ffi: bool):
-        fn = _CACHE.get((tvm_ffi,) + key)
-        if fn is None:
-            fn = compile_sm90(D, dtype_out, fake=False, arch=arch, tvm_ffi=tvm_ffi, config=config, key_lens=masked)
-            _CACHE[(tvm_ffi,) + key] = fn
-        return fn
-
-    if tvm_ffi_launch_enabled():
-        try:
-            compiled(True)(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), lens_ptr, out.data_ptr(),
-                           lse.data_ptr(),
-               B, H, sq, sk, sq_pad, sk_pad, float(softmax_scale), torch.cuda.current_stream(dev).cuda_stream)
-            LAUNCH_INFO["last_launch"] = "tvm_ffi"
-            return
-        except Exception as exc:  # noqa: BLE001 - argument conversion fails before anything is launched
-            LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
-    LAUNCH_INFO["last_launch"] = "jit"
-    gm = cute.AddressSpace.gmem
-    stream = cuda.CUstream(torch.cuda.current_stream(dev).cuda_stream)
-    compiled(False)(
-        make_ptr(Uint8, q8.data_ptr(), gm, assumed_align=16),
-        make_ptr(Uint8, k8.data_ptr(), gm, assumed_align=16),
-        make_ptr(Uint8, v8t.data_ptr(), gm, assumed_align=16),
-        make_ptr(Float32, scales.data_ptr(), gm, assumed_align=4),
-        make_ptr(Int32, lens_ptr, gm, assumed_align=4),
-        make_ptr(dtype_out, out.data_ptr(), gm, assumed_align=4),
-        make_ptr(Float32, lse.data_ptr(), gm, assumed_align=4),
-        Int32(B), Int32(H), Int32(sq), Int32(sk), Int32(sq_pad), Int32(sk_pad),
-        Float32(softmax_scale),
-        stream,
-    )
-
-
-__all__ = ["LAUNCH_INFO", "Sm90Config", "Sm90Fp8Attention", "compile_sm90", "config_for", "run_sm90", "smem_bytes",
-           "sm90_key_order_for_positions", "tvm_ffi_launch_enabled"]
+__all__ = ["Sm90Config", "Sm90Fp8Attention", "compile_sm90", "config_for", "smem_bytes",
+           "sm90_key_order_for_positions"]

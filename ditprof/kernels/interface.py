@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from typing import Optional
 
 import torch
@@ -17,9 +16,8 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import LAYOUTS, check_qkv  # noqa: F401 -- LAYOUTS re-exported
 from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS
-from ditprof.kernels.launch import KERNELS, arch_for_capability, kernel_name_for_arch  # noqa: F401 -- re-exported
-
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+from ditprof.kernels.launch import (  # noqa: F401 -- KERNELS and spec_for re-exported
+    DTYPE_NAMES, KERNELS, arch_for_capability, kernel_name_for_arch, spec_for)
 
 # ---------------------------------------------------------------------------------------------- arch
 
@@ -85,25 +83,6 @@ def _inner_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- compile
 
-def spec_for(kernel: str, arch: str, head_dim: int, dtype_name: str, write_lse: bool, key_lens: bool = False):
-    """The ``launch.KernelSpec`` of a call (fp8-sm90 always writes its LSE and launches through TVM-FFI where it
-    can)."""
-    from ditprof.kernels.launch import KernelSpec
-
-    if kernel == "fp8-sm90":
-        from ditprof.kernels.fp8_fwd_sm90 import tvm_ffi_launch_enabled
-
-        return KernelSpec(kernel, arch, head_dim, dtype_name, True, key_lens, tvm_ffi_launch_enabled())
-    return KernelSpec(kernel, arch, head_dim, dtype_name, write_lse, key_lens)
-
-
-def get_compiled(arch: str, head_dim: int, dtype_name: str, write_lse: bool, key_lens: bool = False):
-    """The compiled fp8-sm120 kernel (the one compile cache is ``launch.compiled``)."""
-    from ditprof.kernels.launch import compiled
-
-    return compiled(spec_for("fp8-sm120", arch, head_dim, dtype_name, write_lse, key_lens))
-
-
 def clear_cache() -> None:
     from ditprof.kernels.launch import clear_cache as clear
 
@@ -130,7 +109,7 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
     for n, t in (("q8", prep.q8), ("k8", prep.k8), ("v8t", prep.v8t), ("scales", prep.scales)):
         if not t.is_contiguous():
             raise DitprofError(f"prepared {n} must be contiguous")
-    spec = spec_for(name, arch, D, _DTYPE_NAMES[out.dtype], lse is not None, key_lens is not None)
+    spec = spec_for(name, arch, D, DTYPE_NAMES[out.dtype], lse is not None, key_lens is not None)
     stream = torch.cuda.current_stream(out.device).cuda_stream
     if name == "fp8-sm90":
         # writes a contiguous (B,Sq,H,D) output and always an LSE
@@ -216,11 +195,11 @@ def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
         if hasattr(prep, "take_finite_check"):
             pending = prep.take_finite_check()
             if pending is not None:
-                from ditprof.kernels.launch import drain, pending_queue
+                from ditprof.kernels.launch import drain, pending_queue, sync_checks
 
                 queue = pending_queue()
                 queue.append(pending)
-                drain(queue, wait=os.environ.get("DITPROF_FP8_CHECK", "") == "sync")
+                drain(queue, wait=sync_checks())
         if not return_lse:
             return out
         k_mean = getattr(prep, "k_mean", None)
@@ -231,5 +210,5 @@ def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
 
 
 __all__ = ["fp8_attention", "fp8_attention_kernel", "deferred_finite_checks", "arch_for_capability",
-           "kernel_name_for_arch", "KERNELS", "get_compiled", "spec_for", "launch_prepared", "clear_cache",
+           "kernel_name_for_arch", "KERNELS", "spec_for", "launch_prepared", "clear_cache",
            "SUPPORTED_HEAD_DIMS"]

@@ -8,7 +8,7 @@ configuration, and the finiteness check of q, k, v without a host sync.
   argument specialisation), the compiled kernel, the arguments that do not change and, for problems up to
   ``WORKSPACE_REUSE_BYTES``, the prep's workspace (one per stream: work on one stream is ordered, so the next call's
   prep writes it only after this call's kernel has read it; under CUDA-graph capture each call allocates its own).
-  A call is then the prep's three launches, the kernel launch and the output allocation: no sync, no other
+  A call is then the prep's two launches, the kernel launch and the output allocation: no sync, no other
   allocation, no per-call argument checks (``record_for`` checks once per configuration).
 - Finiteness: a descale is non-finite exactly when its input held NaN/Inf; the prep's finalize kernel then sets a
   sticky flag for q, k or v in the workspace. Every ``CHECK_EVERY`` calls of a workspace (every call when it is not
@@ -27,16 +27,32 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.prep import finish_finite_check
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: a few us against milliseconds of kernel
 RING_DEPTH = 16
 CHECK_EVERY = 8  # calls of one reused workspace between two reads of its non-finite flags
-_NAMES = ("q", "k", "v")
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+# How launches go. cute's JIT executor converts the arguments in Python on every call (make_ptr, Int32 wrappers,
+# ctypes packing), ~100 us of host time per launch; fp8-sm90 compiled with --enable-tvm-ffi takes raw ints
+# (data_ptr()) and floats through TVM-FFI's C ABI instead. Used when apache-tvm-ffi is importable (the GPU host has
+# it; nothing launches on the CPU CI) and DITPROF_TVM_FFI is not "0"; if a TVM-FFI call fails, the JIT path takes
+# over for the rest of the process and "tvm_ffi_error" keeps the reason. "last_launch": "tvm_ffi" or "jit".
+LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None}
+
+
+def tvm_ffi_launch_enabled() -> bool:
+    if os.environ.get("DITPROF_TVM_FFI", "1") == "0" or LAUNCH_INFO["tvm_ffi_error"] is not None:
+        return False
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------------ compile cache
@@ -79,6 +95,14 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
     raise DitprofError(f"unknown fp8 kernel {spec.kernel!r}")
 
 
+def spec_for(kernel: str, arch: str, head_dim: int, dtype_name: str, write_lse: bool,
+             key_lens: bool = False) -> KernelSpec:
+    """The spec of a call: fp8-sm90 always writes its LSE and launches through TVM-FFI where it can."""
+    if kernel == "fp8-sm90":
+        return KernelSpec(kernel, arch, head_dim, dtype_name, True, key_lens, tvm_ffi_launch_enabled())
+    return KernelSpec(kernel, arch, head_dim, dtype_name, write_lse, key_lens)
+
+
 def compiled(spec: KernelSpec):
     """The compiled kernel for ``spec`` on the current device (compiled once per process)."""
     fn = _COMPILED.get(spec)
@@ -112,29 +136,22 @@ class _Check(tuple):
 
 
 def _raise_for(bad: list) -> None:
-    for name, flag in zip(_NAMES, bad):
+    for name, flag in zip(("q", "k", "v"), bad):
         if flag:
             raise DitprofError(f"{name} contains NaN or Inf")
 
 
-def raise_if_nonfinite(host) -> None:
-    """``host``: the (B*H*3,) descales of q, k, v, already on the host."""
-    finite = np.isfinite(host.numpy().reshape(-1, 3))
-    if not finite.all():
-        _raise_for((~finite).any(axis=0).tolist())
-
-
 def finish_check(item) -> None:
-    """Wait for one check's copy (no-op for None), free its ring slot, raise on a non-finite input."""
+    """Wait for one check's copy (no-op for None), free its ring slot, raise on a non-finite input (flags here;
+    the general path's descales through ``prep.finish_finite_check``)."""
     if item is None:
         return
-    host, event = item[0], item[1]
-    event.synchronize()
     try:
         if getattr(item, "flags", False):
-            _raise_for(host.tolist())
+            item[1].synchronize()
+            _raise_for(item[0].tolist())
         else:
-            raise_if_nonfinite(host)
+            finish_finite_check(item)
     finally:
         ring = getattr(item, "ring", None)
         if ring is not None:
@@ -201,7 +218,8 @@ class _Ring:
         return _Check(host, self.events[i], self, i, flags=True)
 
 
-def _sync_checks() -> bool:
+def sync_checks() -> bool:
+    """``DITPROF_FP8_CHECK=sync``: every call waits for its own NaN/Inf check."""
     return os.environ.get("DITPROF_FP8_CHECK", "") == "sync"
 
 
@@ -278,17 +296,13 @@ class Fp8Launch:
         Sk = k.shape[1]
         self.device = q.device
         self.device_index = q.device.index
-        self.kernel = kernel
         self.plan = PrepPlan(q, k, v, True, key_lens=key_lens)  # the descales over each item's own keys
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
-        self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
+        self.B, self.Sq, self.Sk, self.H = B, Sq, Sk, H
         self.out_shape = (B, Sq, H, D)
         self.dtype = q.dtype
-        self.masked = key_lens
-        arch = arch_of(self.device_index)
-        tvm = kernel == "fp8-sm90" and _tvm_ffi_enabled()
-        self.spec = KernelSpec(kernel, arch, D, _DTYPE_NAMES[q.dtype], write_lse=kernel == "fp8-sm90",
-                               key_lens=key_lens, tvm_ffi=tvm)
+        self.spec = spec_for(kernel, arch_of(self.device_index), D, DTYPE_NAMES[q.dtype], write_lse=False,
+                             key_lens=key_lens)
         with torch.cuda.device(self.device):
             self.fn = compiled(self.spec)
         bufs = self.plan.buffers("meta")
@@ -298,7 +312,6 @@ class Fp8Launch:
         self._workspaces: dict = {}
         self.ring = _Ring()
         self.sizes = (B, H, Sq, Sk, self.sq_pad, self.sk_pad)
-        self.launches = 0
 
     def _workspace(self) -> dict:
         # normal tensors even when made inside inference mode: later calls outside it zero the flags in place
@@ -330,9 +343,8 @@ class Fp8Launch:
             self.plan.launch(q, k, v, ws, stream, key_lens=key_lens)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
             self._launch_kernel(ws, out, key_lens, float(softmax_scale), stream)
-            self.launches += 1
             if not capturing:
-                sync = _sync_checks()
+                sync = sync_checks()
                 if not self.reuse or sync:
                     self.check(ws, stream_obj, queue)
                     if sync:
@@ -380,12 +392,10 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, key_lens, out, ls
         try:
             fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), lens_ptr, out.data_ptr(),
                lse.data_ptr(), B, H, Sq, Sk, sq_pad, sk_pad, softmax_scale, stream)
-            _LAST["launch"] = "tvm_ffi"
+            LAUNCH_INFO["last_launch"] = "tvm_ffi"
             return spec, fn
         except Exception as exc:  # noqa: BLE001 -- argument conversion fails before anything is launched
-            from ditprof.kernels import fp8_fwd_sm90 as K
-
-            K.LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
             spec = KernelSpec(**{**spec.__dict__, "tvm_ffi": False})
             fn = compiled(spec)
     import cuda.bindings.driver as cuda
@@ -410,17 +420,8 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, key_lens, out, ls
         fn(ptr(f8, q8, 16), ptr(f8, k8, 16), ptr(f8, v8t, 16), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
            ptr(cutlass.Float32, scales, 4), ptr(cutlass.Int32, lens_ptr, 4), I32(B), I32(H), I32(Sq), I32(Sk),
            cutlass.Int64(sb), cutlass.Int64(sh), I32(ss), cutlass.Float32(softmax_scale), cuda.CUstream(stream))
-    _LAST["launch"] = "jit"
+    LAUNCH_INFO["last_launch"] = "jit"
     return spec, fn
-
-
-_LAST = {"launch": None}  # how the last kernel launch went ("tvm_ffi" or "jit"), for tests and benchmarks
-
-
-def _tvm_ffi_enabled() -> bool:
-    from ditprof.kernels.fp8_fwd_sm90 import tvm_ffi_launch_enabled
-
-    return tvm_ffi_launch_enabled()
 
 
 _RECORDS: dict = {}
@@ -440,8 +441,7 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
 
 
 def _build(q, k, v, key_lens: bool, kernel: Optional[str]) -> Fp8Launch:
-    from ditprof.kernels.checks import check_qkv
-    from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS
+    from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
               max_grid=65535)
@@ -471,7 +471,8 @@ def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
     return k2, v2, keep.sum(dim=1, dtype=torch.int32)
 
 
-__all__ = ["KernelSpec", "compile_spec", "compiled", "clear_cache", "COMPILE_STATS", "Fp8Launch", "record_for",
+__all__ = ["KernelSpec", "LAUNCH_INFO", "spec_for", "tvm_ffi_launch_enabled", "compile_spec", "compiled",
+           "clear_cache", "COMPILE_STATS", "Fp8Launch", "record_for",
            "fp8_attention_cuda", "compact_keys", "finish_finite_checks", "drain", "pending_queue",
            "WORKSPACE_REUSE_BYTES", "RING_DEPTH"]
 

@@ -264,8 +264,8 @@ def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None) -> Fp8Prep
         # divide by a device tensor, not a Python number: CUDA turns x / scalar into x * (1/scalar)
         k_mean = (ksum / n_keys[:, None, None]).float()
         kf = kf - k_mean[:, :, None, :]
-    amax = torch.stack([x.abs().amax(dim=(2, 3)) if i == 0 else torch.where(keep, x.abs(), 0.0).amax(dim=(2, 3))
-                        for i, x in enumerate((qf, kf, vf))], dim=-1)  # (B, H, 3)
+    amax_k, amax_v = (torch.where(keep, x.abs(), 0.0).amax(dim=(2, 3)) for x in (kf, vf))
+    amax = torch.stack([qf.abs().amax(dim=(2, 3)), amax_k, amax_v], dim=-1)  # (B, H, 3)
     scales = amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=dev)
     scales = torch.where(amax == 0, torch.ones_like(scales), scales)
     if check_finite:
