@@ -3,6 +3,9 @@ work: one source, one way to give the size, counts that are counts. One-line ``D
 
 from __future__ import annotations
 
+import datetime as _dt
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,3 +50,12 @@ def check_gpu_memory(args: Any) -> None:
         from ditprof.harness.memory import parse_size
 
         parse_size(args.gpu_memory)  # unparsable: fail before any work
+
+
+def default_out(out: str | None, name: str, prefix: str = "") -> Path:
+    """``--out``, else ``traces/<prefix><name>-<timestamp>`` (``name`` slugged: a checkpoint path gives its last
+    part)."""
+    if out:
+        return Path(out)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.rstrip("/").split("/")[-1] or "checkpoint")
+    return Path("traces") / f"{prefix}{slug}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"

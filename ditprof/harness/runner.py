@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from ditprof.harness.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
 
 from ditprof.harness.cli_args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
-from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, source_of
+from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, default_out, source_of
 
 
 @dataclass
@@ -80,11 +79,6 @@ def resolve_device(name: str | None) -> torch.device:
     return dev
 
 
-def _slug(text: str) -> str:
-    text = text.rstrip("/").split("/")[-1] or "checkpoint"
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)
-
-
 def spec_from_args(args: Any, command: str) -> RunSpec:
     device = resolve_device(getattr(args, "device", None))
     source, source_kind = source_of(args, device)
@@ -112,8 +106,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
     limit = getattr(args, "time_limit", None)
     if limit is not None and limit <= 0:
         raise DitprofError(f"--time-limit must be > 0 minutes (got {limit})")
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("traces") / f"{_slug(source)}-{stamp}"
+    out = default_out(args.out, source)
     return RunSpec(
         command=command, source=source, source_kind=source_kind, block=args.block or 0,
         kind=getattr(args, "kind", None), device=device,

@@ -7,9 +7,7 @@ import argparse
 import datetime as _dt
 import json
 import math
-import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from ditprof.errors import DitprofError
@@ -32,19 +30,11 @@ def _console(json_out: bool):
     return console
 
 
-def _stamp() -> str:
-    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text.rstrip("/").split("/")[-1] or "checkpoint")
-
-
 # --------------------------------------------------------------------------- validate
 
 def cmd_validate(args) -> int:
     from ditprof.harness import atomic
-    from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, source_of
+    from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, default_out, source_of
     from ditprof.harness.runner import resolve_device
     from ditprof.harness.validate import ValidateSpec, summary_table, to_json, validate, write
 
@@ -57,7 +47,7 @@ def cmd_validate(args) -> int:
         from ditprof.model_blocks import get_preset
 
         get_preset(source)
-    out = Path(args.out) if args.out else Path("traces") / f"validate-{_slug(source)}-{_stamp()}"
+    out = default_out(args.out, source, prefix="validate-")
     atomic.check_writable(out)
     from ditprof.harness import backends
 
@@ -231,7 +221,9 @@ def cmd_accuracy_table(args) -> int:
         swaps = ["fp8-emulated"]
         if device.type == "cuda" and backends.availability("fp8", device)[0]:
             swaps.append("fp8")
-    out = Path(args.out) if args.out else Path("traces") / f"accuracy-table-{_stamp()}"
+    from ditprof.harness.cli_args import default_out
+
+    out = default_out(args.out, "accuracy-table")
     atomic.check_writable(out)
     console = _console(args.json)
     rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed, console=console,

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ditprof.kernels.prep import K_ROW_PAD, Q_ROW_PAD
+from ditprof.kernels.prep import padded_lengths
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -462,8 +462,7 @@ class PrepPlan:
         B, Sq, H, D = q.shape
         Sk = k.shape[1]
         self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
-        self.Sq_pad = _cdiv(Sq, Q_ROW_PAD) * Q_ROW_PAD
-        self.Sk_pad = _cdiv(Sk, K_ROW_PAD) * K_ROW_PAD
+        self.Sq_pad, self.Sk_pad = padded_lengths(Sq, Sk)
         self.smooth_k = bool(smooth_k)
         BH = B * H
         ncq, nck = _cdiv(Sq, stats_chunk), _cdiv(Sk, stats_chunk)
