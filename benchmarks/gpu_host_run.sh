@@ -105,6 +105,15 @@ session8c)  # session 8, fourth batch: two prep launches, inference-mode records
   step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   step compare-h3 150 python -m ditprof compare --iters 5 --out "$out/compare-h3"
   ;;
+session9a)  # session 9, first batch: every sm90-path GPU test after session 8's last changes, the flux eager diagnosis
+  step gpu-tests 400 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level"
+  step eager-diag 120 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag.json"
+  ;;
+session9b)  # session 9, second batch: the sm120 kernel emulated on Hopper (prep key lengths), host cost, flux compare
+  step sm120-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "sm120 or two_level"
+  step host-overhead 80 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;

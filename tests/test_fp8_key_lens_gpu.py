@@ -82,9 +82,19 @@ def _check_items(o, q, k, v, keys_of, scale, lengths_note, lse=None):
         print(f"item {b}: {keys.numel()} of {k.shape[1]} keys ({lengths_note}): rel-RMS vs float64 {err:.4%}")
         assert err <= GAUSSIAN_REL_RMS, (b, keys.numel(), err)
         if lse is not None:
+            # the kernel's LSE is the numerics model's (the emulation over the same keys) to fp32 rounding; the
+            # model's own worst row vs float64 is bounded separately: with e4m3 Q/K at head_dim 64 a peaked row's
+            # LSE moves by up to ~0.06 (the error of its largest score), which a max over B*H*Sq rows does reach
+            from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+
             assert torch.isfinite(lse[b]).all(), f"item {b}: LSE not fully written"
-            lse_err = (lse[b:b + 1].double() - ref_lse).abs().max().item()
-            assert lse_err < 0.05, (b, lse_err)
+            _, emu_lse = fp8_attention_emulated(q[b:b + 1, :], k[b:b + 1, keys], v[b:b + 1, keys], scale=scale,
+                                                return_lse=True)
+            kernel_vs_model = (lse[b:b + 1] - emu_lse).abs().max().item()
+            model_vs_f64 = (emu_lse.double() - ref_lse).abs().max().item()
+            print(f"item {b}: LSE max |kernel - model| {kernel_vs_model:.2e}, |model - float64| {model_vs_f64:.3f}")
+            assert kernel_vs_model < 1e-3, (b, kernel_vs_model)
+            assert model_vs_f64 < 0.1, (b, model_vs_f64)
         if keys.numel() <= 0.8 * k.shape[1]:
             unmasked = rel_rms(ob, attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], scale=scale))
             assert unmasked > 4 * GAUSSIAN_REL_RMS, (b, unmasked)  # the masked keys would have shown
