@@ -74,7 +74,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int32, Uint8, const_expr
+from cutlass import BFloat16, Float16, Float32, Float8E4M3FN, Int8, Int32, Uint8, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -92,6 +92,10 @@ REGS_CONSUMER = {2: 240, 3: 160}
 PIN_ZERO_SLOT = 16  # smem scratch slot holding 0.0 (slots 0..15: per-warp fence stores)
 SUM_COLS = 8  # width of the ones tile of the row-sum wgmma (the narrowest wgmma N)
 MAX_CHAINS = 4  # independent FMNMX chains per row in the softmax: shorter dependency latency
+# INT8 Q K^T: the int32 accumulator starts from these bits (the float 2**23 + 2**22); adding an integer s with
+# |s| < 2**22 gives the bits of the float S_BIAS + s exactly, so the softmax reads S as floats with no conversion
+S_BIAS_BITS = 0x4B400000
+S_BIAS = 12582912.0
 
 
 # the mma.sync kernel's permutation also fits wgmma's accumulator -> e4m3 A-operand registers (module docstring)
@@ -122,7 +126,7 @@ class Sm90Fp8Attention:
     """Compile-time configuration + the jit entry point (``__call__``) and the kernel."""
 
     def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None,
-                 key_lens: bool = False):
+                 key_lens: bool = False, qk_int8: bool = False):
         config = config or config_for("sm_90a", head_dim)
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
@@ -144,6 +148,10 @@ class Sm90Fp8Attention:
         self.threads = 128 * (1 + self.num_wg)
         # per-batch key counts read on the device (key-padding masks); off: the pointer is not used at all
         self.key_lens = key_lens
+        # Q and K as int8 (the prep's rotated INT8 mode): s8 x s8 -> s32 wgmma, per-row Q descales; off: the
+        # q_scales pointer is not used at all and the kernel is the e4m3 one
+        self.qk_int8 = qk_int8
+        self.qk_dtype = Int8 if qk_int8 else Float8E4M3FN
 
     # ------------------------------------------------------------------ host side (traced at compile)
     @cute.jit
@@ -153,6 +161,7 @@ class Sm90Fp8Attention:
         pK: cute.Pointer,
         pV: cute.Pointer,
         pScales: cute.Pointer,
+        pQScales: cute.Pointer,
         pKeyLens: cute.Pointer,
         pO: cute.Pointer,
         pLSE: cute.Pointer,
@@ -167,12 +176,13 @@ class Sm90Fp8Attention:
     ):
         D = self.head_dim
         f8 = Float8E4M3FN
+        qk8 = self.qk_dtype
         # Views with the (row, col, head, batch) mode order the TMA boxes tile.
         mQ = cute.make_tensor(
-            cute.recast_ptr(pQ, dtype=f8),
+            cute.recast_ptr(pQ, dtype=qk8),
             cute.make_layout((sq_pad, D, heads, batch), stride=(D, 1, sq_pad * D, heads * sq_pad * D)))
         mK = cute.make_tensor(
-            cute.recast_ptr(pK, dtype=f8),
+            cute.recast_ptr(pK, dtype=qk8),
             cute.make_layout((sk_pad, D, heads, batch), stride=(D, 1, sk_pad * D, heads * sk_pad * D)))
         mV = cute.make_tensor(
             cute.recast_ptr(pV, dtype=f8),
@@ -184,13 +194,18 @@ class Sm90Fp8Attention:
         mKeyLens = None
         if const_expr(self.key_lens):
             mKeyLens = cute.make_tensor(pKeyLens, cute.make_layout((batch,)))
+        mQScales = None
+        if const_expr(self.qk_int8):
+            mQScales = cute.make_tensor(
+                pQScales, cute.make_layout((sq_pad, heads, batch), stride=(1, sq_pad, heads * sq_pad)))
 
         K_MAJOR = OperandMajorMode.K
+        qk_acc = Int32 if const_expr(self.qk_int8) else Float32
         qk_mma = sm90_utils.make_trivial_tiled_mma(
-            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, self.tile_n))
+            qk8, qk8, K_MAJOR, K_MAJOR, qk_acc, (1, 1, 1), (TILE_M_WG, self.tile_n))
         # a second instance for the first k-block (ACCUMULATE=False): the field is set once, outside loops
         qk_mma_zero = sm90_utils.make_trivial_tiled_mma(
-            f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, self.tile_n))
+            qk8, qk8, K_MAJOR, K_MAJOR, qk_acc, (1, 1, 1), (TILE_M_WG, self.tile_n))
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             f8, f8, K_MAJOR, K_MAJOR, Float32, (1, 1, 1), (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
         pv_mma_zero = sm90_utils.make_trivial_tiled_mma(
@@ -210,8 +225,8 @@ class Sm90Fp8Attention:
 
         qk_tiler = (TILE_M_WG, self.tile_n, D)
         pv_tiler = (TILE_M_WG, D, self.tile_n)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, f8, self.num_wg)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, f8, self.kv_stages)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, qk8, self.num_wg)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, qk8, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, pv_tiler, f8, self.kv_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -225,7 +240,7 @@ class Sm90Fp8Attention:
         self.kv_bytes = self.tile_n * D
 
         SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
-                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout))
+                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8)
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
@@ -233,7 +248,7 @@ class Sm90Fp8Attention:
         self.kernel(
             qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
             tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
-            mScales, mO, mLSE, mKeyLens, sq, sk, softmax_scale * LOG2E,
+            mScales, mQScales, mO, mLSE, mKeyLens, sq, sk, softmax_scale * LOG2E,
             sQ_layout, sK_layout, sV_layout, sOnes_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -256,6 +271,7 @@ class Sm90Fp8Attention:
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
         mScales: cute.Tensor,
+        mQScales: cute.Tensor | None,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         mKeyLens: cute.Tensor | None,
@@ -391,8 +407,17 @@ class Sm90Fp8Attention:
             S_as_pack = cute.make_tensor(acc_S.iterator, cute.make_layout(pack_shape, stride=(1, 2, 4, 8, 16)))
             P_as_pack = cute.make_tensor(tOrP.iterator, cute.make_layout(pack_shape, stride=(1, 4, 2, 8, 16)))
 
-            # per-(b, h) descales folded into two scalars
-            qk_scale = mScales[0, head, bat] * mScales[1, head, bat] * scale_log2
+            row0 = m_block * self.tile_m + wg * TILE_M_WG
+            if const_expr(self.qk_int8):
+                # per-row Q descales (rows past sq read the last row's: never written out)
+                qk_scale = cute.make_rmem_tensor((2,), Float32)
+                k_scale = mScales[1, head, bat] * scale_log2
+                for r in cutlass.range_constexpr(2):
+                    row = cutlass.min(row0 + (wg_tidx // 32) * 16 + (wg_tidx % 32) // 4 + 8 * r, sq - 1)
+                    qk_scale[r] = mQScales[row, head, bat] * k_scale
+            else:
+                # per-(b, h) descales folded into two scalars
+                qk_scale = mScales[0, head, bat] * mScales[1, head, bat] * scale_log2
 
             row_max = cute.make_rmem_tensor((2,), Float32)
             row_sum = cute.make_rmem_tensor((2,), Float32)
@@ -450,16 +475,25 @@ class Sm90Fp8Attention:
 
             # read only now: one register less across the main loop
             self.epilogue(acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                          m_block * self.tile_m + wg * TILE_M_WG, head, bat, wg_tidx)
+                          row0, head, bat, wg_tidx)
 
     # ------------------------------------------------------------------ consumer helpers
     @cute.jit
     def gemm_qk(self, qk_mma_zero: cute.TiledMma, qk_mma: cute.TiledMma, acc_S: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,
                 wg: Int32, stage: Int32):
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            cute.gemm(qk_mma_zero if kb == 0 else qk_mma, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc_S)
-        warpgroup.commit_group()
+        if const_expr(self.qk_int8):
+            # int32 S on top of S_BIAS_BITS: the registers then hold the floats S_BIAS + S (module constants)
+            acc = cute.recast_tensor(acc_S, Int32)
+            acc.fill(S_BIAS_BITS)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                cute.gemm(qk_mma, acc, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc)
+            warpgroup.commit_group()
+        else:
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                cute.gemm(qk_mma_zero if kb == 0 else qk_mma, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc_S)
+            warpgroup.commit_group()
 
     @cute.jit
     def item_keys(self, mKeyLens: cute.Tensor | None, bat: Int32, sk: Int32) -> Int32:
@@ -482,7 +516,7 @@ class Sm90Fp8Attention:
 
     @cute.jit
     def softmax_stats(self, acc_S: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                      qk_scale: Float32) -> cute.Tensor:
+                      qk_scale) -> cute.Tensor:
         """Online-softmax update for one tile: acc_S <- P*256 (fp32); returns alpha per row (the row sums come
         from the tensor cores with P V)."""
         alpha = cute.make_rmem_tensor((2,), Float32)
@@ -501,7 +535,7 @@ class Sm90Fp8Attention:
 
     @cute.jit
     def row_max_update(self, acc_S: cute.Tensor, row_max: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
-                       part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
+                       part: cute.Tensor, qk_scale, r: cutlass.Constexpr):
         n8 = self.tile_n // 8
         for j in cutlass.range_constexpr(n8):
             for c in cutlass.range_constexpr(2):
@@ -511,18 +545,25 @@ class Sm90Fp8Attention:
         m_tile = self.reduce_chains(part, cute.arch.fmax)
         m_tile = cute.arch.warp_reduction_max(m_tile, threads_in_group=4)
         m_new = cute.arch.fmax(row_max[r], m_tile)
-        alpha[r] = cute.math.exp2((row_max[r] - m_new) * qk_scale, fastmath=True)
+        scale = self.row_scale(qk_scale, r)
+        alpha[r] = cute.math.exp2((row_max[r] - m_new) * scale, fastmath=True)
         row_max[r] = m_new
-        bias[r] = m_new * qk_scale - 8.0  # exp2(+8) = the x256 of P
+        bias[r] = m_new * scale - 8.0  # exp2(+8) = the x256 of P
 
     @cute.jit
-    def row_exp_sum(self, acc_S: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor, qk_scale: Float32,
+    def row_exp_sum(self, acc_S: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor, qk_scale,
                     r: cutlass.Constexpr):
         n8 = self.tile_n // 8
+        qk_scale = self.row_scale(qk_scale, r)
         for j in cutlass.range_constexpr(n8):
             for c in cutlass.range_constexpr(2):
                 v = c + 2 * r + 4 * j
                 acc_S[v] = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink it
+
+    def row_scale(self, qk_scale, r: int):
+        """Row r's factor from raw S to the exp2 domain: per row with INT8 Q (a 2-register tensor), else one
+        scalar for the tile (trace-time choice)."""
+        return qk_scale[r] if const_expr(self.qk_int8) else qk_scale
 
     def chain_of(self, j: int, c: int):
         """(chain, is its first value) of column group j, column c in the MAX_CHAINS independent chains of a row
@@ -593,7 +634,7 @@ class Sm90Fp8Attention:
                        acc_L, tLrOnes, row_sum)
 
     @cute.jit
-    def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale: Float32,
+    def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale,
                  o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
                  head: Int32, bat: Int32, wg_tidx: Int32):
         warp = wg_tidx // 32
@@ -605,7 +646,11 @@ class Sm90Fp8Attention:
             inv = o_scale * cute.arch.rcp_approx(l)
             if row < sq:
                 if quad == 0:
-                    mLSE[row, head, bat] = (row_max[r] * qk_scale - 8.0 + cute.math.log2(l, fastmath=True)) * LN2
+                    m = row_max[r]
+                    if const_expr(self.qk_int8):
+                        m = m - S_BIAS  # exact: both are integers below 2**24
+                    mLSE[row, head, bat] = (m * self.row_scale(qk_scale, r) - 8.0
+                                            + cute.math.log2(l, fastmath=True)) * LN2
                 for j in cutlass.range_constexpr(self.head_dim // 8):
                     col = 8 * j + 2 * quad
                     mO[row, col, head, bat] = (acc_O[2 * r + 4 * j] * inv).to(self.dtype_out)
@@ -613,7 +658,7 @@ class Sm90Fp8Attention:
 
 
 # ---------------------------------------------------------------------- compile / run API
-def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int):
+def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int, qk_dtype=Float8E4M3FN):
     """The kernel's shared-memory struct (built outside the jit function: the DSL rewrites its control flow),
     with the row-sum wgmma's constant tile of ones."""
     f8 = Float8E4M3FN
@@ -624,8 +669,8 @@ def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, on
         "k_mbar": cute.struct.MemRange[cutlass.Int64, kv_stages * 2],
         "v_mbar": cute.struct.MemRange[cutlass.Int64, kv_stages * 2],
         "pin": cute.struct.MemRange[Float32, 32],  # the clock fence's scratch (fits in the barriers' 1024-byte block)
-        "sQ": cute.struct.Align[cute.struct.MemRange[f8, q_elems], 1024],
-        "sK": cute.struct.Align[cute.struct.MemRange[f8, k_elems], 1024],
+        "sQ": cute.struct.Align[cute.struct.MemRange[qk_dtype, q_elems], 1024],
+        "sK": cute.struct.Align[cute.struct.MemRange[qk_dtype, k_elems], 1024],
         "sV": cute.struct.Align[cute.struct.MemRange[f8, v_elems], 1024],
     }
     if ones_elems:
@@ -664,6 +709,7 @@ def _compile_args(dtype_out):
         make_ptr(Uint8, 0, gm, assumed_align=16),
         make_ptr(Uint8, 0, gm, assumed_align=16),
         make_ptr(Float32, 0, gm, assumed_align=4),
+        make_ptr(Float32, 0, gm, assumed_align=4),  # q_scales (unused unless compiled with qk_int8=True)
         make_ptr(Int32, 0, gm, assumed_align=4),  # key_lens (unused unless compiled with key_lens=True)
         make_ptr(dtype_out, 0, gm, assumed_align=4),
         make_ptr(Float32, 0, gm, assumed_align=4),
@@ -673,7 +719,8 @@ def _compile_args(dtype_out):
 
 
 def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
-                 tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False):
+                 tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
+                 qk_int8: bool = False):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
     ``config``: ``config_for(arch, head_dim)`` unless given. ``fake=True``: no GPU needed (stream faked); pass e.g.
@@ -681,13 +728,16 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers; ``kernels.launch`` does).
     ``key_lens``: the kernel reads per-batch key counts (Int32, the argument after the scales) on the device:
     batch item b attends to its first key_lens[b] keys (key-padding masks; CUDA-graph capturable).
-    Arguments: q8, k8, v8t, scales, key_lens, out, lse, B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale, stream.
+    ``qk_int8``: q8 and k8 are int8 (the prep's rotated INT8 Q/K): S = Q8 K8^T on the s8 wgmma, each query row
+    scaled by its own descale from ``q_scales`` (float32 (B, H, Sq_pad)) times the K descale (scales[..., 1]).
+    Arguments: q8, k8, v8t, scales, q_scales, key_lens, out, lse, B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale,
+    stream.
     """
     from ditprof.kernels.cute_arch import cute_dsl_arch
 
     dtype_out = _out_dtype(dtype_out)
     config = config or config_for(arch, head_dim)
-    kern = Sm90Fp8Attention(head_dim, dtype_out, config, key_lens=key_lens)
+    kern = Sm90Fp8Attention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     if fake:
         stream = cute.runtime.make_fake_stream()
     else:

@@ -56,15 +56,16 @@ def _prepare_torch(q, k, v, smooth_k=True, layout="BSHD"):
                            sq=Sq, sk=Sk, k_mean=k_mean)
 
 
-def _prepare(q, k, v, smooth_k, layout, key_lens=None):
+def _prepare(q, k, v, smooth_k, layout, key_lens=None, qk_int8=False):
     try:
         from ditprof.kernels.prep import fp8_prepare
     except ImportError:
-        if key_lens is not None:
+        if key_lens is not None or qk_int8:
             raise
         return _prepare_torch(q, k, v, smooth_k, layout)
     # the finiteness check's device->host sync waits until after the kernel launch (fp8_attention)
-    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, check_finite="defer", key_lens=key_lens)
+    return fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, check_finite="defer", key_lens=key_lens,
+                       qk_int8=qk_int8)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -109,7 +110,11 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
     for n, t in (("q8", prep.q8), ("k8", prep.k8), ("v8t", prep.v8t), ("scales", prep.scales)):
         if not t.is_contiguous():
             raise DitprofError(f"prepared {n} must be contiguous")
-    spec = spec_for(name, arch, D, DTYPE_NAMES[out.dtype], lse is not None, key_lens is not None)
+    q_scales = getattr(prep, "q_scales", None)  # per-row Q descales: the prep ran with int8 Q/K
+    if q_scales is not None and not q_scales.is_contiguous():
+        raise DitprofError("prepared q_scales must be contiguous")
+    spec = spec_for(name, arch, D, DTYPE_NAMES[out.dtype], lse is not None, key_lens is not None,
+                    qk_int8=q_scales is not None)
     stream = torch.cuda.current_stream(out.device).cuda_stream
     if name == "fp8-sm90":
         # writes a contiguous (B,Sq,H,D) output and always an LSE
@@ -117,8 +122,8 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
         o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
         lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
             (B, H, Sq), dtype=torch.float32, device=out.device)
-        launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, key_lens, o, lse_buf,
-                        B, H, Sq, Sk, softmax_scale, stream)
+        launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, key_lens, o,
+                        lse_buf, B, H, Sq, Sk, softmax_scale, stream)
         if not direct:
             out.copy_(o if layout == "BSHD" else o.transpose(1, 2))
         if lse is not None and lse_buf is not lse:
@@ -132,7 +137,7 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
         raise DitprofError("fp8 attention output must have unit stride in head_dim and 16-byte aligned rows")
     if (Sq - 1) * ss + D >= 2**31:
         raise DitprofError(f"fp8 attention: one head's output spans over 2^31 elements (Sq={Sq}, row stride {ss})")
-    launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, key_lens, out,
+    launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, key_lens, out,
                     lse if lse is not None else prep.scales, B, H, Sq, Sk, softmax_scale, stream,
                     out_strides=(sb, sh, ss))
 
@@ -174,16 +179,21 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
 
 def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "BSHD",
                          scale: Optional[float] = None, return_lse: bool = False, smooth_k: bool = True,
-                         kernel: Optional[str] = None, key_lens: Optional[torch.Tensor] = None):
+                         kernel: Optional[str] = None, key_lens: Optional[torch.Tensor] = None,
+                         qk_format: Optional[str] = None):
     """The kernel call itself (prep + launch + finiteness check); ``fp8_attention`` documents the arguments.
-    ``key_lens`` (B,) int32 on the device: batch item b attends to its first key_lens[b] keys."""
+    ``key_lens`` (B,) int32 on the device: batch item b attends to its first key_lens[b] keys.
+    ``qk_format``: "int8" or "e4m3" (``kernels.qk_format``; None: the process default)."""
+    from ditprof.kernels.qk_format import qk_format as resolve_qk_format
+
+    qk_int8 = resolve_qk_format(qk_format) == "int8"
     _validate(q, k, v, layout, scale)
     q, k, v = (_inner_contiguous(x) for x in (q, k, v))
     kernel = kernel_name_for_arch(arch_for_capability(torch.cuda.get_device_capability(q.device)), kernel)
     D = q.shape[3]
     softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(D)
     with torch.cuda.device(q.device):
-        prep = _prepare(q, k, v, smooth_k, layout, key_lens)
+        prep = _prepare(q, k, v, smooth_k, layout, key_lens, qk_int8)
         B, H = prep.q8.shape[0], prep.q8.shape[1]
         Sq = int(prep.sq)
         if layout == "BSHD":

@@ -31,6 +31,7 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.prep import finish_finite_check
+from ditprof.kernels.qk_format import qk_format
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: a few us against milliseconds of kernel
 RING_DEPTH = 16
@@ -68,6 +69,7 @@ class KernelSpec:
     write_lse: bool
     key_lens: bool  # per-batch key counts read on the device
     tvm_ffi: bool = False  # compiled for TVM-FFI's C ABI (raw ints for pointers and the stream)
+    qk_int8: bool = False  # Q and K int8 with per-row Q descales (kernels.qk_format "int8")
 
 
 _COMPILED: dict = {}
@@ -83,7 +85,7 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
         if not spec.write_lse:
             raise ValueError("fp8-sm90 always writes the LSE")
         return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
-                              tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens)
+                              tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8)
     if spec.kernel == "fp8-sm120":
         from ditprof.kernels import fp8_fwd_sm120 as K
 
@@ -91,16 +93,16 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
             raise ValueError("fp8-sm120 launches through cute's JIT executor")
         return K.compile_fp8_fwd(spec.arch, spec.head_dim, spec.out_dtype, write_lse=spec.write_lse,
                                  early_v=K.default_early_v(spec.arch), extra_options=options_extra,
-                                 key_lens=spec.key_lens)
+                                 key_lens=spec.key_lens, qk_int8=spec.qk_int8)
     raise DitprofError(f"unknown fp8 kernel {spec.kernel!r}")
 
 
 def spec_for(kernel: str, arch: str, head_dim: int, dtype_name: str, write_lse: bool,
-             key_lens: bool = False) -> KernelSpec:
+             key_lens: bool = False, qk_int8: bool = False) -> KernelSpec:
     """The spec of a call: fp8-sm90 always writes its LSE and launches through TVM-FFI where it can."""
     if kernel == "fp8-sm90":
-        return KernelSpec(kernel, arch, head_dim, dtype_name, True, key_lens, tvm_ffi_launch_enabled())
-    return KernelSpec(kernel, arch, head_dim, dtype_name, write_lse, key_lens)
+        return KernelSpec(kernel, arch, head_dim, dtype_name, True, key_lens, tvm_ffi_launch_enabled(), qk_int8)
+    return KernelSpec(kernel, arch, head_dim, dtype_name, write_lse, key_lens, qk_int8=qk_int8)
 
 
 def compiled(spec: KernelSpec):
@@ -289,20 +291,22 @@ def arch_of(device_index: int) -> str:
 class Fp8Launch:
     """Everything one call configuration needs, computed once (see the module docstring)."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, key_lens: bool):
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, key_lens: bool,
+                 qk_int8: bool = False):
         from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
         Sk = k.shape[1]
         self.device = q.device
         self.device_index = q.device.index
-        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens)  # the descales over each item's own keys
+        # the descales over each item's own keys
+        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens, qk_int8=qk_int8)
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.B, self.Sq, self.Sk, self.H = B, Sq, Sk, H
         self.out_shape = (B, Sq, H, D)
         self.dtype = q.dtype
         self.spec = spec_for(kernel, arch_of(self.device_index), D, DTYPE_NAMES[q.dtype], write_lse=False,
-                             key_lens=key_lens)
+                             key_lens=key_lens, qk_int8=qk_int8)
         with torch.cuda.device(self.device):
             self.fn = compiled(self.spec)
         bufs = self.plan.buffers("meta")
@@ -320,6 +324,8 @@ class Fp8Launch:
             ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
                 if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
         ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse"))
+        # per-row Q descales with int8 Q/K; otherwise never read (the scales stand in)
+        ws["q_scales_ptr"] = ws["q_scales"].data_ptr() if "q_scales" in ws else ws["scales"].data_ptr()
         ws["unchecked"] = 0
         return ws
 
@@ -370,27 +376,32 @@ class Fp8Launch:
         if self.spec.tvm_ffi:
             try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
                 q8, k8, v8t, sc, lse = ws["ptrs"]
-                self.fn(q8, k8, v8t, sc, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
-                        lse, *self.sizes, softmax_scale, stream)
+                self.fn(q8, k8, v8t, sc, ws["q_scales_ptr"], key_lens.data_ptr() if key_lens is not None else sc,
+                        out.data_ptr(), lse, *self.sizes, softmax_scale, stream)
                 return
             except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
                 pass
         self.spec, self.fn = launch_compiled(
-            self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], key_lens, out, ws["lse"],
+            self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), key_lens, out,
+            ws["lse"],
             self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)
 
 
-def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, key_lens, out, lse, B: int, H: int, Sq: int,
-                    Sk: int, softmax_scale: float, stream: int, out_strides: Optional[tuple] = None):
+def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_lens, out, lse, B: int, H: int,
+                    Sq: int, Sk: int, softmax_scale: float, stream: int, out_strides: Optional[tuple] = None):
     """Launch a compiled kernel on the prep's buffers (``stream``: a raw CUDA stream handle). Both kernels take the
     same arguments here; ``out_strides`` (b, h, s) is fp8-sm120's (fp8-sm90 writes a contiguous (B,Sq,H,D)).
+    ``q_scales`` (B, H, Sq_pad) float32: the per-row Q descales of int8 Q/K (``spec.qk_int8``), else None.
     Returns (spec, fn) actually used: a TVM-FFI call that fails falls back to cute's JIT executor for good."""
     D = q8.shape[3]
     sq_pad, sk_pad = q8.shape[2], k8.shape[2]
+    if spec.qk_int8 != (q_scales is not None):
+        raise DitprofError("int8 Q/K kernels take per-row Q descales (q_scales), e4m3 ones do not")
     lens_ptr = key_lens.data_ptr() if key_lens is not None else scales.data_ptr()  # not read unless key_lens
+    qs_ptr = q_scales.data_ptr() if q_scales is not None else scales.data_ptr()  # not read unless qk_int8
     if spec.tvm_ffi:
         try:
-            fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), lens_ptr, out.data_ptr(),
+            fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), qs_ptr, lens_ptr, out.data_ptr(),
                lse.data_ptr(), B, H, Sq, Sk, sq_pad, sk_pad, softmax_scale, stream)
             LAUNCH_INFO["last_launch"] = "tvm_ffi"
             return spec, fn
@@ -404,6 +415,7 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, key_lens, out, ls
 
     gm = cute.AddressSpace.gmem
     f8 = cutlass.Float8E4M3FN
+    qk8 = cutlass.Int8 if spec.qk_int8 else f8
     out_ty = cutlass.BFloat16 if out.dtype == torch.bfloat16 else cutlass.Float16
 
     def ptr(ty, t, align):
@@ -411,14 +423,16 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, key_lens, out, ls
 
     I32 = cutlass.Int32
     if spec.kernel == "fp8-sm90":
-        fn(ptr(f8, q8, 16), ptr(f8, k8, 16), ptr(f8, v8t, 16), ptr(cutlass.Float32, scales, 4),
-           ptr(cutlass.Int32, lens_ptr, 4), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
+        fn(ptr(qk8, q8, 16), ptr(qk8, k8, 16), ptr(f8, v8t, 16), ptr(cutlass.Float32, scales, 4),
+           ptr(cutlass.Float32, qs_ptr, 4), ptr(cutlass.Int32, lens_ptr, 4), ptr(out_ty, out, 16),
+           ptr(cutlass.Float32, lse, 4),
            I32(B), I32(H), I32(Sq), I32(Sk), I32(sq_pad), I32(sk_pad), cutlass.Float32(softmax_scale),
            cuda.CUstream(stream))
     else:
         sb, sh, ss = out_strides if out_strides is not None else (Sq * H * D, D, H * D)
-        fn(ptr(f8, q8, 16), ptr(f8, k8, 16), ptr(f8, v8t, 16), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
-           ptr(cutlass.Float32, scales, 4), ptr(cutlass.Int32, lens_ptr, 4), I32(B), I32(H), I32(Sq), I32(Sk),
+        fn(ptr(qk8, q8, 16), ptr(qk8, k8, 16), ptr(f8, v8t, 16), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
+           ptr(cutlass.Float32, scales, 4), ptr(cutlass.Float32, qs_ptr, 4), ptr(cutlass.Int32, lens_ptr, 4),
+           I32(B), I32(H), I32(Sq), I32(Sk),
            cutlass.Int64(sb), cutlass.Int64(sh), I32(ss), cutlass.Float32(softmax_scale), cuda.CUstream(stream))
     LAUNCH_INFO["last_launch"] = "jit"
     return spec, fn
@@ -431,16 +445,17 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
                kernel: Optional[str] = None) -> Fp8Launch:
     """The launch record of this call's configuration (built, with the full input checks, on first use)."""
     kernel = kernel or os.environ.get("DITPROF_FP8_KERNEL")  # a forced kernel is part of the configuration
+    fmt = os.environ.get("DITPROF_FP8_QK")  # so is a Q/K format (kernels.qk_format)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel)
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel)
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt) == "int8")
     return rec
 
 
-def _build(q, k, v, key_lens: bool, kernel: Optional[str]) -> Fp8Launch:
+def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -448,7 +463,7 @@ def _build(q, k, v, key_lens: bool, kernel: Optional[str]) -> Fp8Launch:
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
     name = kernel_name_for_arch(arch_of(q.device.index), kernel)
-    return Fp8Launch(q, k, v, name, key_lens)
+    return Fp8Launch(q, k, v, name, key_lens, qk_int8)
 
 
 def fp8_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
