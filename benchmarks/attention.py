@@ -42,7 +42,7 @@ SHAPES = {
 ALL_ENTRIES = [
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "fa3-bf16", "fa3-fp8", "fa3-fp8+quant", "sage",
     "cudnn-fp8",
-    "prep-torch", "prep-triton", "fp8", "fp8-sm90", "fp8-sm120",
+    "prep-torch", "prep-triton", "prep-triton-int8", "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
 ]
 
 
@@ -219,6 +219,26 @@ def make_entries(q, k, v, scale):
             raise Skip(why)
         return lambda: fp8_prepare(q, k, v, backend="triton")
 
+    def prep_triton_int8():
+        from ditprof.kernels.prep import fp8_prepare, triton_available
+
+        ok, why = triton_available(q.device)
+        if not ok:
+            raise Skip(why)
+        return lambda: fp8_prepare(q, k, v, backend="triton", qk_int8=True)
+
+    def ours_format(fmt):
+        def make():
+            from ditprof.kernels.interface import fp8_attention_kernel
+
+            def fn():
+                return fp8_attention_kernel(q, k, v, layout="BSHD", scale=scale, qk_format=fmt)
+
+            fn()
+            return fn
+
+        return make
+
     def ours(kernel=None):
         def make():
             try:
@@ -257,6 +277,11 @@ def make_entries(q, k, v, scale):
         "fp8-sm90": (ours("fp8-sm90"), "attention", "ditprof wgmma kernel (sm_90a), prep included"),
         "fp8-sm120": (ours("fp8-sm120"), "attention", "ditprof mma.sync kernel (native on sm_89/sm_120, "
                                                        "emulated on sm_90), prep included"),
+        "prep-triton-int8": (prep_triton_int8, "prep", "fp8_prepare(qk_int8=True): rotated INT8 Q/K prep"),
+        "fp8-e4m3": (ours_format("e4m3"), "attention", "ditprof kernel by arch, e4m3 Q/K (fp8_attention_kernel), "
+                                                       "prep included"),
+        "fp8-int8": (ours_format("int8"), "attention", "ditprof kernel by arch, rotated INT8 Q/K "
+                                                       "(fp8_attention_kernel), prep included"),
     }
 
 
