@@ -74,3 +74,29 @@ def test_a_block_with_the_swap_compiles_fullgraph():
         assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
         out = torch.compile(lb.module, fullgraph=True, backend="aot_eager")(**inp.kwargs)
     assert torch.equal(out, ref)
+
+
+def test_env_setting_follows_os_environ(monkeypatch):
+    """The per-call settings read (launch.env_setting) sees what os.environ / monkeypatch set and unset."""
+    from ditprof.kernels.launch import env_setting, sync_checks
+
+    monkeypatch.delenv("DITPROF_FP8_QK", raising=False)
+    assert env_setting(b"DITPROF_FP8_QK") is None
+    monkeypatch.setenv("DITPROF_FP8_QK", "int8")
+    assert env_setting(b"DITPROF_FP8_QK") == "int8"
+    monkeypatch.setenv("DITPROF_FP8_CHECK", "sync")
+    assert sync_checks()
+    monkeypatch.delenv("DITPROF_FP8_CHECK")
+    assert not sync_checks()
+
+
+def test_qk_format_switch(monkeypatch):
+    from ditprof.errors import DitprofError
+    from ditprof.kernels.qk_format import DEFAULT_QK_FORMAT, qk_format
+
+    monkeypatch.delenv("DITPROF_FP8_QK", raising=False)
+    assert qk_format() == DEFAULT_QK_FORMAT
+    monkeypatch.setenv("DITPROF_FP8_QK", "int8")
+    assert qk_format() == "int8" and qk_format("e4m3") == "e4m3"
+    with pytest.raises(DitprofError, match="unknown fp8 Q/K format 'fp4'; known: e4m3, int8"):
+        qk_format("fp4")
