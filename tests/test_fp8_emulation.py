@@ -287,3 +287,67 @@ def test_hadamard_rotation_spreads_qk_outliers():
     plain, rotated = errors["outlier"]
     assert plain > 0.25 and rotated < 0.10, errors
     assert errors["gaussian"][1] <= 0.055 and abs(errors["gaussian"][1] - errors["gaussian"][0]) < 0.005, errors
+
+
+# ------------------------------------------------------------------------------- INT8 Q/K (issue 18's decision)
+
+# issue 18's goals (rel-RMS vs float64); the study (benchmarks/NOTES.md, session 8) measured gaussian 3.8 %,
+# k_bias 3.8 %, v_bias 0.28 %, outlier 3.2 %, peaky 3.8 % for this mode
+INT8_GOALS = {"gaussian": 0.055, "k_bias": 0.06, "v_bias": 0.005, "outlier": 0.08, "peaky": 0.06}
+
+
+@pytest.mark.parametrize("sq, sk", [(512, 1024), (1024, 1000)])
+def test_int8_qk_meets_the_goals_and_e4m3_does_not(sq, sk):
+    seed = fresh_seed()
+    errors = {}
+    for family, goal in INT8_GOALS.items():
+        q, k, v = make_inputs(family, (1, 2, sq, 128), sk, seed)
+        ref = attention_reference(q, k, v)
+        errors[family] = compare(fp8_attention_emulated(q, k, v, qk_format="int8"), ref)["rel_rms"]
+        if family == "outlier":  # the test can fail: e4m3 Q/K misses this goal by far
+            e4m3 = compare(fp8_attention_emulated(q, k, v), ref)["rel_rms"]
+            assert e4m3 > goal, (e4m3, seed)
+    for family, goal in INT8_GOALS.items():
+        assert errors[family] <= goal, (family, errors, seed)
+
+
+def test_int8_emulation_quantizes_as_the_prep_does():
+    """One numerics definition: the emulation's codes and scales are the torch prep's (qk_int8=True)."""
+    from ditprof.kernels import prep
+
+    q, k, v = make_inputs("outlier", (2, 3, 77, 128), 130, seed=4)
+    res = prep.fp8_prepare_torch(q, k, v, qk_int8=True)
+    qr, kr = prep.rotate_qk(q.transpose(1, 2), k.transpose(1, 2))
+    kr, mu = smooth_k(kr)
+    assert torch.equal(prep.k_mean_original_basis(mu), res.k_mean)
+    qs = prep.int8_descale(qr.abs().amax(dim=3))
+    assert torch.equal(qs, res.q_scales[:, :, :77])
+    assert torch.equal(prep.quantize_int8(qr, qs[..., None]), res.q8[:, :, :77])
+    dk = prep.int8_descale(kr.abs().amax(dim=(2, 3)))
+    assert torch.equal(dk, res.scales[..., 1])
+    assert torch.equal(prep.quantize_int8(kr, dk[..., None, None]), res.k8[:, :, :130])
+
+
+def test_int8_key_mask_lse_and_errors():
+    q, k, v = make_inputs("peaky", (2, 2, 64, 64), 96, seed=7)
+    mask = torch.ones(2, 96, dtype=torch.bool)
+    mask[1, 50:] = False
+    o, lse = fp8_attention_emulated(q, k, v, key_mask=mask, return_lse=True, qk_format="int8")
+    o1, lse1 = fp8_attention_emulated(q[1:], k[1:, :50], v[1:, :50], return_lse=True, qk_format="int8")
+    assert torch.equal(o[1:], o1) and torch.equal(lse[1:], lse1)
+    # the LSE (smoothing corrected with the mean in the original basis: O(35) on k_bias) is the float64 one;
+    # measured 0.006-0.010 smoothed, 0.15-0.19 without (e4m3: 0.02-0.04, 0.57-0.83; seeds 0-5)
+    qb, kb, vb = make_inputs("k_bias", (1, 3, 100, 128), 70, seed=fresh_seed())
+    _, ref_lse = attention_reference(qb, kb, vb, return_lse=True)
+    for smoothing in (True, False):
+        _, lse = fp8_attention_emulated(qb, kb, vb, smooth_k=smoothing, return_lse=True, qk_format="int8")
+        assert float((lse.double() - ref_lse).abs().max()) < (0.03 if smoothing else 0.4), smoothing
+    with pytest.raises(DitprofError, match="qk_format must be"):
+        fp8_attention_emulated(q, k, v, qk_format="int4")
+    with pytest.raises(DitprofError, match="rotate_qk"):
+        fp8_attention_emulated(q, k, v, qk_format="int8", rotate_qk=True)
+    for which in "qkv":
+        qq, kk, vv = (x.clone() for x in (q, k, v))
+        {"q": qq, "k": kk, "v": vv}[which][0, 1, 0, 0] = float("nan")
+        with pytest.raises(DitprofError, match=f"^{which} contains NaN/Inf$"):
+            fp8_attention_emulated(qq, kk, vv, qk_format="int8")

@@ -92,6 +92,8 @@ def backend_runners(device: torch.device, smooth_k: bool = True) -> tuple[dict[s
         "fp8-emulated": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k),
         # the candidate fix for Q/K outlier channels (issue 18), in the numerics only so far
         "fp8-emulated+hadamard": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k, rotate_qk=True),
+        # issue 18's decision: Hadamard-rotated INT8 Q/K, per-token Q scales, per-head K (prep qk_int8=True)
+        "fp8-emulated-int8": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k, qk_format="int8"),
     }
     notes = []
     ok, reason = registry.available("fp8", device)

@@ -19,6 +19,12 @@ This pins the numbers of docs/ARCHITECTURE.md "FP8 numerics", which the CuTe DSL
    LSE (natural log) = m / log2(e) + ln(l); with smoothing this is the LSE of the *smoothed* scores, so we add
    softmax_scale * (q . mean_k) (fp32) to return the LSE of the scores the caller asked for.
 
+INT8 Q/K (``qk_format="int8"``, issue 18's decision): Q and K Hadamard-rotated by the +-1 matrix of
+``rotation.rotation_pm1`` (Q' = Q Rpm1 / D, K' = K Rpm1), K smoothed in that basis, Q int8 per token, K int8 per
+head, V e4m3 as above; the quantization is the prep's own (``prep.rotate_qk``, ``int8_descale``, ``quantize_int8``).
+bf16, (1,2,1024,128), seed 0, rel-RMS vs float64, int8 / e4m3: gaussian 3.65 / 5.12 %, k_bias 3.65 / 5.13 %,
+v_bias 0.29 / 0.29 %, outlier 3.40 / 38.2 %, peaky 3.80 / 8.25 %.
+
 Not bit-exact with the GPU kernel (ex2.approx vs exp2, MMA summation order), but close: a flipped e4m3 rounding
 of one P element is the typical difference.
 
@@ -53,6 +59,7 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import check_key_mask, check_qkv
 from ditprof.kernels.registry import register
+from ditprof.kernels.rotation import hadamard_rotation
 
 FP8_MAX = 448.0
 STRIP = 32
@@ -121,24 +128,11 @@ def truncate_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.ldexp(torch.trunc(m * step) / step, e)
 
 
-def hadamard_rotation(head_dim: int, seed: int = 0, device="cpu") -> torch.Tensor:
-    """An orthogonal (head_dim, head_dim) matrix diag(random signs) @ H / sqrt(head_dim), H the Sylvester Hadamard
-    matrix (FA3's "incoherent processing"): Q R (K R)^T = Q K^T, while a few large channels of Q and K spread over
-    all of them, so a per-head FP8 scale no longer leaves the other channels coarse."""
-    if head_dim < 1 or head_dim & (head_dim - 1):
-        raise DitprofError(f"the Hadamard rotation needs a power-of-two head_dim, got {head_dim}")
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < head_dim:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    gen = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (head_dim,), generator=gen).double() * 2 - 1
-    return (signs[:, None] * h / math.sqrt(head_dim)).float().to(device)
-
-
 def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scale: torch.Tensor,
                    acc_bits: Optional[int] = None, acc_promote: bool = True):
-    """Online softmax over 32-key strips. q8 (B,H,n,D), k8/v8 (B,H,Sk,D) e4m3 values as fp32, qk_scale
-    (B,H,1,1). Returns unnormalised O (B,H,n,D) and the row state m (log2 domain), l, both (B,H,n).
+    """Online softmax over 32-key strips. q8 (B,H,n,D), k8/v8 (B,H,Sk,D) e4m3 (or int8 Q/K) values as fp32,
+    qk_scale (B,H,1,1) or per query row (B,H,n,1).
+    Returns unnormalised O (B,H,n,D) and the row state m (log2 domain), l, both (B,H,n).
 
     ``acc_bits`` models the P V MMA's accumulator: each strip's P8 @ V8 is cut to that many mantissa bits (one
     MMA's output, ``truncate_mantissa``). ``acc_promote=False``: O itself lives in that accumulator -- O <-
@@ -153,7 +147,8 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
     l = torch.zeros((B, H, n), dtype=torch.float32, device=q8.device)
     for start in range(0, Sk, STRIP):
         keys = slice(start, min(start + STRIP, Sk))
-        # fp32 matmuls of e4m3 values: the inputs are exact even if TF32 is allowed (3 mantissa bits < 10)
+        # fp32 matmuls of e4m3 values: the inputs are exact even if TF32 is allowed (3 mantissa bits < 10); of int8
+        # values: every partial sum is an integer below D * 127^2 < 2^24, exact too
         s = torch.matmul(q8, k8[:, :, keys].transpose(-1, -2)).mul_(qk_scale)
         # every strip has >= 1 real key, so m_new is finite and alpha = exp2(-inf) = 0 on the first strip
         m_new = torch.maximum(m, s.amax(dim=-1))
@@ -175,15 +170,25 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
 def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
                            smooth_k: bool = True, return_lse: bool = False,
                            key_mask: Optional[torch.Tensor] = None, acc_bits: Optional[int] = None,
-                           acc_promote: bool = True, rotate_qk: bool = False):
+                           acc_promote: bool = True, rotate_qk: bool = False, qk_format: str = "e4m3"):
     """FP8 attention numerics. q (B, Sq, H, D), k and v (B, Sk, H, D), bf16/fp16/fp32, any device.
 
     ``key_mask`` (B, Sk) bool: only the keys marked True take part, per batch item (a padded prompt) -- their
     mean for the smoothing, their amax for the descales and their scores, exactly as if the others were absent.
     ``acc_bits`` / ``acc_promote``: the P V accumulator model of ``_strip_softmax`` (None: exact fp32).
-    ``rotate_qk``: Q and K rotated by ``hadamard_rotation`` (in fp32, before smoothing and quantization).
+    ``rotate_qk``: Q and K rotated by ``hadamard_rotation`` (in fp32, before smoothing and quantization; e4m3 only).
+    ``qk_format``: "e4m3" (per-head e4m3 Q/K, the kernels today) or "int8": the prep's INT8 Q/K mode
+    (``prep.fp8_prepare(qk_int8=True)``, issue 18): Q' = fp32(Q Rpm1) / D, K' = fp32(K Rpm1) (``prep.rotate_qk``),
+    K' smoothed in the rotated basis, Q int8 with one scale per token, K int8 with one per head
+    (``prep.int8_descale`` / ``prep.quantize_int8``), V e4m3 as always; S = (q8 k8^T) exactly (integers below
+    2^24) times fp32((q_scale_row * descale_k) * softmax_scale * log2(e)). The LSE correction uses the mean in the
+    original basis (``prep.k_mean_original_basis``), as ``interface`` does with the prep's ``k_mean``.
     Returns o (B, Sq, H, D) in q's dtype, and with ``return_lse`` also the natural-log LSE, fp32 (B, H, Sq).
     """
+    if qk_format not in ("e4m3", "int8"):
+        raise DitprofError(f"qk_format must be 'e4m3' or 'int8', got {qk_format!r}")
+    if rotate_qk and qk_format == "int8":
+        raise DitprofError("rotate_qk is the e4m3 emulation's rotation; qk_format='int8' always rotates")
     check_inputs(q, k, v)
     if key_mask is not None:
         check_key_mask(key_mask, k)
@@ -194,7 +199,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
             raise DitprofError("key_mask masks every key of a batch item")
         parts = [fp8_attention_emulated(q[b:b + 1], k[b:b + 1, key_mask[b]], v[b:b + 1, key_mask[b]],
                                         scale=scale, smooth_k=smooth_k, return_lse=return_lse, acc_bits=acc_bits,
-                                        acc_promote=acc_promote, rotate_qk=rotate_qk)
+                                        acc_promote=acc_promote, rotate_qk=rotate_qk, qk_format=qk_format)
                  for b in range(q.shape[0])]
         if not return_lse:
             return torch.cat(parts, dim=0)
@@ -202,20 +207,36 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     B, Sq, H, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     qf, kf, vf = (x.transpose(1, 2).float() for x in (q, k, v))  # (B, H, S, D)
-    if rotate_qk:
-        rot = hadamard_rotation(D, device=q.device)
-        qf, kf = qf @ rot, kf @ rot
-    k_mean = None
-    if smooth_k:
-        kf, k_mean = _smooth_keys(kf)
-    descales = torch.stack([descale_per_head(x) for x in (qf, kf, vf)], dim=-1)  # (B, H, 3)
-    _raise_if_nonfinite(descales)
-    dq, dk, dv = descales.unbind(-1)
-    q8 = quantize_per_head(qf, dq)[0].float()
-    k8 = quantize_per_head(kf, dk)[0].float()
-    v8 = quantize_per_head(vf, dv)[0].float()
     softmax_scale_log2 = torch.tensor(scale * LOG2E, dtype=torch.float32, device=q.device)
-    qk_scale = (dq * dk * softmax_scale_log2)[:, :, None, None]
+    k_mean = None
+    if qk_format == "int8":
+        from ditprof.kernels import prep
+
+        qr, kr = prep.rotate_qk(q.transpose(1, 2), k.transpose(1, 2))
+        if smooth_k:
+            kr, mu_rot = _smooth_keys(kr)
+            k_mean = prep.k_mean_original_basis(mu_rot)
+        q_scales = prep.int8_descale(qr.abs().amax(dim=3))  # (B, H, Sq)
+        dq = torch.where(torch.isfinite(q_scales).all(dim=2), 1.0, float("nan"))
+        dk = prep.int8_descale(kr.abs().amax(dim=(2, 3)))
+        dv = descale_per_head(vf)
+        _raise_if_nonfinite(torch.stack([dq, dk, dv], dim=-1))
+        q8 = prep.quantize_int8(qr, q_scales[..., None]).float()
+        k8 = prep.quantize_int8(kr, dk[:, :, None, None]).float()
+        qk_scale = ((q_scales * dk[:, :, None]) * softmax_scale_log2)[..., None]  # (B, H, Sq, 1)
+    else:
+        if rotate_qk:
+            rot = hadamard_rotation(D, device=q.device)
+            qf, kf = qf @ rot, kf @ rot
+        if smooth_k:
+            kf, k_mean = _smooth_keys(kf)
+        descales = torch.stack([descale_per_head(x) for x in (qf, kf, vf)], dim=-1)  # (B, H, 3)
+        _raise_if_nonfinite(descales)
+        dq, dk, dv = descales.unbind(-1)
+        q8 = quantize_per_head(qf, dq)[0].float()
+        k8 = quantize_per_head(kf, dk)[0].float()
+        qk_scale = (dq * dk * softmax_scale_log2)[:, :, None, None].expand(B, H, Sq, 1)
+    v8 = quantize_per_head(vf, dv)[0].float()
     pv_scale = dv / torch.tensor(P_SCALE, dtype=torch.float32, device=q.device)
 
     out = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)
@@ -223,7 +244,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     chunk = max(1, _CHUNK_BYTES // (4 * B * H * D))
     for start in range(0, Sq, chunk):
         rows = slice(start, min(start + chunk, Sq))
-        o, m, l = _strip_softmax(q8[:, :, rows], k8, v8, qk_scale, acc_bits, acc_promote)
+        o, m, l = _strip_softmax(q8[:, :, rows], k8, v8, qk_scale[:, :, rows], acc_bits, acc_promote)
         out[:, :, rows] = o * (pv_scale[:, :, None] / l)[..., None]
         if lse is not None:
             lse[:, :, rows] = m / LOG2E + torch.log(l)
@@ -233,6 +254,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     return (out, lse) if return_lse else out
 
 
+# hadamard_rotation is re-exported from here: the one definition lives in rotation.py
 _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does not shadow
 
 

@@ -11,6 +11,24 @@ bf16/fp16 (``layout="BHSD"`` takes (B,H,S,D)):
 - ``sq``, ``sk``: true lengths; ``k_mean`` (B,H,D) float32 when smoothing (else None) — not part of the
   contract, handy to correct an LSE (smoothing shifts each score row by q . mean_k).
 
+INT8 Q/K mode (``qk_int8=True``, issue 18; the default e4m3 mode above is unchanged). Rpm1 = ``rotation.rotation_pm1``
+(diag(+-1 signs) @ Sylvester Hadamard, entries +-1, Rpm1 Rpm1^T = D I):
+
+- rotation: Q' = fp32(Q @ Rpm1) / D, K' = fp32(K @ Rpm1) (the torch chain sums in float64, exact for 16-bit inputs;
+  the Triton kernels with ``tl.dot``, fp32 accumulation), so Q' K'^T = Q K^T in real arithmetic;
+- smoothing in the rotated basis: mu' = fp32(sum_fp64(K' over the item's own keys) / n), K' <- fp32(K' - mu');
+  ``k_mean`` is reported in the ORIGINAL basis, k_mean = mu' @ Rpm1^T / D (float64, rounded to fp32), so the LSE
+  correction softmax_scale * q . k_mean is unchanged;
+- ``q8`` (B,H,Sq_pad,D) int8 and ``q_scales`` float32 (B,H,Sq_pad): per token, q_scale = fp32(amax_d|Q'| / 127)
+  (1.0 where that amax is 0 and on pad rows), q8 = clamp(rne(fp32(Q' / q_scale)), -127, 127), pad rows 0;
+- ``k8`` (B,H,Sk_pad,D) int8: descale_k = fp32(amax|K' - mu'| / 127) over the item's own keys (1.0 where 0),
+  k8 = clamp(rne(fp32(K' / descale_k)), -127, 127), pad rows 0;
+- ``scales`` (B,H,3): [..., 0] = 1.0 (Q's scale is per token; NaN where the head's Q holds a NaN or Inf, which is
+  how the finiteness checks see Q in this mode), [..., 1] = descale_k, [..., 2] = V's descale as in e4m3 mode;
+  ``v8t`` unchanged (e4m3).
+- The Triton prep and the torch chain may differ by one in a small fraction of the int8 codes and by an ulp or so
+  in the scales (tensor-core sums are not the float64 sums); the e4m3 mode stays bit for bit.
+
 Numerics, identical in both implementations here:
 - smoothing: mean_k = fp32(sum_fp64(K over the true tokens) / Sk) per (b, h, channel); K <- fp32(K - mean_k);
 - descale = fp32(amax / 448) (IEEE division); X8 = e4m3(clamp(fp32(X / descale), -448, 448)), IEEE division,
@@ -35,8 +53,10 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import check_qkv
 from ditprof.kernels.key_order import key_order_for_positions
+from ditprof.kernels.rotation import rotation_pm1
 
 FP8_MAX = 448.0
+INT8_MAX = 127.0
 Q_ROW_PAD = 128
 K_ROW_PAD = 32
 _NAMES = ("q", "k", "v")
@@ -51,6 +71,8 @@ class Fp8Prepared:
     sq: int
     sk: int
     k_mean: Optional[torch.Tensor] = None
+    # per-token descales of Q (B, H, Sq_pad) float32 in the INT8 Q/K mode (``qk_int8=True``); None in e4m3 mode
+    q_scales: torch.Tensor | None = None
     # pending deferred finiteness check (check_finite="defer"): (pinned host copy of the scales, CUDA event)
     _pending: Optional[tuple] = field(default=None, repr=False, compare=False)
 
@@ -166,57 +188,69 @@ def fp8_prepare(
     check_finite: Union[bool, str] = True,
     out: Optional[Fp8Prepared] = None,
     key_lens: Optional[torch.Tensor] = None,
+    qk_int8: bool = False,
 ) -> Fp8Prepared:
     """Fused FP8 prep. ``backend``: "auto" (Triton where it can run, else the torch chain), "triton", "torch".
 
     ``check_finite=False`` skips the one device->host sync (non-finite inputs then give garbage, not an error).
     ``check_finite="defer"`` (CUDA): starts the check without waiting; call ``result.check_finite()`` after
     launching the work that consumes the result (on CPU tensors and the torch backend it checks at once).
-    ``out``: an ``Fp8Prepared`` whose q8, k8, v8t, scales (contiguous, right shapes) are written in place and
-    returned (buffer reuse, CUDA graphs; tests poison them first).
+    ``out``: an ``Fp8Prepared`` whose q8, k8, v8t, scales (and q_scales with ``qk_int8``; contiguous, right shapes)
+    are written in place and returned (buffer reuse, CUDA graphs; tests poison them first).
     ``key_lens`` (B,) int32 on the inputs' device: batch item b's K mean and K/V descales come from its first
     key_lens[b] keys only (what the kernels attend to; clamped to [0, Sk]); the other rows are still quantized.
+    ``qk_int8``: the INT8 Q/K mode (Hadamard-rotated, per-token Q scales; see the module docstring).
     """
     if backend not in ("auto", "triton", "torch"):
         raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if check_finite not in (True, False, "defer"):
         raise DitprofError(f"check_finite must be True, False or 'defer', got {check_finite!r}")
+    qk_int8 = bool(qk_int8)
     qs, ks, vs = _check_inputs(q, k, v, layout)
     if backend == "auto":
         ok, _ = triton_available(qs.device)
         backend = "triton" if ok else "torch"
-    bufs = _check_out(out, qs, ks) if out is not None else None
+    bufs = _check_out(out, qs, ks, qk_int8) if out is not None else None
     if backend == "torch":
-        res = _prepare_torch(qs, ks, vs, smooth_k, bool(check_finite), key_lens)
+        res = _prepare_torch(qs, ks, vs, smooth_k, bool(check_finite), key_lens, qk_int8)
         if bufs is None:
             return res
-        for dst, src in zip(bufs, (res.q8, res.k8, res.v8t, res.scales)):
+        for dst, src in zip(bufs, (res.q8, res.k8, res.v8t, res.scales, res.q_scales)):
             dst.copy_(src)
-        return Fp8Prepared(*bufs, res.sq, res.sk, res.k_mean)
+        return Fp8Prepared(*bufs[:4], res.sq, res.sk, res.k_mean, q_scales=bufs[4] if qk_int8 else None)
     ok, why = triton_available(qs.device)
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
-    q8, k8, v8t, scales, k_mean = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens)
+    extra = {"qk_int8": True} if qk_int8 else {}
+    got = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, **extra)
+    q8, k8, v8t, scales, k_mean = got[:5]
+    q_scales = got[5] if len(got) > 5 else None
     pending = None
     if check_finite == "defer" and scales.is_cuda:
         pending = _start_finite_check(scales)
     elif check_finite:
         _raise_if_nonfinite(scales)
-    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, pending)
+    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, q_scales=q_scales, _pending=pending)
 
 
-def _check_out(out, qs, ks):
+def _check_out(out, qs, ks, qk_int8: bool = False):
     B, Sq, H, D = qs.shape
     Sq_pad, Sk_pad = padded_lengths(Sq, ks.shape[1])
+    qk_dtype = torch.int8 if qk_int8 else torch.float8_e4m3fn
     want = {
-        "q8": ((B, H, Sq_pad, D), torch.float8_e4m3fn),
-        "k8": ((B, H, Sk_pad, D), torch.float8_e4m3fn),
+        "q8": ((B, H, Sq_pad, D), qk_dtype),
+        "k8": ((B, H, Sk_pad, D), qk_dtype),
         "v8t": ((B, H, D, Sk_pad), torch.float8_e4m3fn),
         "scales": ((B, H, 3), torch.float32),
     }
+    if qk_int8:
+        want["q_scales"] = ((B, H, Sq_pad), torch.float32)
     bufs = []
     for name, (shape, dtype) in want.items():
         t = getattr(out, name)
+        if t is None:
+            raise DitprofError(f"out.{name} must be a contiguous {dtype} tensor of shape {shape} on {qs.device}, "
+                               f"got None")
         if tuple(t.shape) != shape or t.dtype != dtype or t.device != qs.device or not t.is_contiguous():
             raise DitprofError(
                 f"out.{name} must be a contiguous {dtype} tensor of shape {shape} on {qs.device}, "
@@ -235,13 +269,48 @@ def fp8_prepare_torch(
     *,
     check_finite: bool = True,
     key_lens: Optional[torch.Tensor] = None,
+    qk_int8: bool = False,
 ) -> Fp8Prepared:
     """The same contract as ``fp8_prepare`` as a plain chain of torch ops (any device)."""
     qs, ks, vs = _check_inputs(q, k, v, layout)
-    return _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens)
+    return _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens, bool(qk_int8))
 
 
-def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None) -> Fp8Prepared:
+# ---------------------------------------------------------------- INT8 Q/K numerics (shared with fp8_emulation)
+
+def rotate_qk(qh: torch.Tensor, kh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, S, D) Q and K, any float dtype -> fp32 Q' = fp32(Q @ Rpm1) / D and K' = fp32(K @ Rpm1).
+
+    The products are summed in float64 (exact for bf16/fp16 inputs unless a row spans > ~38 binades), then rounded
+    once to fp32; /D is a power of two (exact)."""
+    D = qh.shape[-1]
+    rot = rotation_pm1(D, torch.float64, qh.device)
+    qr = torch.matmul(qh.double(), rot).float() / D
+    kr = torch.matmul(kh.double(), rot).float()
+    return qr, kr
+
+
+def k_mean_original_basis(mu_rot: torch.Tensor) -> torch.Tensor:
+    """The smoothing mean of the rotated basis (..., D) back in the original one: fp32(mu' @ Rpm1^T / D)."""
+    D = mu_rot.shape[-1]
+    rot = rotation_pm1(D, torch.float64, mu_rot.device)
+    return (torch.matmul(mu_rot.double(), rot.T) / D).float()
+
+
+def int8_descale(amax: torch.Tensor) -> torch.Tensor:
+    """fp32(amax / 127) (IEEE division), 1.0 where amax == 0; NaN/Inf propagate."""
+    amax = amax.float()
+    ds = amax / torch.tensor(INT8_MAX, dtype=torch.float32, device=amax.device)
+    return torch.where(amax == 0, torch.ones_like(ds), ds)
+
+
+def quantize_int8(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """int8(clamp(rne(fp32(x / descale)), -127, 127)); ``descale`` broadcasts against ``x``."""
+    y = x.float() / descale
+    return torch.round(y).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+
+
+def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None, qk_int8=False) -> Fp8Prepared:
     B, Sq, H, D = qs.shape
     Sk = ks.shape[1]
     Sq_pad, Sk_pad = padded_lengths(Sq, Sk)
@@ -250,6 +319,8 @@ def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None) -> Fp8Prep
     qf = qs.transpose(1, 2).float()
     kf = ks.transpose(1, 2).float()
     vf = vs.transpose(1, 2).float()
+    if qk_int8:
+        qf, kf = rotate_qk(qs.transpose(1, 2), ks.transpose(1, 2))
     # rows of each item's own keys (all Sk without key_lens): only they enter the K mean and the K/V descales
     if key_lens is None:
         keep = torch.ones((B, 1, Sk, 1), dtype=torch.bool, device=dev)
@@ -260,14 +331,26 @@ def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None) -> Fp8Prep
         n_keys = n.double().clamp(min=1)
     k_mean = None
     if smooth_k:
-        ksum = torch.where(keep, ks.transpose(1, 2).double(), 0.0).sum(dim=2)  # (B, H, D), exact for 16-bit inputs
+        # exact for 16-bit inputs (e4m3 mode); in INT8 mode a float64 sum of the fp32 K'
+        kd = kf.double() if qk_int8 else ks.transpose(1, 2).double()
+        ksum = torch.where(keep, kd, 0.0).sum(dim=2)  # (B, H, D)
         # divide by a device tensor, not a Python number: CUDA turns x / scalar into x * (1/scalar)
         k_mean = (ksum / n_keys[:, None, None]).float()
         kf = kf - k_mean[:, :, None, :]
+        if qk_int8:
+            k_mean = k_mean_original_basis(k_mean)
     amax_k, amax_v = (torch.where(keep, x.abs(), 0.0).amax(dim=(2, 3)) for x in (kf, vf))
-    amax = torch.stack([qf.abs().amax(dim=(2, 3)), amax_k, amax_v], dim=-1)  # (B, H, 3)
-    scales = amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=dev)
-    scales = torch.where(amax == 0, torch.ones_like(scales), scales)
+    q_scales = None
+    if qk_int8:
+        q_rows = int8_descale(qf.abs().amax(dim=3))  # (B, H, Sq)
+        q_ok = torch.isfinite(q_rows).all(dim=2)
+        scales = torch.stack([torch.where(q_ok, 1.0, float("nan")), int8_descale(amax_k),
+                              amax_v / torch.tensor(FP8_MAX, dtype=torch.float32, device=dev)], dim=-1)
+        scales[..., 2] = torch.where(amax_v == 0, torch.ones_like(amax_v), scales[..., 2])
+    else:
+        amax = torch.stack([qf.abs().amax(dim=(2, 3)), amax_k, amax_v], dim=-1)  # (B, H, 3)
+        scales = amax / torch.tensor(FP8_MAX, dtype=torch.float32, device=dev)
+        scales = torch.where(amax == 0, torch.ones_like(scales), scales)
     if check_finite:
         _raise_if_nonfinite(scales)
 
@@ -276,16 +359,26 @@ def _prepare_torch(qs, ks, vs, smooth_k, check_finite, key_lens=None) -> Fp8Prep
         return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
     u8 = torch.uint8
-    q8 = torch.zeros((B, H, Sq_pad, D), dtype=u8, device=dev)
-    q8[:, :, :Sq] = quant(qf, 0)
-    k8 = torch.zeros((B, H, Sk_pad, D), dtype=u8, device=dev)
-    k8[:, :, :Sk] = quant(kf, 1)
+    if qk_int8:
+        q8 = torch.zeros((B, H, Sq_pad, D), dtype=torch.int8, device=dev)
+        q8[:, :, :Sq] = quantize_int8(qf, q_rows[..., None])
+        q_scales = torch.ones((B, H, Sq_pad), dtype=torch.float32, device=dev)
+        q_scales[:, :, :Sq] = q_rows
+        k8 = torch.zeros((B, H, Sk_pad, D), dtype=torch.int8, device=dev)
+        k8[:, :, :Sk] = quantize_int8(kf, scales[:, :, 1, None, None])
+    else:
+        q8 = torch.zeros((B, H, Sq_pad, D), dtype=u8, device=dev)
+        q8[:, :, :Sq] = quant(qf, 0)
+        k8 = torch.zeros((B, H, Sk_pad, D), dtype=u8, device=dev)
+        k8[:, :, :Sk] = quant(kf, 1)
     v8 = torch.zeros((B, H, Sk_pad, D), dtype=u8, device=dev)
     v8[:, :, :Sk] = quant(vf, 2)
     perm = key_order_for_positions(torch.arange(Sk_pad, device=dev))
     v8t = v8[:, :, perm].transpose(2, 3).contiguous()
     f8 = torch.float8_e4m3fn
-    return Fp8Prepared(q8.view(f8), k8.view(f8), v8t.view(f8), scales, Sq, Sk, k_mean)
+    if not qk_int8:
+        q8, k8 = q8.view(f8), k8.view(f8)
+    return Fp8Prepared(q8, k8, v8t.view(f8), scales, Sq, Sk, k_mean, q_scales=q_scales)
 
 
 def prep_backend_name(device="cuda") -> str:
@@ -295,11 +388,16 @@ def prep_backend_name(device="cuda") -> str:
 
 __all__ = [
     "FP8_MAX",
+    "INT8_MAX",
     "Fp8Prepared",
     "fp8_prepare",
     "fp8_prepare_torch",
+    "int8_descale",
+    "k_mean_original_basis",
     "key_order_for_positions",
     "padded_lengths",
     "prep_backend_name",
+    "quantize_int8",
+    "rotate_qk",
     "triton_available",
 ]
