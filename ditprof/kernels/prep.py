@@ -221,10 +221,8 @@ def fp8_prepare(
     ok, why = triton_available(qs.device)
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
-    extra = {"qk_int8": True} if qk_int8 else {}
-    got = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, **extra)
-    q8, k8, v8t, scales, k_mean = got[:5]
-    q_scales = got[5] if len(got) > 5 else None
+    q8, k8, v8t, scales, k_mean, q_scales = _triton_module().prepare_triton(
+        qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, qk_int8=qk_int8)
     pending = None
     if check_finite == "defer" and scales.is_cuda:
         pending = _start_finite_check(scales)

@@ -26,6 +26,18 @@ Two launches, both deterministic (the one atomic counts arrivals; no value is ac
    (each row a contiguous D vector, so loads stay coalesced), quantizes, transposes in registers (``tl.trans``)
    and stores feature-major rows.
 
+INT8 Q/K mode (``qk_int8=True``; ``prep.py`` has the contract): the stats launch has no Q programs (Q's scales are
+per token); its K programs take the same per-channel sum/max/min of K' = K @ Rpm1 (``tl.dot`` of 32-row tiles with
+the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation), and the finalize writes mu' (rotated,
+``k_mean_rot``, for the quantize pass), the reported mean mu' @ Rpm1^T / D (float64 sum: the torch chain's value
+for the same mu') and descale_k = amax / 127. The quantize launch's Q and K programs take QK_ROWS rows each (the
+rotation matrix loaded to shared memory once per program), QK_BLOCK rows per ``tl.dot``: Q' = (Q @ Rpm1) / D with
+a descale per row (integer max of the |x| bits, so a NaN row stays NaN; a non-finite row sets Q's sticky flag and
+NaN in scales[b, h, 0], which is how every finiteness check sees Q in this mode), K' - mu' with the per-head
+descale; codes int8(clamp(rne(X' / descale), +-127)) (the division as below, per row for Q). V's programs are the
+e4m3 mode's. Tensor-core sums are not the torch chain's float64 sums: a code may be one off (tests/test_prep_int8.py
+states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy dot mishandles bf16).
+
 The division X / descale is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
 (``_div_by_descale``): inv = RN(1 / descale) once per program, q = RN(x * inv), then two Markstein corrections
 q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within one ulp of x / descale; Markstein's
@@ -54,6 +66,7 @@ import triton
 import triton.language as tl
 
 from ditprof.kernels.prep import padded_lengths
+from ditprof.kernels.rotation import rotation_pm1
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -65,6 +78,12 @@ STATS_WARPS = 4
 QUANT_BLOCK = 32
 QUANT_WARPS = 4
 FINALIZE_CB = 16
+# INT8 Q/K mode (``qk_int8``): rows per quantize program for Q and K (the +-1 rotation matrix is loaded once per
+# program: 32 KiB at D = 128 against 2 * 128 * QK_ROWS bytes of input), rows per ``tl.dot`` there, and rows per
+# ``tl.dot`` of the stats pass's rotated K
+QK_ROWS = 512
+QK_BLOCK = 64
+STATS_ROT_ROWS = 32
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
 _INT_MIN = tl.constexpr(-2147483648)
@@ -223,16 +242,57 @@ def _stats_k(src, s_b, s_s, s_h, s_d, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, 
 
 
 @triton.jit
+def _rot_dot(x, rot, F32DOT: tl.constexpr):
+    # X @ Rpm1 with fp32 accumulation: on the GPU a bf16/fp16 tensor-core dot; under the interpreter in fp32 (its
+    # numpy dot mishandles bf16 operands; fp32 products of 16-bit values are exact, so only the order differs)
+    if F32DOT:
+        y = tl.dot(x.to(tl.float32), rot.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
+    else:
+        y = tl.dot(x, rot, out_dtype=tl.float32)
+    return y
+
+
+@triton.jit
+def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
+                 D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr):
+    # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
+    # matrix, fp32 accumulation), reduced over the rows of each tile (a padded tail row is masked out)
+    base = src + b * s_b + h * s_h
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, S)
+    dd = tl.arange(0, D)
+    d = dd.to(tl.int64)
+    rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])  # [D, D] +-1 in the input dtype, loaded once
+    acc_sum = tl.zeros([D], dtype=tl.float64)
+    acc_max = tl.full([D], float("-inf"), dtype=tl.float32)
+    acc_min = tl.full([D], float("inf"), dtype=tl.float32)
+    for i in range(0, CHUNK, RT):
+        if start + i < end:
+            rows = start + i + tl.arange(0, RT)
+            ok = (rows < end)[:, None]
+            x = tl.load(base + rows.to(tl.int64)[:, None] * s_s + d[None, :] * s_d, mask=ok, other=0.0)
+            xr = _rot_dot(x, rot, F32DOT)
+            acc_sum += tl.sum(tl.where(ok, xr.to(tl.float64), 0.0), axis=0)
+            acc_max = tl.maximum(acc_max, tl.max(tl.where(ok, xr, float("-inf")), axis=0))
+            acc_min = tl.minimum(acc_min, tl.min(tl.where(ok, xr, float("inf")), axis=0))
+    off = (bh64 * NC + c) * D + dd
+    tl.store(ksum_ptr + off, acc_sum)
+    tl.store(kmax_ptr + off, acc_max)
+    tl.store(kmin_ptr + off, acc_min)
+
+
+@triton.jit
 def _stats_kernel(
     q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr,
+    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
     H, Sq, Sk, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
-    CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr,
+    CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
+    F32DOT: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -245,8 +305,12 @@ def _stats_kernel(
     if t < NCQ:
         _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
     elif t < NCQ + NCK:
-        _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
-                 D, CHUNK, R, W)
+        if QK_INT8:
+            _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
+                         n_keys, NCK, D, CHUNK, RT, F32DOT)
+        else:
+            _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
+                     D, CHUNK, R, W)
     else:
         _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R, W)
     # the last of this (b, h)'s programs to finish reduces its partials (in a fixed order: deterministic) and sets
@@ -256,7 +320,7 @@ def _stats_kernel(
     arrived = tl.atomic_add(count_ptr + bh64, 1, sem="acq_rel", scope="gpu")
     if arrived == NCQ + 2 * NCK - 1:
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
-                     n_keys, NCQ, NCK, D, CB, SMOOTH)
+                     rot_ptr, kmr_ptr, n_keys, NCQ, NCK, D, CB, SMOOTH, QK_INT8)
         tl.store(count_ptr + bh64, 0)
 
 
@@ -265,9 +329,9 @@ def _stats_kernel(
 @triton.jit
 def _finalize_bh(
     bh, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr,
+    mean_ptr, scales_ptr, flags_ptr, rot_ptr, kmr_ptr,
     Sk, NCQ, NCK,
-    D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr,
+    D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr, QK_INT8: tl.constexpr,
 ):
     # the partials were written by other programs of this launch: loads bypass L1 (.cg)
     d = tl.arange(0, D)
@@ -297,7 +361,17 @@ def _finalize_bh(
     bad_k = tl.max(((s - s) != 0.0).to(tl.int32), axis=0)
     if SMOOTH:
         mean = (s / tl.maximum(Sk, 1)).to(tl.float32)
-        tl.store(mean_ptr + bh * D + d, mean)
+        if QK_INT8:
+            # mu' (rotated basis) for the quantize pass; the reported mean in the original basis,
+            # fp32(sum_fp64(mu'_c * Rpm1[j, c]) / D) (exact products and sum: the torch chain's value)
+            tl.store(kmr_ptr + bh * D + d, mean)
+            m64 = mean.to(tl.float64)
+            for j0 in range(0, D, CB):
+                j = j0 + c
+                rr = tl.load(rot_ptr + j[:, None] * D + d[None, :]).to(tl.float64)  # rows j of Rpm1
+                tl.store(mean_ptr + bh * D + j, (tl.sum(rr * m64[None, :], axis=1) / D).to(tl.float32))
+        else:
+            tl.store(mean_ptr + bh * D + d, mean)
         ak = tl.maximum(mx - mean, mean - mn)
     else:
         ak = tl.maximum(mx, -mn)
@@ -307,7 +381,10 @@ def _finalize_bh(
     amax_k = tl.where(bad_k > 0, 0x7FC00000, amax_k_bits).to(tl.float32, bitcast=True)
     amax_v = tl.max(av, axis=0).to(tl.float32, bitcast=True)
     ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))
-    ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 448.0))
+    if QK_INT8:
+        ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 127.0))
+    else:
+        ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 448.0))
     ds_v = tl.where(amax_v == 0.0, 1.0, tl.math.div_rn(amax_v, 448.0))
     tl.store(scales_ptr + bh * 3 + 0, ds_q)
     tl.store(scales_ptr + bh * 3 + 1, ds_k)
@@ -357,15 +434,82 @@ def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
 
 
 @triton.jit
+def _to_int8(y):
+    # int8(clamp(rne(y), -127, 127)): clamp first (an integer bound, so the order does not matter), then the
+    # fp32 add of 1.5 * 2^23 rounds |y| <= 127 to an integer, half to even; the cast is then exact
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    r = (y + 12582912.0) - 12582912.0
+    return r.to(tl.int8)
+
+
+@triton.jit
+def _div_rows(x, ds, FAST: tl.constexpr):
+    # RN(x / ds) for fp32 x [BLOCK, D] and a positive descale per row ds [BLOCK] (``_div_by_descale`` per row)
+    if FAST:
+        if tl.min(ds, axis=0) >= 1e-26:
+            inv = tl.math.div_rn(tl.full(ds.shape, 1.0, tl.float32), ds)[:, None]
+            dsc = ds[:, None]
+            q = x * inv
+            q = tl.fma(tl.fma(-q, dsc, x), inv, q)
+            q = tl.fma(tl.fma(-q, dsc, x), inv, q)
+            y = (q.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & _INT_MIN)).to(
+                tl.float32, bitcast=True)
+        else:
+            y = tl.math.div_rn(x, ds[:, None])
+    else:
+        y = tl.math.div_rn(x, ds[:, None])
+    return y
+
+
+@triton.jit
+def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
+                     scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr):
+    # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
+    # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
+    # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
+    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero.
+    d = tl.arange(0, D).to(tl.int64)
+    rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
+    if SUB_MEAN:
+        mu = tl.load(mean_ptr + bh64 * D + d)
+    for i in range(0, ROWS, BLOCK):
+        r0 = t * ROWS + i
+        if r0 < S_pad:
+            rows = r0 + tl.arange(0, BLOCK)
+            r64 = rows.to(tl.int64)
+            m = (rows < S)[:, None]
+            x = tl.load(src + b * s_b + h * s_h + r64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
+            xr = _rot_dot(x, rot, F32DOT)
+            if IS_Q:
+                xr = xr * (1.0 / D)  # a power of two: exact
+                amax_bits = tl.max(_abs_bits(xr), axis=1)  # integer max: NaN sorts above Inf
+                amax = amax_bits.to(tl.float32, bitcast=True)
+                qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
+                y = _div_rows(xr, qs, FAST)
+                tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
+                bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
+                tl.store(flags_ptr + 0, 1, mask=bad > 0)
+                tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
+            else:
+                if SUB_MEAN:
+                    xr = tl.where(m, xr - mu[None, :], 0.0)
+                y = _div_by_descale(xr, ds, FAST)
+            tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
+                     mask=(rows < S_pad)[:, None])
+
+
+@triton.jit
 def _quant_kernel(
     q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
     skb, sks, skh, skd,
     svb, svs, svh, svd,
-    q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr,
+    q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
     H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
+    F32DOT: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -373,11 +517,20 @@ def _quant_kernel(
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
     if t < NQ:
-        _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
-                    tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
+        if QK_INT8:
+            _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr, 1.0,
+                             qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT)
+        else:
+            _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
+                        tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
     elif t < NQ + NK:
-        _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
-                    tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
+        if QK_INT8:
+            _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr, mean_ptr,
+                             tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS,
+                             QK_BLOCK, False, SMOOTH, FAST, F32DOT)
+        else:
+            _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
+                        tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
     else:
         _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
                  tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
@@ -445,7 +598,7 @@ class PrepPlan:
     launches per call. ``prepare_triton`` builds one per call."""
 
     def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
-                 stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False):
+                 stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False):
         quant_block = quant_block or QUANT_BLOCK
         quant_warps = quant_warps or QUANT_WARPS
         stats_chunk = stats_chunk or STATS_CHUNK
@@ -464,9 +617,18 @@ class PrepPlan:
         self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
         self.Sq_pad, self.Sk_pad = padded_lengths(Sq, Sk)
         self.smooth_k = bool(smooth_k)
+        self.qk_int8 = bool(qk_int8)
+        self.dtype = q.dtype
+        if self.qk_int8 and D < 16:
+            raise ValueError(f"the INT8 Q/K prep needs head_dim >= 16 (tl.dot), got {D}")
         BH = B * H
-        ncq, nck = _cdiv(Sq, stats_chunk), _cdiv(Sk, stats_chunk)
-        nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
+        # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
+        ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
+        if self.qk_int8:
+            nq, nk = _cdiv(self.Sq_pad, QK_ROWS), _cdiv(self.Sk_pad, QK_ROWS)
+        else:
+            nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
+        nv = _cdiv(self.Sk_pad, quant_block)
         self.ncq, self.nck = ncq, nck
         # strides are (b, s, h, d) for each tensor: the kernels take them in that order
         strides = {}
@@ -475,34 +637,52 @@ class PrepPlan:
                 strides[pre + axis] = st
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
-                     KLENS=bool(key_lens))
+                     KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
-                     BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div)
+                     BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
+                     QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET)
         self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps), stats,
                              ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr"))
-        self.quant = _Launch(_quant_kernel, (nq + 2 * nk, BH), dict(num_warps=quant_warps), quant,
-                             ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr"))
+                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
+        self.quant = _Launch(_quant_kernel, (nq + nk + nv, BH), dict(num_warps=quant_warps), quant,
+                             ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr",
+                              "qs_ptr", "rot_ptr", "flags_ptr"))
         self.launches = (self.stats, self.quant)
 
     def buffers(self, device, out=None) -> dict:
-        """Every tensor the two kernels write: the prep's outputs (q8, k8, v8t, scales, k_mean) and the
-        partials. ``out``: (q8, k8, v8t, scales) to write into instead of new ones."""
+        """Every tensor the two kernels write: the prep's outputs (q8, k8, v8t, scales, k_mean; with ``qk_int8``
+        q8 and k8 int8 and q_scales (B, H, Sq_pad) float32) and the partials; with ``qk_int8`` also the +-1
+        rotation matrix ``rot`` (D, D) in the inputs' dtype (read-only) and ``k_mean_rot`` (the smoothing mean in
+        the rotated basis). ``out``: (q8, k8, v8t, scales[, q_scales]) to write into instead of new ones."""
         B, H, D, BH = self.B, self.H, self.D, self.B * self.H
         f8 = torch.float8_e4m3fn
+        qk = torch.int8 if self.qk_int8 else f8
+        q_scales = None
         if out is not None:
-            q8, k8, v8t, scales = out
+            q8, k8, v8t, scales = out[:4]
+            if self.qk_int8:
+                q_scales = out[4]
         else:
-            q8 = torch.empty((B, H, self.Sq_pad, D), dtype=f8, device=device)
-            k8 = torch.empty((B, H, self.Sk_pad, D), dtype=f8, device=device)
+            q8 = torch.empty((B, H, self.Sq_pad, D), dtype=qk, device=device)
+            k8 = torch.empty((B, H, self.Sk_pad, D), dtype=qk, device=device)
             v8t = torch.empty((B, H, D, self.Sk_pad), dtype=f8, device=device)
             scales = torch.empty((B, H, 3), dtype=torch.float32, device=device)
+            if self.qk_int8:
+                q_scales = torch.empty((B, H, self.Sq_pad), dtype=torch.float32, device=device)
+        extra = {}
+        if self.qk_int8:
+            extra = {
+                "q_scales": q_scales,
+                "rot": rotation_pm1(D, self.dtype, device),
+                "k_mean_rot": torch.empty((B, H, D) if self.smooth_k else (1,), dtype=torch.float32, device=device),
+            }
         return dict(
-            q8=q8, k8=k8, v8t=v8t, scales=scales,
+            q8=q8, k8=k8, v8t=v8t, scales=scales, **extra,
             # written by the finalize kernel when smoothing; otherwise never touched (a 1-element placeholder)
             k_mean=torch.empty((B, H, D) if self.smooth_k else (1,), dtype=torch.float32, device=device),
-            qpart=torch.empty((BH, self.ncq), dtype=torch.int32, device=device),  # amax as |x| bits
+            # amax as |x| bits (no Q chunks with qk_int8: a 1-element placeholder)
+            qpart=torch.empty((BH, max(self.ncq, 1)), dtype=torch.int32, device=device),
             vpart=torch.empty((BH, self.nck), dtype=torch.int32, device=device),
             ksum=torch.empty((BH, self.nck, D), dtype=torch.float64, device=device),
             kmax=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
@@ -520,9 +700,15 @@ class PrepPlan:
         if self.key_lens and key_lens is None:
             raise ValueError("this plan reads per-batch key counts: pass key_lens")
         # without them the pointer is never read (any int32 tensor does)
+        if self.qk_int8:
+            rot, kmr, qs = b["rot"], b["k_mean_rot"], b["q_scales"]
+        else:  # never read
+            rot, kmr, qs = b["scales"], b["k_mean"], b["scales"]
         self.stats((q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
-                    b["flags"], b["count"], key_lens if self.key_lens else b["count"]), stream)
-        self.quant((q, k, v, b["q8"], b["k8"], b["v8t"], b["k_mean"], b["scales"]), stream)
+                    b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr), stream)
+        # the quantize pass subtracts the mean of the basis it quantizes in
+        self.quant((q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs,
+                    rot, b["flags"]), stream)
 
 
 def prepare_triton(
@@ -539,19 +725,23 @@ def prepare_triton(
     fast_div: bool | None = None,
     out=None,
     key_lens=None,
+    qk_int8: bool = False,
 ):
-    """Run the two kernels on (B, S, H, D)-indexed views (any strides). Returns (q8, k8, v8t, scales, k_mean).
+    """Run the two kernels on (B, S, H, D)-indexed views (any strides). Returns (q8, k8, v8t, scales, k_mean,
+    q_scales); q_scales is None unless ``qk_int8``.
 
-    ``out``: optional (q8, k8, v8t, scales) contiguous buffers to write into (checked by ``prep.fp8_prepare``).
-    No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
+    ``out``: optional (q8, k8, v8t, scales[, q_scales]) contiguous buffers to write into (checked by
+    ``prep.fp8_prepare``). No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
     """
     plan = PrepPlan(q, k, v, smooth_k, quant_block=quant_block, quant_warps=quant_warps, stats_chunk=stats_chunk,
-                    stats_r=stats_r, stats_warps=stats_warps, fast_div=fast_div, key_lens=key_lens is not None)
+                    stats_r=stats_r, stats_warps=stats_warps, fast_div=fast_div, key_lens=key_lens is not None,
+                    qk_int8=qk_int8)
     bufs = plan.buffers(q.device, out)
     ctx = torch.cuda.device(q.device) if q.device.type == "cuda" else _NullCtx()
     with ctx:
         plan.launch(q, k, v, bufs, key_lens=key_lens)
-    return bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], (bufs["k_mean"] if smooth_k else None)
+    return (bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], (bufs["k_mean"] if smooth_k else None),
+            bufs.get("q_scales"))
 
 
 class _NullCtx:
@@ -565,7 +755,7 @@ class _NullCtx:
 def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128, smooth_k: bool = True,
                     quant_block: int | None = None, quant_warps: int | None = None,
                     stats_chunk: int | None = None, stats_r: int | None = None, stats_warps: int | None = None,
-                    fast_div: bool | None = None):
+                    fast_div: bool | None = None, qk_int8: bool = False):
     """Compile the two kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas), with the
     specializations a real launch gets (16-divisible pointers, strides and padded lengths; unit feature stride).
     Returns {kernel name: CompiledKernel} (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``). For tests and
@@ -578,11 +768,13 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     elem = {"bf16": "*bf16", "fp16": "*fp16"}[dtype]
     div16 = {"sqb", "sqs", "sqh", "skb", "sks", "skh", "svb", "svs", "svh", "Sq_pad", "Sk_pad"}
     unit = {"sqd", "skd", "svd"}
+    qk = "*i8" if qk_int8 else "*fp8e4nv"
     ptr_types = {
         "q_ptr": elem, "k_ptr": elem, "v_ptr": elem,
         "qpart_ptr": "*i32", "vpart_ptr": "*i32", "ksum_ptr": "*fp64", "kmax_ptr": "*fp32", "kmin_ptr": "*fp32",
         "mean_ptr": "*fp32", "scales_ptr": "*fp32", "flags_ptr": "*i32", "count_ptr": "*i32", "klens_ptr": "*i32",
-        "q8_ptr": "*fp8e4nv", "k8_ptr": "*fp8e4nv", "v8t_ptr": "*fp8e4nv",
+        "q8_ptr": qk, "k8_ptr": qk, "v8t_ptr": "*fp8e4nv",
+        "rot_ptr": elem, "kmr_ptr": "*fp32", "qs_ptr": "*fp32",
     }
 
     def build(fn, consts, num_warps):
@@ -605,7 +797,9 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     return {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
-                                       "SMOOTH": smooth_k, "KLENS": False}, sw),
+                                       "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
+                                       "RT": STATS_ROT_ROWS, "F32DOT": False}, sw),
         "quant": build(_quant_kernel, {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k,
-                                       "MANUAL_RNE": False, "FAST": fast}, quant_warps or QUANT_WARPS),
+                                       "MANUAL_RNE": False, "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS,
+                                       "QK_BLOCK": QK_BLOCK, "F32DOT": False}, quant_warps or QUANT_WARPS),
     }

@@ -26,7 +26,7 @@ def _check_pow2(head_dim: int) -> None:
 
 
 def hadamard_signs(head_dim: int, seed: int = 0) -> torch.Tensor:
-    """(head_dim,) float64 +-1 on the CPU: ``torch.randint(0, 2, (D,), generator=Generator().manual_seed(seed))*2-1``."""
+    """(head_dim,) float64 +-1 on the CPU: ``torch.randint(0, 2, (D,), generator=gen) * 2 - 1``, gen seeded."""
     _check_pow2(head_dim)
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 2, (head_dim,), generator=gen).double() * 2 - 1

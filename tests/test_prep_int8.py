@@ -1,0 +1,392 @@
+"""The prep's INT8 Q/K mode (issue 18: Hadamard rotation, per-token Q, per-head K): the rotation's definition, the
+torch chain against a direct float64 re-derivation of the contract (bit for bit), and the Triton kernels against
+the torch chain under the Triton interpreter on CPU (and natively on CUDA, marked gpu) with a stated tolerance:
+tensor-core (or numpy) fp32 sums of the rotation are not the torch chain's float64 sums, so a code may be one off
+where Q' or K' lands next to a rounding boundary.
+
+Tolerance of Triton vs torch (``assert_close_int8``): at most 0.1 % of the int8 codes (q8, k8) off by exactly 1,
+none by more; q_scales and the K descale within 1e-5 relative; k_mean within 1e-5 of each head's max |k_mean|;
+V (e4m3) and the V descale bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ditprof.errors import DitprofError
+from ditprof.kernels.prep import (
+    Fp8Prepared,
+    fp8_prepare,
+    fp8_prepare_torch,
+    padded_lengths,
+)
+from ditprof.kernels.rotation import (
+    hadamard_rotation,
+    hadamard_signs,
+    rotation_pm1,
+    sylvester,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+F8 = torch.float8_e4m3fn
+CODE_OFF_BY_ONE_MAX = 1e-3  # fraction of int8 codes that may differ by exactly 1 (Triton vs torch)
+SCALE_RTOL = 1e-5
+
+
+def make_qkv(B, Sq, Sk, H, D, dtype=torch.bfloat16, seed=0, device="cpu", k_bias=4.0, outlier=True):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, Sq, H, D, generator=g, device=device) * 2.5
+    k = torch.randn(B, Sk, H, D, generator=g, device=device) + torch.randn(1, 1, H, D, generator=g,
+                                                                           device=device) * k_bias
+    v = torch.randn(B, Sk, H, D, generator=g, device=device) * 0.7
+    if outlier:  # a few large channels (what the rotation is for)
+        ch = torch.randperm(D, generator=torch.Generator().manual_seed(seed))[:3].to(device)
+        q[..., ch] *= 20
+        k[..., ch] *= 20
+    return tuple(x.to(dtype=dtype) for x in (q, k, v))
+
+
+# ------------------------------------------------------------------ the rotation
+
+def test_rotation_definition():
+    for D in (1, 2, 16, 64, 128, 256):
+        signs = hadamard_signs(D)
+        gen = torch.Generator().manual_seed(0)
+        assert torch.equal(signs, torch.randint(0, 2, (D,), generator=gen).double() * 2 - 1)
+        h = sylvester(D)
+        i = torch.arange(D)
+        popc = torch.zeros(D, D, dtype=torch.long)
+        x = i[:, None] & i[None, :]
+        while bool(x.any()):
+            popc += x & 1
+            x = x >> 1
+        assert torch.equal(h, (1 - 2 * (popc % 2)).double())
+        r = rotation_pm1(D, torch.float64)
+        assert torch.equal(r, signs[:, None] * h)
+        assert torch.equal(r @ r.T, D * torch.eye(D, dtype=torch.float64))
+        assert torch.equal(rotation_pm1(D, torch.bfloat16).double(), r)  # +-1: exact in bf16
+        torch.testing.assert_close(hadamard_rotation(D).double(), r / math.sqrt(D), rtol=0, atol=1e-7)
+    for bad in (0, 3, 96):
+        with pytest.raises(DitprofError, match="^the Hadamard rotation needs a power-of-two head_dim, got"):
+            rotation_pm1(bad)
+    from ditprof.kernels import fp8_emulation
+
+    assert fp8_emulation.hadamard_rotation is hadamard_rotation
+
+
+# ------------------------------------------------------------------ direct float64 re-derivation of the contract
+
+def contract_int8_f64(q, k, v, smooth_k=True, key_lens=None):
+    """Expected (q8, q_scales, k8, descale_k, k_mean, v descale) of the INT8 mode, unpadded, (B,H,S,D) order, from
+    float64 arithmetic (an fp32 IEEE quotient is the float64 quotient rounded: 53 >= 2*24 + 2)."""
+    q64, k64, v64 = (x.transpose(1, 2).double() for x in (q, k, v))
+    B, _, Sk, D = k64.shape
+    i = torch.arange(D)
+    x = i[:, None] & i[None, :]
+    parity = torch.zeros(D, D, dtype=torch.long)
+    while bool(x.any()):
+        parity ^= x & 1
+        x = x >> 1
+    signs = torch.randint(0, 2, (D,), generator=torch.Generator().manual_seed(0)).double() * 2 - 1
+    R = signs[:, None] * (1 - 2 * parity).double()
+    qr = (q64 @ R).float().double() / D
+    kr = (k64 @ R).float().double()
+    n = torch.full((B,), Sk) if key_lens is None else key_lens.long().clamp(0, Sk)
+    keep = (torch.arange(Sk)[None, :] < n[:, None])[:, None, :, None]
+    k_mean = None
+    if smooth_k:
+        mu = (torch.where(keep, kr, 0.0).sum(2) / n.clamp(min=1).double()[:, None, None]).float().double()
+        kr = (kr - mu[:, :, None, :]).float().double()
+        k_mean = (mu @ R.T / D).float()
+
+    def ds(amax):
+        d = (amax / 127.0).float().double()
+        return torch.where(amax == 0, torch.ones_like(d), d)
+
+    def codes(x, d):
+        return torch.round((x / d).float().double()).clamp(-127, 127).to(torch.int8)
+
+    q_scales = ds(qr.abs().amax(dim=3))
+    q8 = codes(qr, q_scales[..., None])
+    dk = ds(torch.where(keep, kr.abs(), 0.0).amax(dim=(2, 3)))
+    k8 = codes(kr, dk[:, :, None, None])
+    av = torch.where(keep, v64.abs(), 0.0).amax(dim=(2, 3))
+    dv = torch.where(av == 0, torch.ones_like(av), (av / 448.0).float().double())
+    return q8, q_scales.float(), k8, dk.float(), k_mean, dv.float()
+
+
+def check_int8_against_contract(res: Fp8Prepared, q, k, v, smooth_k=True, key_lens=None):
+    B, Sq, H, D = q.shape
+    Sk = k.shape[1]
+    Sq_pad, Sk_pad = padded_lengths(Sq, Sk)
+    q8, q_scales, k8, dk, k_mean, dv = contract_int8_f64(q, k, v, smooth_k, key_lens)
+    assert res.q8.dtype == torch.int8 and res.q8.shape == (B, H, Sq_pad, D)
+    assert res.k8.dtype == torch.int8 and res.k8.shape == (B, H, Sk_pad, D)
+    assert res.q_scales.dtype == torch.float32 and res.q_scales.shape == (B, H, Sq_pad)
+    assert res.q_scales.is_contiguous() and res.v8t.dtype == F8
+    assert torch.equal(res.q8[:, :, :Sq].cpu(), q8)
+    assert not res.q8[:, :, Sq:].any() and not res.k8[:, :, Sk:].any()
+    assert torch.equal(res.q_scales[:, :, :Sq].cpu(), q_scales)
+    assert bool((res.q_scales[:, :, Sq:] == 1).all())
+    assert torch.equal(res.k8[:, :, :Sk].cpu(), k8)
+    sc = res.scales.cpu()
+    assert torch.equal(sc[..., 0], torch.ones(B, H)) and torch.equal(sc[..., 1], dk) and torch.equal(sc[..., 2], dv)
+    if smooth_k:
+        assert torch.equal(res.k_mean.cpu(), k_mean)
+    else:
+        assert res.k_mean is None
+    # V is the e4m3 mode's, byte for byte
+    e4 = fp8_prepare_torch(q, k, v, smooth_k=smooth_k, key_lens=key_lens)
+    assert torch.equal(res.v8t.view(torch.uint8).cpu(), e4.v8t.view(torch.uint8).cpu())
+    assert torch.equal(sc[..., 2], e4.scales[..., 2].cpu())
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 128), (2, 77, 130, 3, 128), (1, 300, 33, 2, 64), (1, 129, 64, 1, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "raw"])
+def test_torch_prep_int8_matches_float64_contract(shape, smooth_k):
+    B, Sq, Sk, H, D = shape
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=dtype, seed=Sq + Sk)
+        res = fp8_prepare_torch(q, k, v, smooth_k=smooth_k, qk_int8=True)
+        check_int8_against_contract(res, q, k, v, smooth_k)
+        # the default stays e4m3, and its output has no q_scales
+        e4 = fp8_prepare_torch(q, k, v, smooth_k=smooth_k)
+        assert e4.q8.dtype == F8 and e4.q_scales is None
+
+
+def test_torch_prep_int8_key_lens_and_zero_rows():
+    q, k, v = make_qkv(3, 70, 90, 2, 64, seed=5)
+    q[0, 5] = 0  # a zero query row: scale 1.0, codes 0
+    lens = torch.tensor([0, 41, 500], dtype=torch.int32)
+    res = fp8_prepare_torch(q, k, v, key_lens=lens, qk_int8=True)
+    check_int8_against_contract(res, q, k, v, True, lens)
+    assert bool((res.q_scales[0, :, 5] == 1).all()) and not res.q8[0, :, 5].any()
+    assert torch.equal(res.scales[0, :, 1:], torch.ones(2, 2))  # no keys: unit descales
+    one = fp8_prepare_torch(q[1:2], k[1:2, :41], v[1:2, :41], qk_int8=True)
+    assert torch.equal(res.scales[1:2], one.scales) and torch.equal(res.k_mean[1:2], one.k_mean)
+    assert torch.equal(res.k8[1:2, :, :41], one.k8[:, :, :41])
+
+
+def test_rotation_keeps_the_scores_and_the_lse_correction():
+    """Q' K'^T = Q K^T and the smoothed scores differ from them by exactly q . k_mean (original basis)."""
+    q, k, v = make_qkv(1, 40, 50, 2, 128, seed=3)
+    res = fp8_prepare_torch(q, k, v, qk_int8=True)
+    qh, kh = (x.transpose(1, 2).double() for x in (q, k))
+    deq_q = res.q8[:, :, :40].double() * res.q_scales[:, :, :40, None].double()
+    deq_k = res.k8[:, :, :50].double() * res.scales[:, :, 1, None, None].double()
+    s = deq_q @ deq_k.transpose(-1, -2) + (qh @ res.k_mean.double()[..., None])
+    ref = qh @ kh.transpose(-1, -2)
+    assert float((s - ref).norm() / ref.norm()) < 0.01
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_nonfinite_input_is_an_error_int8(which, bad):
+    q, k, v = make_qkv(1, 33, 20, 2, 64, seed=1)
+    {"q": q, "k": k, "v": v}[which][0, 3, 1, 5] = bad
+    for smooth_k in (True, False):
+        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+            fp8_prepare_torch(q, k, v, smooth_k=smooth_k, qk_int8=True)
+        with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+            fp8_prepare(q, k, v, smooth_k=smooth_k, qk_int8=True)
+    res = fp8_prepare_torch(q, k, v, qk_int8=True, check_finite=False)
+    assert not bool(torch.isfinite(res.scales[0, 1, "qkv".index(which)]))  # the head's signal
+
+
+def test_out_buffers_int8_torch_backend():
+    q, k, v = make_qkv(1, 50, 40, 2, 64, seed=9)
+    ref = fp8_prepare_torch(q, k, v, qk_int8=True)
+    out = poisoned_like(ref)
+    res = fp8_prepare(q, k, v, backend="torch", out=out, qk_int8=True)
+    assert res.q8 is out.q8 and res.q_scales is out.q_scales
+    assert_close_int8(res, ref, exact=True)
+    with pytest.raises(DitprofError, match="out.q_scales"):
+        fp8_prepare(q, k, v, backend="torch", out=Fp8Prepared(out.q8, out.k8, out.v8t, out.scales, 50, 40),
+                    qk_int8=True)
+    with pytest.raises(DitprofError, match="out.q8"):  # e4m3 buffers for the int8 mode
+        fp8_prepare(q, k, v, backend="torch", out=poisoned_like(fp8_prepare_torch(q, k, v)), qk_int8=True)
+
+
+def poisoned_like(ref: Fp8Prepared) -> Fp8Prepared:
+    """Buffers the prep must overwrite: int8 codes -128 (never produced), e4m3 0x7F (NaN), NaN scales."""
+    def fill(t):
+        if t.dtype == torch.int8:
+            return torch.full(t.shape, -128, dtype=torch.int8, device=t.device)
+        if t.dtype == F8:
+            return torch.full(t.shape, 0x7F, dtype=torch.uint8, device=t.device).view(F8)
+        return torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
+
+    return Fp8Prepared(fill(ref.q8), fill(ref.k8), fill(ref.v8t), fill(ref.scales), ref.sq, ref.sk,
+                       q_scales=None if ref.q_scales is None else fill(ref.q_scales))
+
+
+def assert_close_int8(a: Fp8Prepared, b: Fp8Prepared, exact: bool = False):
+    """a (Triton) vs b (torch chain) within the tolerance of the module docstring (``exact``: bit for bit)."""
+    for name in ("q8", "k8"):
+        x, y = getattr(a, name).cpu(), getattr(b, name).cpu()
+        assert x.dtype == y.dtype == torch.int8 and x.shape == y.shape, name
+        d = (x.int() - y.int()).abs()
+        off = int((d > 0).sum())
+        assert int(d.max()) <= (0 if exact else 1), f"{name}: a code off by {int(d.max())}"
+        assert off <= CODE_OFF_BY_ONE_MAX * d.numel(), f"{name}: {off} of {d.numel()} codes off by one"
+    assert torch.equal(a.v8t.view(torch.uint8).cpu(), b.v8t.view(torch.uint8).cpu())
+    sa, sb = a.scales.cpu(), b.scales.cpu()
+    assert torch.equal(sa[..., [0, 2]], sb[..., [0, 2]])
+    for x, y in ((sa[..., 1], sb[..., 1]), (a.q_scales.cpu(), b.q_scales.cpu())):
+        if exact:
+            assert torch.equal(x, y)
+        else:
+            assert float(((x - y).abs() / y).max()) <= SCALE_RTOL
+    if b.k_mean is not None:
+        km_a, km_b = a.k_mean.cpu(), b.k_mean.cpu()
+        if exact:
+            assert torch.equal(km_a, km_b)
+        else:
+            tol = SCALE_RTOL * km_b.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
+            assert bool(((km_a - km_b).abs() <= tol).all())
+    else:
+        assert a.k_mean is None
+
+
+# ------------------------------------------------------------------ CPU: Triton kernels under the interpreter
+
+INTERP_SHAPES = [(1, 1, 1, 1, 128), (2, 77, 77, 2, 128), (1, 300, 33, 2, 64), (2, 33, 300, 1, 128),
+                 (3, 130, 45, 2, 64)]
+
+
+def test_triton_interpreter_int8_matches_torch():
+    """Runs the inner test below in a subprocess with TRITON_INTERPRET=1 (set before triton is imported)."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the gpu tests run the compiled kernels")
+    env = dict(os.environ, TRITON_INTERPRET="1", DITPROF_PREP_INTERP_INNER="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+           f"{Path(__file__).resolve()}::test_interpreter_int8_inner", "-k", "test_interpreter_int8_inner"]
+    r = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    tail = (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and " skipped" not in r.stdout, tail
+
+
+@pytest.mark.skipif(os.environ.get("DITPROF_PREP_INTERP_INNER") != "1", reason="run by the interpreter test")
+@pytest.mark.parametrize("shape", INTERP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_interpreter_int8_inner(shape):
+    from ditprof.kernels import prep_triton
+
+    assert prep_triton.INTERPRET
+    run_triton_int8_checks(shape, "cpu", prep_triton)
+
+
+def run_triton_int8_checks(shape, device, prep_triton):
+    B, Sq, Sk, H, D = shape
+    for smooth_k, dtype in ((True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float16)):
+        q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=dtype, seed=Sq + Sk, device=device)
+        ref = fp8_prepare_torch(q, k, v, smooth_k=smooth_k, qk_int8=True)
+        out = poisoned_like(ref)
+        res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out, qk_int8=True)
+        assert res.q8 is out.q8 and res.q_scales is out.q_scales
+        assert_close_int8(res, ref)
+    # BHSD input, non-contiguous, several stats chunks with ragged tails
+    q, k, v = make_qkv(B, Sq, Sk, H, D, seed=3, device=device)
+    ref = fp8_prepare_torch(q, k, v, qk_int8=True)
+    res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton", qk_int8=True)
+    assert_close_int8(res, ref)
+    got = prep_triton.prepare_triton(q, k, v, True, stats_chunk=40, stats_r=2, quant_block=16, qk_int8=True)
+    assert_close_int8(Fp8Prepared(*got[:4], Sq, Sk, got[4], q_scales=got[5]), ref)
+    # per-batch key counts (random per item, 0 and more than Sk included)
+    g = torch.Generator().manual_seed(Sq * 7 + Sk)
+    lens = torch.randint(0, Sk + 2, (B,), generator=g, dtype=torch.int32)
+    if B > 1:
+        lens[0] = 0
+    lens = lens.to(device)
+    ref = fp8_prepare_torch(q, k, v, key_lens=lens, qk_int8=True)
+    res = fp8_prepare(q, k, v, backend="triton", key_lens=lens, qk_int8=True)
+    assert_close_int8(res, ref)
+    if shape != INTERP_SHAPES[1] and device == "cpu":
+        return
+    for which in "qkv":
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            qq, kk, vv = (x.clone() for x in (q, k, v))
+            {"q": qq, "k": kk, "v": vv}[which][B - 1, -1, 0, 0] = bad
+            with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
+                fp8_prepare(qq, kk, vv, backend="triton", qk_int8=True)
+            # the sticky flags a launch record reads: exactly this input's flag
+            plan = prep_triton.PrepPlan(qq, kk, vv, True, qk_int8=True)
+            bufs = plan.buffers(qq.device)
+            plan.launch(qq, kk, vv, bufs)
+            assert bufs["flags"].tolist() == [int(n == which) for n in "qkv"], which
+    plan = prep_triton.PrepPlan(q, k, v, True, qk_int8=True)
+    bufs = plan.buffers(q.device)
+    assert bufs["q8"].dtype == torch.int8 and bufs["q_scales"].shape == (B, H, plan.Sq_pad)
+    plan.launch(q, k, v, bufs)
+    assert bufs["flags"].tolist() == [0, 0, 0]
+    plan.launch(q, k, v, bufs)  # the arrival counters were reset: a second launch gives the same bytes
+    ref = fp8_prepare_torch(q, k, v, qk_int8=True)
+    assert_close_int8(Fp8Prepared(bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], Sq, Sk, bufs["k_mean"],
+                                  q_scales=bufs["q_scales"]), ref)
+
+
+# ------------------------------------------------------------------ GPU: compiled Triton kernels vs the torch chain
+
+GPU_SHAPES = [(1, 30272, 30272, 56, 128), (2, 77, 77, 3, 128), (1, 1, 1, 1, 128), (1, 4096, 512, 8, 128),
+              (1, 300, 33, 2, 64), (3, 1000, 1000, 5, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gpu_triton_int8_matches_torch(shape):
+    from ditprof.kernels import prep_triton
+
+    B, Sq, Sk, H, D = shape
+    if B * H * Sq > 1 << 22:  # the full H3 shape: the default-mode comparison only (the float64 chain is large)
+        q, k, v = make_qkv(B, Sq, Sk, H, D, seed=1, device="cuda")
+        ref = fp8_prepare_torch(q, k, v, qk_int8=True)
+        assert_close_int8(fp8_prepare(q, k, v, backend="triton", qk_int8=True), ref)
+        return
+    run_triton_int8_checks(shape, "cuda", prep_triton)
+
+
+@pytest.mark.parametrize("arch", [90, 89, 120])
+def test_triton_int8_kernels_compile_offline(arch):
+    """The compiled INT8 path: tensor-core rotation (wgmma on sm_90, mma.sync elsewhere), IEEE divisions, no local
+    memory (spills), 16-byte loads, no byte stores; the e4m3 build is the same as before (test_prep.py)."""
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton
+
+    if prep_triton.INTERPRET:
+        pytest.skip("TRITON_INTERPRET=1: triton.jit gives interpreted functions")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the gpu tests compile and run the kernels for real")
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError:
+        pytest.skip("this triton has no offline GPUTarget compile")
+    for dtype, D in (("bf16", 128), ("fp16", 64)):
+        ks = prep_triton.compile_offline(arch, dtype=dtype, head_dim=D, qk_int8=True)
+        ptx = {name: k.asm["ptx"] for name, k in ks.items()}
+        mma = "wgmma.mma_async" if arch == 90 else "mma.sync"
+        assert mma in ptx["quant"] and "mma.sync" in ptx["stats"], arch
+        assert "div.full.f32" not in ptx["quant"] and "div.rn.f32" in ptx["quant"]
+        assert "div.rn.f32" in ptx["stats"]
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx["quant"]  # V
+        assert "st.global.b8" not in ptx["quant"]
+        assert "ld.global.v4" in ptx["stats"] and "ld.global.v4" in ptx["quant"]
+        assert ".local" not in "".join(ptx.values())
+
+
+def test_plan_rejects_small_head_dim_for_int8():
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton
+
+    q, k, v = make_qkv(1, 8, 8, 1, 8, outlier=False)
+    with pytest.raises(ValueError, match="head_dim >= 16"):
+        prep_triton.PrepPlan(q, k, v, True, qk_int8=True)
