@@ -19,6 +19,21 @@ run inside the attention call): collectives (``c10d::``, ``nccl:``, ``gloo:`` op
 ``ditprof::all_to_all`` ranges the Ulysses wrapper puts around its regroups (layout copies included); on
 CPU the self time of that range (the wait for the peers, which gloo spends on its own thread) counts too.
 Otherwise the first matching rule wins: gemm, then norm, then elementwise, else other.
+
+Compiled blocks (``--compile``; an event whose host stack holds a ``Torch-Compiled Region`` / ``## Call
+CompiledFxGraph`` range) get two more rules, because dynamo drops ``record_function`` ranges inside the compiled
+graph and inductor's kernels are launched by no aten op:
+
+* attention by op name: torch's SDPA ops (``aten::_scaled_dot_product_*``), ``ditprof::fp8_attention`` and the
+  harness's ``ditprof_compile::opaque_attention`` reach the compiled graph as one op each; what runs inside is
+  attention.
+* an inductor kernel (``triton_poi_fused_add_mul_0``, ``triton_red_/per_/tem_...``, CPU ``cpp_fused_...``,
+  which the profiler sees as the range around its launch) gets the category of the aten ops it was generated from
+  (inductor names it after them, ``compiled_kernel_category``): one category, that one; several, ``fused``.
+  Extern kernels (cuBLAS through ``aten::mm``/``addmm``) keep their aten op: gemm.
+
+The split of a compiled block always has a ``fused`` key; eager splits never do. On the CPU, the compiled
+runtime's own host time (guards, wrappers) is left out, as eager's Python time is.
 """
 
 from __future__ import annotations
@@ -32,9 +47,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ditprof.harness.inductor_kernels import (
+    COMPILED_REGION_PREFIXES,
+    COMPILED_RUNTIME_PREFIXES,
+    FUSED,
+    INDUCTOR_KERNEL,
+    compiled_kernel_category,
+    is_attention_op,
+    is_compiled_stack,
+)
+from ditprof.harness.op_tables import ELEMENTWISE_OPS, GEMM_OPS, NORM_OPS
+
 CATEGORIES = ("attention", "gemm", "norm", "elementwise", "other")  # every split has these keys
 COMMUNICATION = "communication"  # a split has this key only when its trace holds communication (--sp runs)
 ALL_CATEGORIES = ("attention", COMMUNICATION, "gemm", "norm", "elementwise", "other")
+# every category a report can hold, in the order tables and plots show them
+# (FUSED: compiled blocks only, an inductor kernel generated from ops of several categories)
+REPORTED_CATEGORIES = ("attention", COMMUNICATION, "gemm", "norm", "elementwise", FUSED, "other")
 BLOCK_RANGE = "ditprof::block"
 ATTENTION_RANGE = "ditprof::attention"
 COMM_RANGE = "ditprof::all_to_all"
@@ -45,33 +74,6 @@ NORM_RANGE_PREFIX = "ditprof::norm"
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "runtime"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver", "runtime"}
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
-
-GEMM_OPS = {
-    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
-    "aten::linear", "aten::_addmm_activation", "aten::_scaled_mm", "aten::_int_mm", "aten::einsum",
-    "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
-    "aten::cudnn_convolution", "aten::mkldnn_convolution", "aten::addmv", "aten::mv", "aten::dot",
-    "aten::_grouped_mm", "aten::_scaled_grouped_mm",
-}
-NORM_OPS = {
-    "aten::layer_norm", "aten::native_layer_norm", "aten::group_norm", "aten::native_group_norm",
-    "aten::rms_norm", "aten::_fused_rms_norm", "aten::batch_norm", "aten::native_batch_norm",
-    "aten::_batch_norm_impl_index", "aten::instance_norm", "aten::_native_batch_norm_legit",
-    "aten::_native_batch_norm_legit_no_training",
-}
-ELEMENTWISE_OPS = {
-    # arithmetic and activations
-    "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_", "neg", "pow", "sqrt", "rsqrt",
-    "exp", "exp2", "log", "log2", "abs", "sign", "clamp", "clamp_", "clamp_min", "clamp_max", "minimum",
-    "maximum", "addcmul", "addcmul_", "addcdiv", "lerp", "where", "gelu", "silu", "relu", "tanh",
-    "sigmoid", "erf", "sin", "cos", "reciprocal", "square", "fill_", "zero_", "masked_fill",
-    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "bitwise_not", "floor", "ceil",
-    "round", "trunc", "fmod", "remainder", "copysign", "nan_to_num", "gelu_", "silu_", "relu_",
-    # data movement: casts and copies are elementwise kernels
-    "copy_", "to", "_to_copy", "clone", "contiguous", "cat", "stack", "type_as", "expand_as",
-    "_unsafe_view", "reshape", "view_as_real", "view_as_complex", "polar", "complex", "flip", "roll",
-    "repeat", "repeat_interleave", "index_select", "unflatten", "flatten",
-}
 
 # Fallback rules on device-kernel names (only when the launching op cannot be found).
 KERNEL_NAME_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -94,6 +96,10 @@ def category_for_stack(names: Iterable[str]) -> str:
         return "communication"
     if any(n == ATTENTION_RANGE or n.startswith(ATTENTION_RANGE + "/") for n in names):
         return "attention"
+    if is_compiled_stack(names):
+        cat = _compiled_category(names)
+        if cat is not None:
+            return cat
     if any(n in GEMM_OPS for n in names):
         return "gemm"
     if any(n in NORM_OPS or n.startswith(NORM_RANGE_PREFIX) for n in names):
@@ -107,7 +113,20 @@ def category_for_stack(names: Iterable[str]) -> str:
     return "other"
 
 
+def _compiled_category(names: list[str]) -> str | None:
+    """Inside a compiled graph: attention ops by name, an inductor kernel by the ops it was generated from (the
+    innermost such range launched the kernel); None for the eager rules (extern kernels: their aten op)."""
+    if any(is_attention_op(n) for n in names):
+        return "attention"
+    for n in reversed(names):
+        if INDUCTOR_KERNEL.match(n):
+            return compiled_kernel_category(n)
+    return None
+
+
 def category_for_kernel_name(name: str) -> str:
+    if INDUCTOR_KERNEL.match(name):
+        return compiled_kernel_category(name)
     for cat, rule in KERNEL_NAME_RULES:
         if rule.search(name):
             return cat
@@ -140,6 +159,7 @@ class Split:
     resolved: dict[str, int] = field(default_factory=dict)  # how device events were linked
     top_ops: list[dict] = field(default_factory=list)  # heaviest launching ops
     iterations_used: int = 0  # calls averaged (slow outliers left out)
+    compiled: bool = False  # the block ran compiled (torch.compile): the split has a ``fused`` key
 
     def to_dict(self) -> dict:
         return {
@@ -152,6 +172,7 @@ class Split:
             "block_range_ms": list(self.block_range_ms),
             "resolved": dict(self.resolved),
             "top_ops": list(self.top_ops),
+            "compiled": self.compiled,
         }
 
 
@@ -257,7 +278,7 @@ OUTLIER_FACTOR = 1.5  # a block call slower than this x the median call is left 
 
 def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]],
             per_block_op: dict[int, dict[tuple[str, str], float]], spans_us: dict[int, float],
-            resolved: dict[str, int]) -> Split:
+            resolved: dict[str, int], compiled: bool = False) -> Split:
     """Average the per-call splits, leaving out calls much slower than the median (a busy host, a
     clock hiccup): one 10x outlier among five calls would otherwise dominate the mean."""
     span_list = [spans_us[b] for b in blocks if b in spans_us]
@@ -267,6 +288,8 @@ def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]]
         used = [b for b in blocks if b in per_block]
     n = max(len(used), 1)
     cats = ALL_CATEGORIES if any(per_block[b].get(COMMUNICATION) for b in used) else CATEGORIES
+    if compiled:
+        cats = tuple(c for c in REPORTED_CATEGORIES if c in cats or c == FUSED)
     split_ms = {c: sum(per_block[b].get(c, 0.0) for b in used) / 1000.0 / n for c in cats}
     total = sum(split_ms.values())
     share = split_ms["attention"] / total if total > 0 else 0.0
@@ -278,6 +301,7 @@ def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]]
              sorted(ops.items(), key=lambda kv: -kv[1])]
     out = Split(mode, len(blocks), split_ms, total, share, [s / 1000.0 for s in span_list], dict(resolved), every[:12])
     out.iterations_used = len(used)
+    out.compiled = compiled
     out.op_ms = every  # every launching op (ditprof diff); the report keeps the top 12
     return out
 
@@ -292,6 +316,8 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
     if mode is None:
         mode = "cuda" if index.device else "cpu"
     blocks = index.block_ranges()
+    compiled = any(n.name.startswith(COMPILED_REGION_PREFIXES) and index.block_of(i) >= 0
+                   for i, n in enumerate(index.nodes))
     per_block: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     per_block_op: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     resolved: dict[str, int] = defaultdict(int)
@@ -344,12 +370,12 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
             for b in blocks:
                 add(b, cat, op, dur / max(len(blocks), 1))
         spans = {b: x[1] - x[0] for b, x in extent.items()}
-        return _finish(mode, blocks, per_block, per_block_op, spans, resolved)
+        return _finish(mode, blocks, per_block, per_block_op, spans, resolved, compiled)
 
     # CPU: self time of aten ops inside a block range
     for i, n in enumerate(index.nodes):
-        if n.cat != "cpu_op":
-            continue
+        if n.cat != "cpu_op" or n.name.startswith(COMPILED_RUNTIME_PREFIXES):
+            continue  # the compiled runtime's guards and wrappers: host overhead, as eager's Python time
         b = index.block_of(i)
         if b < 0:
             continue
@@ -365,7 +391,7 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
         if b >= 0 and self_us > 0:
             add(b, "communication", f"{n.name} (wait)", self_us)
     spans = {b: index.nodes[b].end - index.nodes[b].ts for b in blocks}
-    return _finish("cpu", blocks, per_block, per_block_op, spans, resolved)
+    return _finish("cpu", blocks, per_block, per_block_op, spans, resolved, compiled)
 
 
 def median(xs: list[float]) -> float:

@@ -5,6 +5,16 @@ from __future__ import annotations
 import argparse
 
 
+def add_compile_flag(group) -> None:
+    """``--compile [MODE]`` (profile, compare, validate)."""
+    from ditprof.harness.compile_mode import MODES
+
+    group.add_argument("--compile", nargs="?", const="default", choices=MODES, metavar="MODE",
+                       help="torch.compile the block (fullgraph) before measuring it: MODE default (bare --compile) "
+                            "or max-autotune-no-cudagraphs; reports the compile time and a 'fused' category for "
+                            "kernels that fuse ops of several categories (default: eager)")
+
+
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (ditprof presets); default h3 on CUDA, h3-mini on CPU")
@@ -46,6 +56,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     run.add_argument("--time-limit", dest="time_limit", type=float, metavar="MIN",
                      help="stop before a run the plan estimates to take longer (default 15 minutes)")
     run.add_argument("--yes", action="store_true", help="run even when the plan's estimate is over --time-limit")
+    add_compile_flag(run)
     run.add_argument("--sp", type=int, metavar="P",
                      help="Ulysses sequence parallelism over P ranks (NCCL, one GPU each; gloo on CPU)")
     run.add_argument("--sp-cross", dest="sp_cross", choices=("local", "heads"), help=argparse.SUPPRESS)

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # noqa: E402 - headless, set before pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ditprof.harness.categories import ALL_CATEGORIES  # noqa: E402
+from ditprof.harness.categories import REPORTED_CATEGORIES  # noqa: E402
 
 COLORS = {
     "attention": "#d62728",
@@ -17,6 +17,7 @@ COLORS = {
     "gemm": "#1f77b4",
     "norm": "#2ca02c",
     "elementwise": "#ff7f0e",
+    "fused": "#e377c2",
     "other": "#7f7f7f",
 }
 
@@ -32,7 +33,9 @@ def split_figure(runs: list[dict], title: str, unit_note: str = "", note: str = 
     labels = [f"{r['label']}\n{r['attention_backend']}" for r in runs]
     fig, ax = plt.subplots(figsize=(3.2 + 1.6 * len(runs), 4.8), dpi=110)
     bottoms = [0.0] * len(runs)
-    for cat in ALL_CATEGORIES:
+    for cat in REPORTED_CATEGORIES:
+        if not any(cat in r["split_ms"] for r in runs):
+            continue  # communication (--sp) and fused (--compile) only where a run has them
         vals = [r["split_ms"].get(cat, 0.0) for r in runs]
         if cat == "communication" and not any(vals):
             continue  # single-device runs: no empty legend entry

@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ditprof.harness.categories import ALL_CATEGORIES
+from ditprof.harness.categories import REPORTED_CATEGORIES
 from ditprof.harness.memory import fmt_bytes
 from ditprof.harness.metrics import accuracy  # noqa: F401 -- report.accuracy, as callers use it
 from ditprof.harness.session import BackendRun
@@ -113,6 +113,12 @@ def _band(ms: dict) -> str:
     return f"{_ms(ms['median'])} [{_ms(ms['min'])} – {_ms(ms['max'])}]"
 
 
+def execution_of(section: dict) -> str:
+    """``eager`` or ``compile:<mode>`` of one measurement."""
+    c = section.get("compile")
+    return f"compile:{c['mode']}" if c else "eager"
+
+
 def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
     """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
     b, s, ex, acc = report["baseline"], report["swapped"], report["extrapolation"], report["accuracy"]
@@ -138,11 +144,19 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
 
     rows = [
         ("attention backend", b["attention_backend"], s["attention_backend"] if s else "", ""),
+        ("execution", execution_of(b), execution_of(s) if s else "", ""),
         (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
          judged(b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
         ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
         ("profiler overhead", overhead(b), overhead(s) if s else "", ""),
     ]
+    if b.get("compile") or (s and s.get("compile")):
+        def compile_cell(sec):
+            c = sec.get("compile")
+            return f"{c['first_call_s']:.2f} s, {c['recompiles']} recompile(s)" if c else ""
+
+        rows.append(("compile: first call (tracing + codegen), recompiles", compile_cell(b),
+                     compile_cell(s) if s else "", ""))
     gb, gs = b.get("graph_block_ms"), (s.get("graph_block_ms") if s else None)
     if gb or gs:
         def graph_cell(sec, g):
@@ -173,10 +187,10 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
                 return f"{_ms(r['block_ms']['median'])} (comm {_ms(r['split_ms'].get('communication', 0.0))})"
 
             rows.append((f"rank {rb['rank']}: block median (communication)", cell(rb), cell(rs) if rs else "", ""))
-    for cat in ALL_CATEGORIES:
+    for cat in REPORTED_CATEGORIES:
         vb, vs = b["split_ms"].get(cat), (s["split_ms"].get(cat) if s else None)
         if vb is None and vs is None:
-            continue  # communication: only where there is some (sequence-parallel runs)
+            continue  # communication: only where there is some (--sp runs); fused: compiled runs only
         vb, vs = vb or 0.0, vs or 0.0
         rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "",
                      judged(vb, vs, nz.get("block")) if s else ""))
@@ -259,6 +273,15 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
     console.print(f"outputs: {out_dir}")
 
 
+COMPILED_NOTE = (
+    "- Compiled (`--compile`, torch.compile fullgraph): the compile line is the first call's wall time (tracing, "
+    "code generation, kernel compiles; the inductor cache can shorten it) and the graphs compiled after it; "
+    "warm-up ran until a call compiled nothing. Inside the compiled graph the attention is found by its op "
+    "(SDPA, `ditprof::fp8_attention`, `ditprof_compile::opaque_attention`), an inductor kernel by the aten ops it "
+    "is named after: one category, that category; several (a norm with its modulation, a GEMM epilogue), "
+    "`fused`. The compiled runtime's host time (guards, wrappers) is in the block time, not in the split.")
+
+
 def markdown(report: dict) -> str:
     m, st = report["model"], report["settings"]
     lines = [f"# ditprof {report['command']} — {m.get('preset') or m.get('checkpoint')}", "",
@@ -266,7 +289,7 @@ def markdown(report: dict) -> str:
              f"**Model:** {model_line(report)}", "",
              f"**Environment:** {env_line(report)}", "",
              f"**Settings:** device {st['device']}, warm-up {st['warmup']}, {st['iters']} timed and "
-             f"{st['iters']} profiled iterations, seed {st['seed']}"
+             f"{st['iters']} profiled iterations, seed {st['seed']}, {st.get('execution', 'eager')}"
              + (f", GPU memory budget {fmt_bytes(st['gpu_memory_budget_bytes'])}"
                 if st.get("gpu_memory_budget_bytes") else "") + ".", ""]
     has_s = report["swapped"] is not None
@@ -296,6 +319,7 @@ def markdown(report: dict) -> str:
               "alike) is attention. The split total can differ from the block time (gaps, launch overhead). "
               "It averages the profiled calls, leaving out any call slower than 1.5x the median call "
               f"(baseline: {b['split_iterations_used']} of {b['split_iterations']} used).",
+              *([COMPILED_NOTE] if b.get("compile") else []),
               "- Extrapolation multiplies the block time by the number of blocks"
               " (× steps × 2 with CFG); the Amdahl prediction uses the baseline attention share and the "
               "attention-only speedup.", ""]

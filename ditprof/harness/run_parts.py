@@ -81,7 +81,9 @@ def plot_title(rep: dict) -> str:
     """split.png's title: what ran, in which time unit; for --sp, which rank's columns these are."""
     m = rep["model"]
     unit = "GPU kernel time" if rep["baseline"]["split_mode"] == "cuda" else "CPU op self time"
-    title = f"{m.get('preset') or m.get('checkpoint')} block {m['block_index']}, {m['tokens']} tokens ({unit})"
+    execution = rep["settings"].get("execution", "eager")
+    title = (f"{m.get('preset') or m.get('checkpoint')} block {m['block_index']}, {m['tokens']} tokens"
+             + ("" if execution == "eager" else f", {execution}") + f" ({unit})")
     sp = rep.get("sp")
     if sp:  # the columns are one rank's: say which
         title += (f"\nrank {rep['baseline'].get('rank', 0)} of {sp['degree']} (the slowest), "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import sys
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, backends, report, swap
+from ditprof.harness import atomic, backends, compile_mode, report, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
@@ -60,6 +61,7 @@ class RunSpec:
     batch: int = 1
     text_tokens: int | None = None  # prompt length (default: the preset's / the family's pipeline default)
     json_out: bool = False  # --json: the report on stdout, everything else on stderr
+    compile: str | None = None  # --compile MODE: torch.compile the block (harness.compile_mode); None: eager
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -80,6 +82,7 @@ def resolve_device(name: str | None) -> torch.device:
 
 
 def spec_from_args(args: Any, command: str) -> RunSpec:
+    compile_as = compile_mode.check_args(args)
     device = resolve_device(getattr(args, "device", None))
     source, source_kind = source_of(args, device)
     check_size(args)
@@ -119,7 +122,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         cuda_graph=getattr(args, "cuda_graph", True), yes=bool(getattr(args, "yes", False)),
         time_limit_min=limit if limit is not None else DEFAULT_TIME_LIMIT_MIN, size_note=size_note,
         batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),
-        json_out=bool(getattr(args, "json", False)),
+        json_out=bool(getattr(args, "json", False)), compile=compile_as,
     )
 
 
@@ -132,20 +135,39 @@ def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str |
 
 
 def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
-                     stage: Path, progress: Progress | None, resident: int) -> BackendRun:
+                     stage: Path, progress: Progress | None, resident: int, console: Console) -> BackendRun:
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
+    if spec.compile:
+        from ditprof.harness.compile_backends import for_compile
+
+        b = for_compile(b)
     # deferred_finite_checks: the fp8 backend's NaN/Inf check of q/k/v does not sync the host at every call
     # (a sync that can cost the CPU its lead in small, host-bound blocks); it still raises, at the latest when
     # the measurement ends
     with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
             swap.norm_ranges(loaded.module), deferred_finite_checks():
+        block, compiled, stats = loaded.module, contextlib.nullcontext(), None
+        if spec.compile:  # compiled here, with the backend swapped in: the compile sees the swapped attention
+            block = compile_mode.compile_block(loaded.module, spec.compile, spec.device)
+            phase = Phases(progress, f"{label} ({b.name})")
+            phase("compile (first call)", 0, 1)
+            stats = compile_mode.warm_up(lambda: inputs.run(block), spec.device, spec.compile,
+                                         what=f"the block with {b.name} attention")
+            phase("compile (first call)", 1, 1)
+            console.print(compile_mode.line(stats.as_dict(), f"{label} ({b.name})"), highlight=False)
+            compiled = compile_mode.stable(spec.compile, "the timed and profiled calls",
+                                           what=f"the block with {b.name} attention")
         try:
-            run = measure(lambda: inputs.run(loaded.module), label=label, backend=b.name, device=spec.device,
-                          workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                          on_phase=Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
+            with compiled:
+                run = measure(lambda: inputs.run(block), label=label, backend=b.name, device=spec.device,
+                              workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
+                              on_phase=Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
         except NonFiniteOutput as exc:
+            # the eager block finds where the NaN/Inf appears (per module): a compiled one has no module boundaries
             raise DitprofError(f"{exc}: {first_nonfinite(loaded.module, lambda: inputs.run(loaded.module))}") \
                 from None
+        if stats is not None:
+            run.extra["compile"] = stats.as_dict()
         run.route = state.route
         if state.member is not None:
             run.extra["diffusers_backend"] = state.member.value
@@ -170,7 +192,8 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
 
     with memory_budget(spec.gpu_memory, spec.device) as budget:
         console.print(f"[bold]ditprof {spec.command}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
-                      f"{spec.device}, baseline {base_b.name}" + (f", swap {swap_b.name}" if swap_b else ""))
+                      f"{spec.device}, baseline {base_b.name}" + (f", swap {swap_b.name}" if swap_b else "")
+                      + f", {compile_mode.execution(spec.compile)}")
         plan = make_plan(spec)
         plan.note = spec.size_note
         for line in plan.lines():
@@ -187,13 +210,15 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
         with atomic.staged_dir(out) as stage:
             progress = make_progress(console)
             with progress:
-                base_run = _measure_backend(spec, loaded, inputs, "baseline", base_b, stage, progress, resident)
+                base_run = _measure_backend(spec, loaded, inputs, "baseline", base_b, stage, progress, resident,
+                                            console)
                 if fail_after == "baseline":
                     raise DitprofError("forced failure after the baseline run (test)")
                 swap_run = None
                 skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
                 if swap_b and not skipped:
-                    swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident)
+                    swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident,
+                                                console)
             rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
             rep["plan"] = plan.as_dict()
             if skipped:
@@ -221,6 +246,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
     settings = {
         "device": str(spec.device), "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed,
         "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget, "argv": sys.argv[1:],
+        "execution": compile_mode.execution(spec.compile),
     }
     return report.build(
         command=spec.command, model=model, environment=environment(spec.device), settings=settings,

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness import backends, swap
+from ditprof.harness import backends, compile_mode, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.progress import make_progress
@@ -98,6 +98,7 @@ class ValidateSpec:
     seed: int = 0
     whole_step: bool = True
     stream: bool | None = None  # None: decide from memory; True/False: force (tests, debugging)
+    compile: str | None = None  # --compile MODE: every block torch.compiled (harness.compile_mode); None: eager
 
 
 @dataclass
@@ -379,9 +380,19 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
         if streamer is not None:
             streamer.load(0)
 
+    compiled_stats = None
+    if spec.compile:
+        from ditprof.harness.compile_backends import for_compile
+
+        b = for_compile(b)
     with contextlib.ExitStack() as stack, make_progress(console) as progress:
         for m in working:
             stack.enter_context(swap.swapped(m, b.name, b.fn, uses_dispatcher=src.family.uses_dispatcher))
+        if spec.compile:  # after the swap: each block compiles with the attention it is measured with
+            modules, working, compiled_stats = _compile_blocks(spec, modules, working, inputs, chain, clock,
+                                                               streamer, n, progress, console)
+            block0 = working[0]
+            stack.enter_context(compile_mode.stable(spec.compile, "the timed calls", what=f"{n} chained blocks"))
         task = progress.add_task(f"warm-up: 1 block x {max(warmup, 1)}, {n} blocks x 1", total=2)
         load0()
         for _ in range(max(warmup, 1)):
@@ -410,8 +421,32 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
         finite = bool(torch.isfinite(out).all().item())
     peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
     return {"one": one_samples, "chain": chain_samples, "per_block": per_block, "inputs": inputs,
-            "finite": finite, "peak": peak, "build_s": build_s,
+            "finite": finite, "peak": peak, "build_s": build_s, "compile": compiled_stats,
             "pinned": None if streamer is None or dev.type != "cuda" else bool(streamer.pinned)}
+
+
+def _compile_blocks(spec: ValidateSpec, modules: list, working: list, inputs, chain: Chain, clock: Clock,
+                    streamer, n: int, progress, console) -> tuple[list, list, dict]:
+    """torch.compile every block (streamed: the one working block); the first one-block call is the compile
+    time, then chain passes until one compiles nothing (blocks of one class share a graph unless their guards
+    fail). Returns (chain modules, working modules, the report's compile section)."""
+    compiled = compile_mode.compile_blocks(working, spec.compile, spec.device)
+    chain_modules = compiled if streamer is None else modules
+    task = progress.add_task("compile (first call), then chain passes until nothing compiles", total=2)
+    if streamer is not None:
+        streamer.load(0)
+    stats = compile_mode.warm_up(lambda: inputs.run(compiled[0]), spec.device, spec.compile,
+                                 what=f"the block with {spec.attention} attention")
+    progress.advance(task)
+    passes = compile_mode.warm_up(lambda: run_chain(chain, chain_modules, clock, streamer=streamer, n=n),
+                                  spec.device, spec.compile, what=f"{n} chained blocks", expect_graphs=False)
+    progress.advance(task)
+    section = stats.as_dict()
+    # graphs the chain added: blocks whose guards did not match block 0's graph
+    section.update(graphs=stats.graphs + passes.graphs, recompiles=stats.recompiles + passes.graphs,
+                   chain_warmup_passes=passes.warmup_calls, chain_first_pass_s=passes.first_call_s)
+    console.print(compile_mode.line(section, f"one block ({spec.attention})"), highlight=False)
+    return chain_modules, compiled, section
 
 
 def validate(spec: ValidateSpec, console=None) -> dict:
@@ -447,6 +482,7 @@ def validate(spec: ValidateSpec, console=None) -> dict:
         res = _measure(spec, src, b, n, plan, warmup, iters, chain_iters, input_args, console)
     one_samples, chain_samples, per_block = res["one"], res["chain"], res["per_block"]
     finite, peak, build_s, pinned = res["finite"], res["peak"], res["build_s"], res["pinned"]
+    compile_section = res["compile"]
     inputs = res.pop("inputs")
     tokens, text_tokens, grid = inputs.tokens, inputs.text_tokens, inputs.grid
     del inputs, res
@@ -496,7 +532,8 @@ def validate(spec: ValidateSpec, console=None) -> dict:
         "output_finite": finite,
         "settings": {"device": str(spec.device), "warmup": warmup, "iters": iters, "chain_iters": chain_iters,
                      "seed": spec.seed, "gpu_memory": spec.gpu_memory, "steps": spec.steps, "cfg": spec.cfg,
-                     "build_s": build_s, "argv": sys.argv[1:]},
+                     "build_s": build_s, "argv": sys.argv[1:], "execution": compile_mode.execution(spec.compile)},
+        "compile": compile_section,  # --compile: the first block's compile and the chain's warm-up; None: eager
         "environment": environment(spec.device),
         "whole_step": None,
     }

@@ -35,9 +35,11 @@ def _console(json_out: bool):
 def cmd_validate(args) -> int:
     from ditprof.harness import atomic
     from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, default_out, source_of
+    from ditprof.harness.compile_mode import check_args as compile_mode_of
     from ditprof.harness.runner import resolve_device
     from ditprof.harness.validate import ValidateSpec, summary_table, to_json, validate, write
 
+    compile_as = compile_mode_of(args)
     device = resolve_device(args.device)
     source, source_kind = source_of(args, device)
     check_size(args)
@@ -57,7 +59,7 @@ def cmd_validate(args) -> int:
         height=args.height, width=args.width, frames=args.frames, gpu_memory=args.gpu_memory, steps=args.steps,
         cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
         seed=args.seed, whole_step=not args.no_whole_step,
-        stream=True if args.stream else None,
+        stream=True if args.stream else None, compile=compile_as,
     )
     console = _console(args.json)
     rep = validate(spec, console)
@@ -272,6 +274,9 @@ def register(subparsers) -> None:
     run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
                      help="device memory budget, e.g. 16GiB: blocks that do not fit are streamed from host memory")
     run.add_argument("--stream", action="store_true", help="stream blocks from host memory even if they fit")
+    from ditprof.harness.commands import add_compile_flag
+
+    add_compile_flag(run)
     run.add_argument("--seed", type=int, default=0, help="weight and input seed (default 0)")
     run.add_argument("--warmup", type=int, metavar="N", help="one-block warm-up calls (default 2 CUDA, 1 CPU)")
     run.add_argument("--iters", type=int, metavar="N", help="timed one-block calls (default 10 CUDA, 5 CPU)")

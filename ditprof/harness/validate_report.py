@@ -42,6 +42,14 @@ def summary_table(rep: dict):
     t.add_row("error, best calls", f"{rep['error_best_pct']:+.2f} %", "N x fastest call vs sum of each block's "
               "fastest call in the chain")
     t.add_row("mode", rep["mode"], rep["memory"]["note"])
+    t.add_row("execution", rep["settings"].get("execution", "eager"),
+              "every block torch.compiled (fullgraph); the rest of the model runs eager" if rep.get("compile")
+              else "")
+    c = rep.get("compile")
+    if c:
+        t.add_row("compile: first call", f"{c['first_call_s']:.2f} s",
+                  f"{c['recompiles']} recompile(s) (the chain's blocks included), first chain pass "
+                  f"{c['chain_first_pass_s']:.2f} s")
     t.add_row("weights", fmt_bytes(m["block_bytes"]) + " / block", rep["weights"])
     if rep["memory"]["peak_allocated_bytes"] is not None:
         t.add_row("peak device memory", fmt_bytes(rep["memory"]["peak_allocated_bytes"]), "max_memory_allocated")
@@ -75,6 +83,9 @@ def markdown(rep: dict) -> str:
         f"attention `{rep['attention_backend']}`, {rep['settings']['device']}, {rep['timing_source']}",
         f"- weights: {rep['weights']}; {fmt_bytes(m['block_bytes'])} per block",
         f"- mode: {rep['mode']} — {rep['memory']['note']}",
+        f"- execution: {rep['settings'].get('execution', 'eager')}" + (
+            f"; compile: first call {rep['compile']['first_call_s']:.2f} s, {rep['compile']['recompiles']} "
+            f"recompile(s)" if rep.get("compile") else ""),
         "",
         "| quantity | ms |",
         "|---|---:|",
