@@ -21,9 +21,22 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
   ``fp8_emulation``'s ``acc_promote=True``; the sm_89 / sm_120 accuracy is modelled there (``acc_bits=13``), not
   run (no such GPU here).
 * O is scaled by ``dv / 256 / l`` at the end; LSE (natural log) = (m + log2 l) * ln 2.
+* ``qk_int8`` (compile time, issue 18): q8 and k8 are int8 and S = Q8 K8^T is an s8 x s8 -> s32 mma.sync m16n8k32
+  (``IMMA.16832.S8.S8``, native on sm_80+; same fragment layouts, smem tiles and ldmatrix as e4m3), exact in int32.
+  The accumulator starts at ``QK_I32_BIAS`` (0x4B400000) instead of 0, so its bits read as a float are 12582912 + S
+  exactly (|S| <= 2^22): no conversion instruction.  Each query row has its own scale ``q_scales[b, h, row] *
+  scales[b, h, 1] * softmax_scale * log2(e)`` (``scales[..., 0]`` unused), kept in 4 registers per thread.  The row
+  max is taken over the raw floats (the scale is > 0), ``row_max`` = that max times the row's scale, P = exp2(s *
+  scale - row_max) one FFMA per score (no separate scale FMUL: a strip costs fewer instructions than e4m3's), and the
+  LSE takes the bias out with one rounding (``(row_max - 12582912 * scale) + log2 l``).  P V is unchanged (e4m3);
+  its waves are per arch (``wave_cols_for``).  The scale is floored at FLT_MIN (an all-zero Q row with q_scale 0
+  gets uniform weights, not 0 * -inf = NaN on its masked keys); q_scales of the padded rows (>= Sq) are read, never
+  stored.  Without ``qk_int8`` neither the q_scales pointer nor the int8 mma reach the kernel (the e4m3 kernel's SASS
+  is byte-identical to the one before the option).
 
 Inputs are raw pointers (so float8 never has to cross DLPack) plus the lengths:
-``q8 (B,H,Sq_pad,D)``, ``k8 (B,H,Sk_pad,D)``, ``v8t (B,H,D,Sk_pad)`` e4m3, ``scales (B,H,3)`` fp32,
+``q8 (B,H,Sq_pad,D)``, ``k8 (B,H,Sk_pad,D)``, ``v8t (B,H,D,Sk_pad)`` e4m3 (q8 and k8 int8 with ``qk_int8``),
+``scales (B,H,3)`` fp32, ``q_scales (B,H,Sq_pad)`` fp32 (read only when compiled with ``qk_int8=True``),
 ``key_lens (B,)`` int32 (read only when compiled with ``key_lens=True``),
 output ``o`` with row stride ``o_stride_s`` and batch/head strides (BSHD or BHSD), ``lse (B,H,Sq)`` fp32.
 
@@ -37,7 +50,7 @@ anything.  An item with ``n <= 0`` still runs one fully masked strip (no hang, n
 come out NaN (output and LSE), like SDPA's fully masked rows.  With ``key_lens=False`` the pointer is not
 passed to the kernel at all: the kernel is the one compiled without the option (same SASS).
 
-Compiled function's positional arguments: ``q8, k8, v8t, o, lse, scales, key_lens`` (pointers), ``batch,
+Compiled function's positional arguments: ``q8, k8, v8t, o, lse, scales, q_scales, key_lens`` (pointers), ``batch,
 heads, seqlen_q, seqlen_k`` (Int32), ``o_stride_b, o_stride_h`` (Int64), ``o_stride_s`` (Int32),
 ``softmax_scale`` (Float32), ``stream``.
 """
@@ -45,15 +58,18 @@ heads, seqlen_q, seqlen_k`` (Int32), ``o_stride_b, o_stride_h`` (Int64), ``o_str
 from __future__ import annotations
 
 import math
-from typing import Type
+from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
 import cutlass
-import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+import cutlass._mlir.dialects.cute_nvgpu as _cute_nvgpu_ir
+from cutlass import Float32, Int8, Int32, Int64, cute
+from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cute.atom import Trait, make_atom
+from cutlass.cute.core import _pack_shape
 from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -80,7 +96,43 @@ PV_CHUNK = 2  # n8 tiles of O per fresh accumulator (one ldmatrix.x4 of V): 16 r
 # emulation (early V off) goes without waves: fewest spills there (head_dim 128: 112-140 bytes, 140-240 before).
 PV_WAVE_COLS = 64
 PV_WAVE_COLS_LAST = 8 * PV_CHUNK
+# qk_int8 (4 more live registers: one qk scale per query row) spills with the waves above on sm_120a at head_dim 128
+# without LSE, and without waves on sm_89: no waves in the steady state on sm_120 / sm_121 and the e4m3 kernel's
+# waves on sm_89 are what compile with 0 spills on both for head_dim 64/128, bf16/fp16, LSE on/off, key_lens on/off.
+PV_WAVE_COLS_INT8 = 128
+PV_WAVE_COLS_INT8_SM89 = 64
 FP8 = cutlass.Float8E4M3FN
+# qk_int8: the int32 Q K^T accumulator starts at this bit pattern, the float 1.5 * 2^23 = 12582912: the IMMA adds S
+# as an integer and for |S| <= 2^22 (D * 128^2 at head_dim <= 256) the bits read as a float are 12582912 + S exactly
+# (the mantissa field is 2^22 + S), so no conversion instruction per score at all.
+QK_I32_BIAS = 0x4B400000
+QK_F32_BIAS = 12582912.0
+FLT_MIN = 1.1754943508222875e-38  # smallest normal float: floor of the per-row qk scale (q_scales 0: no NaN)
+
+
+class _MmaS8Trait(Trait):
+    pass
+
+
+@dataclass(frozen=True)
+class MmaS8Op(warp.mma.WarpMmaOp):
+    """Warp-level ``mma.sync.aligned.m16n8k32.row.col.satfinite.s32.s8.s8.s32`` (IMMA.16832.S8.S8): CuTe DSL 4.8.1
+    has no int8 warp op, but its SM80 mma atom takes signed 8-bit operand types (signless ``Int8`` gives u8).  The
+    A / B / C fragment layouts are those of the e4m3 m16n8k32 (``MmaFP8Op``)."""
+
+    shape_mnk: tuple = (16, 8, 32)
+
+    def _make_trait(self, *, loc=None, ip=None, **kwargs) -> _MmaS8Trait:
+        shape_mnk = _pack_shape(self.shape_mnk, loc=loc, ip=ip)
+        s8 = ir.IntegerType.get_signed(8)
+        ty = _cute_nvgpu_ir.MmaAtomSM80Type.get(shape_mnk.type.attribute, s8, s8, Int32.mlir_type)
+        return _MmaS8Trait(make_atom(ty, loc=loc, ip=ip))
+
+    def _verify_fragment_A(self, input, *, loc=None, ip=None) -> bool:
+        return True
+
+    def _verify_fragment_B(self, input, *, loc=None, ip=None) -> bool:
+        return True
 
 
 @dsl_user_op
@@ -114,6 +166,21 @@ def _fadd(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     ))
 
 
+@dsl_user_op
+def _ffma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """``a * b + c`` with one rounding (fma.rn.f32): qk_int8's exp2 argument and LSE, whatever the contraction."""
+    return Float32(llvm.inline_asm(
+        T.f32(),
+        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip),
+         Float32(c).ir_value(loc=loc, ip=ip)],
+        "fma.rn.f32 $0, $1, $2, $3;",
+        "=f,f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
 def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
     """Swizzled smem layout for an fp8 tile with ``row_bytes`` contiguous bytes per row.
 
@@ -132,11 +199,12 @@ def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
 
 
 class Fp8FlashAttentionSm120:
-    """One configuration of the kernel (head_dim, output dtype, LSE on/off, early V, key_lens on/off); tiles
-    are fixed."""
+    """One configuration of the kernel (head_dim, output dtype, LSE on/off, early V, key_lens on/off, int8 Q K^T);
+    tiles are fixed."""
 
-    def __init__(self, head_dim: int = 128, out_dtype: Type[cutlass.Numeric] = cutlass.BFloat16,
-                 write_lse: bool = True, early_v: bool = True, key_lens: bool = False):
+    def __init__(self, head_dim: int = 128, out_dtype: type[cutlass.Numeric] = cutlass.BFloat16,
+                 write_lse: bool = True, early_v: bool = True, key_lens: bool = False, qk_int8: bool = False,
+                 wave_cols: int = PV_WAVE_COLS):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim {head_dim} not supported (use one of {SUPPORTED_HEAD_DIMS})")
         self.head_dim = head_dim
@@ -146,6 +214,11 @@ class Fp8FlashAttentionSm120:
         self.early_v = early_v
         # per-batch key counts read on the device (key-padding masks); off: the pointer is not used at all
         self.key_lens = key_lens
+        # int8 Q and K (s8 x s8 -> s32 mma), per query row descales q_scales; off: the pointer is not used at all
+        self.qk_int8 = qk_int8
+        self.qk_dtype = Int8 if qk_int8 else FP8
+        # output columns per wave of P V mmas in the steady-state strips (PV_WAVE_COLS; early V only)
+        self.wave_cols = wave_cols
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -157,6 +230,7 @@ class Fp8FlashAttentionSm120:
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         scales_ptr: cute.Pointer,
+        q_scales_ptr: cute.Pointer,
         key_lens_ptr: cute.Pointer,
         batch: Int32,
         heads: Int32,
@@ -169,23 +243,29 @@ class Fp8FlashAttentionSm120:
         stream: cuda.CUstream,
     ):
         D = self.head_dim
+        QKT = self.qk_dtype
         sQ_layout = _smem_layout_fp8(M_BLOCK, D)
         sK_layout = _smem_layout_fp8(N_BLOCK, D, NUM_STAGES)
         sV_layout = _smem_layout_fp8(D, N_BLOCK, NUM_STAGES)
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[QKT, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[QKT, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[FP8, cute.cosize(sV_layout)], 1024]
 
         # global -> shared: 16-byte cp.async, one chunk per thread per pass
         atom_g2s = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), FP8, num_bits_per_copy=128
         )
+        atom_g2s_qk = atom_g2s
+        if cutlass.const_expr(self.qk_int8):
+            atom_g2s_qk = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), QKT, num_bits_per_copy=128
+            )
         qk_cpr = D // 16  # chunks per Q/K row
         g2s_QK = cute.make_tiled_copy_tv(
-            atom_g2s,
+            atom_g2s_qk,
             cute.make_layout((NUM_THREADS // qk_cpr, qk_cpr), stride=(qk_cpr, 1)),
             cute.make_layout((1, 16)),
         )
@@ -203,9 +283,20 @@ class Fp8FlashAttentionSm120:
         )
 
         # key_lens off: the kernel gets no extra argument (same kernel symbol and SASS as without the option)
-        key_lens_arg = ()
+        key_lens_arg = None
         if cutlass.const_expr(self.key_lens):
-            key_lens_arg = (cute.make_tensor(key_lens_ptr, cute.make_layout((batch,))),)
+            key_lens_arg = cute.make_tensor(key_lens_ptr, cute.make_layout((batch,)))
+        # qk_int8 off: neither the q_scales pointer nor the int8 mma reach the kernel (the e4m3 kernel's SASS)
+        int8_args = ()
+        if cutlass.const_expr(self.qk_int8):
+            tiled_mma_qk = cute.make_tiled_mma(
+                MmaS8Op((16, 8, 32)),
+                (NUM_THREADS // 32, 1, 1),
+                permutation_mnk=(NUM_THREADS // 32 * 16, 16, 32),
+            )
+            int8_args = (key_lens_arg, q_scales_ptr, tiled_mma_qk)
+        elif cutlass.const_expr(self.key_lens):
+            int8_args = (key_lens_arg,)
 
         grid = (cute.ceil_div(seqlen_q, M_BLOCK), heads, batch)
         self.kernel(
@@ -213,7 +304,7 @@ class Fp8FlashAttentionSm120:
             heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h, o_stride_s,
             softmax_scale * LOG2_E,
             sQ_layout, sK_layout, sV_layout, g2s_QK, g2s_V, tiled_mma, SharedStorage,
-            *key_lens_arg,
+            *int8_args,
         ).launch(grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------------------------------
@@ -241,6 +332,8 @@ class Fp8FlashAttentionSm120:
         tiled_mma: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
         mKeyLens: cute.Tensor | None = None,  # (B,) int32, only with key_lens
+        q_scales_ptr: cute.Pointer | None = None,  # (B, H, Sq_pad) fp32, only with qk_int8
+        tiled_mma_qk: cute.TiledMma | None = None,  # s8 x s8 -> s32 m16n8k32, only with qk_int8
     ):
         D = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
@@ -275,7 +368,20 @@ class Fp8FlashAttentionSm120:
         )
         mScale = cute.make_tensor(scales_ptr + bh * 3, cute.make_layout(3))
 
-        qk_scale = mScale[0] * mScale[1] * softmax_scale_log2
+        if cutlass.const_expr(self.qk_int8):
+            # one qk scale per query row of this thread (index mt*2 + r, like row_max): q_scales[row] * dk * scale
+            # * log2(e), floored at FLT_MIN (> 0: the raw max commutes with it, -inf * it stays -inf)
+            tiled_mma_s = tiled_mma_qk
+            mQScale = cute.make_tensor(q_scales_ptr + bh * Int64(sq_pad), cute.make_layout((sq_pad,)))
+            k_scale_log2 = mScale[1] * softmax_scale_log2
+            qk_scale = cute.make_rmem_tensor((4,), Float32)
+            for mt in cutlass.range_constexpr(2):
+                for r in cutlass.range_constexpr(2):
+                    row = m_block * M_BLOCK + mt * 64 + warp_idx * 16 + quad_row + r * 8
+                    qk_scale[mt * 2 + r] = cute.arch.fmax(mQScale[row] * k_scale_log2, Float32(FLT_MIN))
+        else:
+            tiled_mma_s = tiled_mma
+            qk_scale = mScale[0] * mScale[1] * softmax_scale_log2
         pv_scale = mScale[2] * (1.0 / 256.0)
 
         gQ = cute.local_tile(mQ, (M_BLOCK, D), (m_block, 0))  # (128, D)
@@ -300,8 +406,9 @@ class Fp8FlashAttentionSm120:
 
         # ---- mma partitions -------------------------------------------------------------------
         thr_mma = tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # ((4,2,2), 2, D/32)
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # ((4,2), 4, D/32)
+        thr_mma_s = tiled_mma_s.get_slice(tidx)  # the same fragment layouts, s8 or e4m3 operands
+        tSrQ = thr_mma_s.make_fragment_A(thr_mma_s.partition_A(sQ))  # ((4,2,2), 2, D/32)
+        tSrK = thr_mma_s.make_fragment_B(thr_mma_s.partition_B(sK[None, None, 0]))  # ((4,2), 4, D/32)
         tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sV[None, None, 0]))  # ((4,2), D/8, 1)
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((M_BLOCK, D)), Float32)
         acc_O.fill(0.0)
@@ -309,8 +416,11 @@ class Fp8FlashAttentionSm120:
         p_shape = thr_mma.partition_shape_A((M_BLOCK, N_BLOCK))  # ((4,2,2), 2, 1)
 
         ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), FP8)
-        s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma)
-        s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        ldsm_qk = ldsm
+        if cutlass.const_expr(self.qk_int8):
+            ldsm_qk = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), Int8)
+        s2r_Q = cute.make_tiled_copy_A(ldsm_qk, tiled_mma_s)
+        s2r_K = cute.make_tiled_copy_B(ldsm_qk, tiled_mma_s)
         s2r_V = cute.make_tiled_copy_B(ldsm, tiled_mma)
         thr_s2r_Q = s2r_Q.get_slice(tidx)
         thr_s2r_K = s2r_K.get_slice(tidx)
@@ -343,7 +453,7 @@ class Fp8FlashAttentionSm120:
             cute.copy(g2s_V, tVgV[None, None, None, n + 1], tVsV[None, None, None, nxt])
             cute.arch.cp_async_commit_group()
             self.strip(
-                n, stage, False, kv_len, qk_scale, tiled_mma, s_shape, p_shape,
+                n, stage, False, kv_len, qk_scale, tiled_mma, tiled_mma_s, s_shape, p_shape,
                 s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
                 acc_O, row_max, row_sum, quad_col, sched_zero,
             )
@@ -353,7 +463,7 @@ class Fp8FlashAttentionSm120:
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
         self.strip(
-            last, last % NUM_STAGES, True, kv_len, qk_scale, tiled_mma, s_shape, p_shape,
+            last, last % NUM_STAGES, True, kv_len, qk_scale, tiled_mma, tiled_mma_s, s_shape, p_shape,
             s2r_Q, s2r_K, s2r_V, tSsQ, tSrQ_v, tSrQ, tSsK, tSrK_v, tSrK, tOsV, tOrV_v, tOrV,
             acc_O, row_max, row_sum, quad_col, sched_zero,
         )
@@ -377,9 +487,14 @@ class Fp8FlashAttentionSm120:
                 if row < seqlen_q:
                     for j in cutlass.range_constexpr(D // 8):
                         cute.autovec_copy(rO[(None, r), mt, j], tOgO[(None, r), mt, j])
-                    if cutlass.const_expr(self.write_lse):
+                    if cutlass.const_expr(self.write_lse):  # noqa: SIM102 -- a compile-time if around a run-time one
                         if quad_col == 0:
-                            mLSE[row] = (row_max[st] + cute.math.log2(total, fastmath=True)) * LN_2
+                            m_log2 = row_max[st]
+                            if cutlass.const_expr(self.qk_int8):
+                                # row_max is (12582912 + S_max) * qk_scale rounded: take the bias out with one
+                                # rounding; the P and l of the strips were computed against that same row_max
+                                m_log2 = _ffma(Float32(-QK_F32_BIAS), qk_scale[st], m_log2)
+                            mLSE[row] = (m_log2 + cute.math.log2(total, fastmath=True)) * LN_2
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -389,8 +504,9 @@ class Fp8FlashAttentionSm120:
         stage: Int32,
         masked: cutlass.Constexpr,
         kv_len: Int32,
-        qk_scale: Float32,
+        qk_scale,  # Float32, or with qk_int8 a (4,) tensor of per-row scales
         tiled_mma: cute.TiledMma,
+        tiled_mma_s: cute.TiledMma,
         s_shape: cutlass.Constexpr,
         p_shape: cutlass.Constexpr,
         s2r_Q: cute.TiledCopy,
@@ -413,13 +529,19 @@ class Fp8FlashAttentionSm120:
     ):
         D = self.head_dim
         pv_shape = tiled_mma.get_slice(0).partition_shape_C((M_BLOCK, 8 * PV_CHUNK))  # ((2,2), 2, PV_CHUNK)
-        # ---- S = Q K^T (fp32) ----------------------------------------------------------------
-        acc_S = cute.make_rmem_tensor(s_shape, Float32)
-        acc_S.fill(0.0)
+        # ---- S = Q K^T (fp32; qk_int8: int32 from the bias 0x4B400000, read as the float 12582912 + S) ----------
+        if cutlass.const_expr(self.qk_int8):
+            acc_S = cute.make_rmem_tensor(s_shape, Int32)
+            acc_S.fill(QK_I32_BIAS)
+        else:
+            acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            acc_S.fill(0.0)
         for k in cutlass.range_constexpr(D // 32):
             cute.copy(s2r_Q, tSsQ[None, None, k], tSrQ_v[None, None, k])
             cute.copy(s2r_K, tSsK[None, None, k, stage], tSrK_v[None, None, k])
-            cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+            cute.gemm(tiled_mma_s, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+        if cutlass.const_expr(self.qk_int8):
+            acc_S = cute.recast_tensor(acc_S, Float32)  # 12582912 + S, exact
         # V for this strip: issue the ldmatrix early, it is consumed after the softmax
         if cutlass.const_expr(self.early_v):
             cute.copy(s2r_V, tOsV[None, None, None, stage], tOrV_v)
@@ -428,9 +550,10 @@ class Fp8FlashAttentionSm120:
         for mt in cutlass.range_constexpr(2):
             for r in cutlass.range_constexpr(2):
                 st = mt * 2 + r
-                for j in cutlass.range_constexpr(4):
-                    for c in cutlass.range_constexpr(2):
-                        acc_S[(c, r), mt, j] = acc_S[(c, r), mt, j] * qk_scale
+                if cutlass.const_expr(not self.qk_int8):
+                    for j in cutlass.range_constexpr(4):
+                        for c in cutlass.range_constexpr(2):
+                            acc_S[(c, r), mt, j] = acc_S[(c, r), mt, j] * qk_scale
                 if cutlass.const_expr(masked):
                     for j in cutlass.range_constexpr(4):
                         for c in cutlass.range_constexpr(2):
@@ -443,13 +566,21 @@ class Fp8FlashAttentionSm120:
                         local = cute.arch.fmax(local, acc_S[(c, r), mt, j])
                 local = cute.arch.fmax(local, cute.arch.shuffle_sync_bfly(local, offset=1))
                 local = cute.arch.fmax(local, cute.arch.shuffle_sync_bfly(local, offset=2))
+                if cutlass.const_expr(self.qk_int8):
+                    # the max of the raw scores (12582912 + S) times the row's scale (> 0, so it commutes): row_max
+                    # holds (12582912 + S_max) * qk_scale rounded, the exp2 below one FFMA per score
+                    local = local * qk_scale[st]
                 m_old = row_max[st]
                 m_new = cute.arch.fmax(m_old, local)
                 alpha = cute.math.exp2(m_old - m_new, fastmath=True)
                 psum = Float32(0.0)
                 for j in cutlass.range_constexpr(4):
                     for c in cutlass.range_constexpr(2):
-                        p = cute.math.exp2(acc_S[(c, r), mt, j] - m_new, fastmath=True)
+                        if cutlass.const_expr(self.qk_int8):
+                            x = _ffma(acc_S[(c, r), mt, j], qk_scale[st], -m_new)
+                        else:
+                            x = acc_S[(c, r), mt, j] - m_new
+                        p = cute.math.exp2(x, fastmath=True)
                         acc_S[(c, r), mt, j] = p
                         psum = psum + p
                 row_sum[st] = row_sum[st] * alpha + psum
@@ -476,7 +607,7 @@ class Fp8FlashAttentionSm120:
         tOrP_w = cute.recast_tensor(tOrP, Int32)
         n_chunks = D // (8 * PV_CHUNK)
         # chunks per wave; the emulated path (V loaded chunk by chunk) spills least without waves
-        wave_cols = (PV_WAVE_COLS_LAST if masked else PV_WAVE_COLS) if self.early_v else D
+        wave_cols = (PV_WAVE_COLS_LAST if masked else self.wave_cols) if self.early_v else D
         wave = wave_cols // (8 * PV_CHUNK)
         for jj in cutlass.range_constexpr(n_chunks):
             if cutlass.const_expr(not self.early_v):
@@ -518,7 +649,14 @@ def default_early_v(arch: str) -> bool:
     """Early V ldmatrix: 255 regs / 0 spills on sm_120a and sm_89 at head_dim 128 (244-250 before the two-level
     P V of issue 18).  The sm_90 emulation (FP8 unpacked to F16 for HMMA) needs more registers: there the V chunks
     are loaded right before their mma."""
-    return not (arch.startswith("sm_90") or arch.startswith("sm_10"))
+    return not arch.startswith(("sm_90", "sm_10"))
+
+
+def wave_cols_for(arch: str, qk_int8: bool = False) -> int:
+    """P V wave width of the steady-state strips (``PV_WAVE_COLS``): qk_int8 has its own per arch."""
+    if not qk_int8:
+        return PV_WAVE_COLS
+    return PV_WAVE_COLS_INT8_SM89 if arch.startswith("sm_89") else PV_WAVE_COLS_INT8
 
 
 def smem_bytes(head_dim: int = 128) -> int:
@@ -534,27 +672,33 @@ _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
                     write_lse: bool = True, early_v: bool | None = None, extra_options: str = "",
-                    key_lens: bool = False):
+                    key_lens: bool = False, qk_int8: bool = False):
     """Compile the kernel for ``arch`` (e.g. ``sm_120a``, ``sm_89``, ``sm_90a``) with placeholder
     pointers; works on a machine without a GPU.  Returns the compiled callable, called with
-    ``(q8, k8, v8t, o, lse, scales, key_lens, batch, heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h,
+    ``(q8, k8, v8t, o, lse, scales, q_scales, key_lens, batch, heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h,
     o_stride_s, softmax_scale, stream)``.  ``key_lens``: read per-batch key counts from the ``key_lens``
-    pointer (int32, B elements); without it that pointer is never read (pass any int32 pointer)."""
+    pointer (int32, B elements); without it that pointer is never read (pass any int32 pointer).  ``qk_int8``:
+    q8 and k8 are int8 (Int8 pointers), Q K^T is an s8 x s8 -> s32 mma, and ``q_scales`` (float32, (B, H, Sq_pad))
+    holds each query row's descale (``scales[..., 0]`` unused); without it q8/k8 are e4m3 and ``q_scales`` is
+    never read (pass any float32 pointer)."""
     from ditprof.kernels.cute_arch import cute_dsl_arch
 
     if out_dtype not in _DTYPES:
         raise ValueError(f"out_dtype {out_dtype!r} not supported")
     if early_v is None:
         early_v = default_early_v(arch)
-    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse, early_v, key_lens)
+    op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse, early_v, key_lens, qk_int8,
+                                wave_cols_for(arch, qk_int8))
     gm = cute.AddressSpace.gmem
+    qk_dtype = Int8 if qk_int8 else FP8
     args = (
-        cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
-        cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
+        cute.runtime.make_ptr(qk_dtype, 0, gm, assumed_align=16),
+        cute.runtime.make_ptr(qk_dtype, 0, gm, assumed_align=16),
         cute.runtime.make_ptr(FP8, 0, gm, assumed_align=16),
         cute.runtime.make_ptr(_DTYPES[out_dtype], 0, gm, assumed_align=16),
         cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),  # lse
         cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),  # scales
+        cute.runtime.make_ptr(Float32, 0, gm, assumed_align=4),  # q_scales (B, H, Sq_pad)
         cute.runtime.make_ptr(Int32, 0, gm, assumed_align=4),  # key_lens (B,) int32
         Int32(1), Int32(1), Int32(1), Int32(1),
         Int64(0), Int64(0), Int32(0),
