@@ -115,7 +115,7 @@ session9b)  # session 9, second batch: the sm120 kernel emulated on Hopper (prep
   step compare-flux 110 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   ;;
 session9c)  # session 9, third batch: INT8 Q/K (issue 18) -- GPU tests, cost at h3/flux/ltx, block-level accuracy
-  step int8-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_int8_qk_gpu.py tests/test_prep.py tests/test_prep_int8.py tests/test_fp8_launch_gpu.py tests/test_fp8_key_lens_gpu.py -k "not sm120 or int8"
+  step int8-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_int8_qk_gpu.py tests/test_prep.py tests/test_prep_int8.py tests/test_fp8_launch_gpu.py tests/test_fp8_key_lens_gpu.py -k "${K_FILTER:-not sm120 or int8}"
   step int8-cost 240 python benchmarks/attention.py --shapes h3,flux,ltx --iters 10 --only fa3-fp8,prep-triton,prep-triton-int8,fp8-e4m3,fp8-int8 --json "$out/int8-cost.json"
   step kernels-accuracy 90 python -m ditprof kernels accuracy --device cuda --json
   ;;
@@ -123,6 +123,10 @@ session9d)  # session 9, fourth batch: block-level accuracy with QK-norm outlier
   step acc-e4m3 200 env DITPROF_FP8_QK=e4m3 python -m ditprof accuracy-table --device cuda --qk-outliers --out "$out/accuracy-qk-outliers-e4m3"
   step acc-int8 200 env DITPROF_FP8_QK=int8 python -m ditprof accuracy-table --device cuda --qk-outliers --out "$out/accuracy-qk-outliers-int8"
   step host-overhead 80 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  ;;
+compile)  # issue 19: the blocks torch.compiled (fullgraph, default mode): compile time, the split with 'fused', sdpa -> fp8
+  step compare-h3-compile 300 python -m ditprof compare --compile --iters 5 --out "$out/compare-h3-compile"
+  step compare-flux-compile 150 python -m ditprof compare --compile --preset flux.1-dev --iters 5 --out "$out/compare-flux-compile"
   ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py

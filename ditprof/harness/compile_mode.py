@@ -146,9 +146,20 @@ def _ditprof_error(exc: BaseException) -> DitprofError | None:
     return None
 
 
+def _from_compiler(exc: BaseException | None) -> bool:
+    """Whether dynamo or inductor raised ``exc`` (or an exception it was raised from)."""
+    while exc is not None:
+        if type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 @contextlib.contextmanager
-def failures_as_errors(mode: str, what: str = "the block") -> Iterator[None]:
-    """Inside: a compile failure (or an eager fallback dynamo would otherwise take) becomes one ``DitprofError``."""
+def failures_as_errors(mode: str, what: str = "the block", *, compiler_only: bool = False) -> Iterator[None]:
+    """Inside: a compile failure (or an eager fallback dynamo would otherwise take) becomes one ``DitprofError``.
+    ``compiler_only``: only what dynamo/inductor raise (after the warm-up: the harness's own errors stay theirs);
+    otherwise any failure (the first calls: whatever fails there fails compiling or running compiled code)."""
     import torch._dynamo.config as dynamo_config
 
     from ditprof.harness.finite import NonFiniteOutput
@@ -158,10 +169,12 @@ def failures_as_errors(mode: str, what: str = "the block") -> Iterator[None]:
             yield
         except (DitprofError, NonFiniteOutput):
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure of the compiled call is reported, in one line
+        except Exception as exc:  # a failure of the compiled call is reported, in one line
             inner = _ditprof_error(exc)
             if inner is not None:
                 raise inner from None
+            if compiler_only and not _from_compiler(exc):
+                raise
             raise DitprofError(f"--compile {mode}: torch.compile of {what} failed: {describe_failure(exc)}") \
                 from None
 
@@ -212,7 +225,7 @@ def warm_up(call: Callable[[], Any], device: torch.device, mode: str, *, what: s
 def stable(mode: str, during: str, what: str = "the block") -> Iterator[None]:
     """Inside: the compiled block must not compile again (a recompile's seconds would be measured as block time)."""
     before = _graphs()
-    with failures_as_errors(mode, what):
+    with failures_as_errors(mode, what, compiler_only=True):
         yield
     if _graphs() != before:
         raise DitprofError(f"--compile {mode}: {what} recompiled during {during} ({_graphs() - before} new "
