@@ -79,6 +79,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 import cuda.bindings.driver as cuda
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ditprof.kernels.key_order import key_order_for_positions
 
@@ -96,6 +98,19 @@ MAX_CHAINS = 4  # independent FMNMX chains per row in the softmax: shorter depen
 # |s| < 2**22 gives the bits of the float S_BIAS + s exactly, so the softmax reads S as floats with no conversion
 S_BIAS_BITS = 0x4B400000
 S_BIAS = 12582912.0
+
+
+@dsl_user_op
+def ld_shared_v4_volatile(ptr: cute.Pointer, *, loc=None, ip=None) -> tuple:
+    """Four 32-bit words from 16-byte aligned shared memory in one LDS.128, as a volatile load: a constant
+    reloaded per tile fills 4 registers per instruction (a register preset by moves costs one each), and volatile
+    keeps LLVM/ptxas from merging the loads into one and copying the value around."""
+    addr = llvm.ptrtoint(T.i32(), ptr.llvm_ptr, loc=loc, ip=ip)
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.i32()] * 4), [addr],
+                          "ld.volatile.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                          has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                          loc=loc, ip=ip)
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
 # the mma.sync kernel's permutation also fits wgmma's accumulator -> e4m3 A-operand registers (module docstring)
@@ -325,6 +340,12 @@ class Sm90Fp8Attention:
         ones_raw = cute.recast_tensor(storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout))), Uint8)
         for i in range(tidx, cute.size(ones_raw), self.threads):
             ones_raw[i] = Uint8(0x38)
+        bias_ptr = None
+        if const_expr(self.qk_int8):
+            sBias = storage.sBias.get_tensor(cute.make_layout(4))
+            if tidx < 4:
+                sBias[tidx] = Int32(S_BIAS_BITS)
+            bias_ptr = sBias.iterator
         cute.arch.fence_proxy("async.shared", space="cta")  # generic stores, read by wgmma (async proxy)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -431,7 +452,7 @@ class Sm90Fp8Attention:
 
             # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
             k_pipe.consumer_wait(kv_state)
-            self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index)
+            self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index, bias_ptr)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(kv_state)
             if n_tiles == 1:
@@ -457,7 +478,7 @@ class Sm90Fp8Attention:
                 # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
                 v_state.advance()
                 k_pipe.consumer_wait(v_state)
-                self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, v_state.index)
+                self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, v_state.index, bias_ptr)
                 warpgroup.wait_group(0)
                 k_pipe.consumer_release(v_state)
                 if j == n_tiles - 1:
@@ -480,11 +501,14 @@ class Sm90Fp8Attention:
     # ------------------------------------------------------------------ consumer helpers
     @cute.jit
     def gemm_qk(self, qk_mma_zero: cute.TiledMma, qk_mma: cute.TiledMma, acc_S: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,
-                wg: Int32, stage: Int32):
+                wg: Int32, stage: Int32, bias_ptr):
         if const_expr(self.qk_int8):
             # int32 S on top of S_BIAS_BITS: the registers then hold the floats S_BIAS + S (module constants)
             acc = cute.recast_tensor(acc_S, Int32)
-            acc.fill(S_BIAS_BITS)
+            for i in cutlass.range_constexpr(cute.size(acc) // 4):
+                w = ld_shared_v4_volatile(bias_ptr)
+                for e in cutlass.range_constexpr(4):
+                    acc[4 * i + e] = w[e]
             warpgroup.fence()
             for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                 cute.gemm(qk_mma, acc, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc)
@@ -658,7 +682,8 @@ class Sm90Fp8Attention:
 
 
 # ---------------------------------------------------------------------- compile / run API
-def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int, qk_dtype=Float8E4M3FN):
+def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int,
+                    qk_dtype=Float8E4M3FN):
     """The kernel's shared-memory struct (built outside the jit function: the DSL rewrites its control flow),
     with the row-sum wgmma's constant tile of ones."""
     f8 = Float8E4M3FN
@@ -675,6 +700,8 @@ def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, on
     }
     if ones_elems:
         fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[f8, ones_elems], 1024]
+    if qk_dtype is Int8:  # S_BIAS_BITS x 4: the INT8 Q K^T accumulator's preset, one LDS.128 per 4 registers
+        fields["sBias"] = cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
     SharedStorage = type("SharedStorage", (), {"__annotations__": fields})
     return cute.struct(SharedStorage)
 
