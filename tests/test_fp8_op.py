@@ -100,3 +100,16 @@ def test_qk_format_switch(monkeypatch):
     assert qk_format() == "int8" and qk_format("e4m3") == "e4m3"
     with pytest.raises(DitprofError, match="unknown fp8 Q/K format 'fp4'; known: e4m3, int8"):
         qk_format("fp4")
+
+
+def test_cpu_op_follows_the_qk_format(monkeypatch):
+    """On the CPU the op runs the emulation of the Q/K format the GPU path would take (DITPROF_FP8_QK)."""
+    from ditprof.kernels.accuracy import make_inputs
+
+    q, k, v = make_inputs("outlier", (1, 2, 256, 64), seed=4)
+    outs = {}
+    for fmt in ("int8", "e4m3"):
+        monkeypatch.setenv("DITPROF_FP8_QK", fmt)
+        outs[fmt] = torch.ops.ditprof.fp8_attention(q, k, v, 0.125, None)
+        assert torch.equal(outs[fmt], fp8_attention_emulated(q, k, v, scale=0.125, qk_format=fmt)), fmt
+    assert not torch.equal(outs["int8"], outs["e4m3"])
