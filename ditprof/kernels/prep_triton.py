@@ -84,6 +84,9 @@ FINALIZE_CB = 16
 QK_ROWS = 512
 QK_BLOCK = 64
 STATS_ROT_ROWS = 32
+# tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
+# test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
+QK_STAGES = 1
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
 _INT_MIN = tl.constexpr(-2147483648)
@@ -254,7 +257,8 @@ def _rot_dot(x, rot, F32DOT: tl.constexpr):
 
 @triton.jit
 def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
-                 D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr):
+                 D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
+                 STAGES: tl.constexpr):
     # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
     # matrix, fp32 accumulation), reduced over the rows of each tile (a padded tail row is masked out)
     base = src + b * s_b + h * s_h
@@ -266,15 +270,14 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     acc_sum = tl.zeros([D], dtype=tl.float64)
     acc_max = tl.full([D], float("-inf"), dtype=tl.float32)
     acc_min = tl.full([D], float("inf"), dtype=tl.float32)
-    for i in range(0, CHUNK, RT):
-        if start + i < end:
-            rows = start + i + tl.arange(0, RT)
-            ok = (rows < end)[:, None]
-            x = tl.load(base + rows.to(tl.int64)[:, None] * s_s + d[None, :] * s_d, mask=ok, other=0.0)
-            xr = _rot_dot(x, rot, F32DOT)
-            acc_sum += tl.sum(tl.where(ok, xr.to(tl.float64), 0.0), axis=0)
-            acc_max = tl.maximum(acc_max, tl.max(tl.where(ok, xr, float("-inf")), axis=0))
-            acc_min = tl.minimum(acc_min, tl.min(tl.where(ok, xr, float("inf")), axis=0))
+    for i in tl.range(0, end - start, RT, num_stages=STAGES):
+        rows = start + i + tl.arange(0, RT)
+        ok = (rows < end)[:, None]
+        x = tl.load(base + rows.to(tl.int64)[:, None] * s_s + d[None, :] * s_d, mask=ok, other=0.0)
+        xr = _rot_dot(x, rot, F32DOT)
+        acc_sum += tl.sum(tl.where(ok, xr.to(tl.float64), 0.0), axis=0)
+        acc_max = tl.maximum(acc_max, tl.max(tl.where(ok, xr, float("-inf")), axis=0))
+        acc_min = tl.minimum(acc_min, tl.min(tl.where(ok, xr, float("inf")), axis=0))
     off = (bh64 * NC + c) * D + dd
     tl.store(ksum_ptr + off, acc_sum)
     tl.store(kmax_ptr + off, acc_max)
@@ -292,7 +295,7 @@ def _stats_kernel(
     H, Sq, Sk, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -307,7 +310,7 @@ def _stats_kernel(
     elif t < NCQ + NCK:
         if QK_INT8:
             _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
-                         n_keys, NCK, D, CHUNK, RT, F32DOT)
+                         n_keys, NCK, D, CHUNK, RT, F32DOT, QK_STAGES)
         else:
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
@@ -464,7 +467,8 @@ def _div_rows(x, ds, FAST: tl.constexpr):
 @triton.jit
 def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
                      scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                     IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr):
+                     IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
+                     STAGES: tl.constexpr):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
     # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
@@ -473,30 +477,28 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
     if SUB_MEAN:
         mu = tl.load(mean_ptr + bh64 * D + d)
-    for i in range(0, ROWS, BLOCK):
-        r0 = t * ROWS + i
-        if r0 < S_pad:
-            rows = r0 + tl.arange(0, BLOCK)
-            r64 = rows.to(tl.int64)
-            m = (rows < S)[:, None]
-            x = tl.load(src + b * s_b + h * s_h + r64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
-            xr = _rot_dot(x, rot, F32DOT)
-            if IS_Q:
-                xr = xr * (1.0 / D)  # a power of two: exact
-                amax_bits = tl.max(_abs_bits(xr), axis=1)  # integer max: NaN sorts above Inf
-                amax = amax_bits.to(tl.float32, bitcast=True)
-                qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
-                y = _div_rows(xr, qs, FAST)
-                tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
-                bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
-                tl.store(flags_ptr + 0, 1, mask=bad > 0)
-                tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
-            else:
-                if SUB_MEAN:
-                    xr = tl.where(m, xr - mu[None, :], 0.0)
-                y = _div_by_descale(xr, ds, FAST)
-            tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
-                     mask=(rows < S_pad)[:, None])
+    for i in tl.range(0, tl.minimum(ROWS, S_pad - t * ROWS), BLOCK, num_stages=STAGES):
+        rows = t * ROWS + i + tl.arange(0, BLOCK)
+        r64 = rows.to(tl.int64)
+        m = (rows < S)[:, None]
+        x = tl.load(src + b * s_b + h * s_h + r64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
+        xr = _rot_dot(x, rot, F32DOT)
+        if IS_Q:
+            xr = xr * (1.0 / D)  # a power of two: exact
+            amax_bits = tl.max(_abs_bits(xr), axis=1)  # integer max: NaN sorts above Inf
+            amax = amax_bits.to(tl.float32, bitcast=True)
+            qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
+            y = _div_rows(xr, qs, FAST)
+            tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
+            bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
+            tl.store(flags_ptr + 0, 1, mask=bad > 0)
+            tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
+        else:
+            if SUB_MEAN:
+                xr = tl.where(m, xr - mu[None, :], 0.0)
+            y = _div_by_descale(xr, ds, FAST)
+        tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
+                 mask=(rows < S_pad)[:, None])
 
 
 @triton.jit
@@ -509,7 +511,7 @@ def _quant_kernel(
     H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
-    F32DOT: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -519,7 +521,7 @@ def _quant_kernel(
     if t < NQ:
         if QK_INT8:
             _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr, 1.0,
-                             qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT)
+                             qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT, QK_STAGES)
         else:
             _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
                         tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
@@ -527,7 +529,7 @@ def _quant_kernel(
         if QK_INT8:
             _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr, mean_ptr,
                              tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS,
-                             QK_BLOCK, False, SMOOTH, FAST, F32DOT)
+                             QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES)
         else:
             _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
                         tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
@@ -637,11 +639,13 @@ class PrepPlan:
                 strides[pre + axis] = st
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
-                     KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET)
+                     KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET,
+                     QK_STAGES=QK_STAGES)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
-                     QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET)
+                     QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
+                     QK_STAGES=QK_STAGES)
         self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps), stats,
                              ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
                               "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
@@ -798,8 +802,9 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
                                        "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
-                                       "RT": STATS_ROT_ROWS, "F32DOT": False}, sw),
+                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES}, sw),
         "quant": build(_quant_kernel, {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k,
                                        "MANUAL_RNE": False, "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS,
-                                       "QK_BLOCK": QK_BLOCK, "F32DOT": False}, quant_warps or QUANT_WARPS),
+                                       "QK_BLOCK": QK_BLOCK, "F32DOT": False, "QK_STAGES": QK_STAGES},
+                     quant_warps or QUANT_WARPS),
     }
