@@ -128,6 +128,11 @@ compile)  # issue 19: the blocks torch.compiled (fullgraph, default mode): compi
   step compare-h3-compile 300 python -m ditprof compare --compile --iters 5 --out "$out/compare-h3-compile"
   step compare-flux-compile 150 python -m ditprof compare --compile --preset flux.1-dev --iters 5 --out "$out/compare-flux-compile"
   ;;
+session9e)  # session 9, last batch (7 device minutes left): INT8 fp8-sm90 tests, its cost at h3, --compile on h3
+  step int8-tests 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_int8_qk_gpu.py -k "sm90"
+  step int8-cost 90 python benchmarks/attention.py --shapes h3 --iters 5 --only prep-triton,prep-triton-int8,fp8-e4m3,fp8-int8 --json "$out/int8-cost-h3.json"
+  step compare-h3-compile 170 python -m ditprof compare --compile --iters 3 --out "$out/compare-h3-compile"
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;
