@@ -390,3 +390,17 @@ def test_plan_rejects_small_head_dim_for_int8():
     q, k, v = make_qkv(1, 8, 8, 1, 8, outlier=False)
     with pytest.raises(ValueError, match="head_dim >= 16"):
         prep_triton.PrepPlan(q, k, v, True, qk_int8=True)
+
+
+def test_int8_workspaces_share_one_device_rotation():
+    """Every workspace of an INT8 plan reads the same rotation matrix, made once per (D, dtype, device): a host
+    copy per workspace would break CUDA-graph capture (workspaces are made per call while capturing)."""
+    from ditprof.kernels.prep_triton import PrepPlan
+    from ditprof.kernels.rotation import rotation_pm1
+
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    plan = PrepPlan(q, q, q, True, qk_int8=True)
+    a, b = plan.buffers("cpu"), plan.buffers("cpu")
+    assert a["rot"] is b["rot"] and a["q8"] is not b["q8"]
+    assert torch.equal(a["rot"], rotation_pm1(64, torch.bfloat16))
+    assert plan.buffers("meta")["rot"].device.type == "meta"

@@ -594,6 +594,22 @@ class _Launch:
             self.compiled = res
 
 
+_ROTATIONS: dict = {}
+
+
+def _device_rotation(D: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The +-1 rotation matrix on ``device``, made once per (D, dtype, device) and shared (read-only): a copy
+    from the host per workspace would break CUDA-graph capture, where workspaces are made per call."""
+    device = torch.device(device)
+    if device.type == "meta":
+        return torch.empty((D, D), dtype=dtype, device=device)
+    key = (D, dtype, device)
+    rot = _ROTATIONS.get(key)
+    if rot is None:
+        rot = _ROTATIONS[key] = rotation_pm1(D, dtype, device)
+    return rot
+
+
 class PrepPlan:
     """The prep's two launches for one configuration (input shapes, strides, dtype, smoothing, tuning): grids,
     sizes and launch options computed once, so that a caller that keeps the plan (``kernels.launch``) pays only the
@@ -623,6 +639,8 @@ class PrepPlan:
         self.dtype = q.dtype
         if self.qk_int8 and D < 16:
             raise ValueError(f"the INT8 Q/K prep needs head_dim >= 16 (tl.dot), got {D}")
+        if self.qk_int8 and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+            _device_rotation(D, q.dtype, q.device)  # made now, outside any graph capture
         BH = B * H
         # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
         ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
@@ -655,7 +673,7 @@ class PrepPlan:
         self.launches = (self.stats, self.quant)
 
     def buffers(self, device, out=None) -> dict:
-        """Every tensor the two kernels write: the prep's outputs (q8, k8, v8t, scales, k_mean; with ``qk_int8``
+        """Every tensor the two kernels write (and the read-only rotation matrix): the prep's outputs (q8, k8, v8t, scales, k_mean; with ``qk_int8``
         q8 and k8 int8 and q_scales (B, H, Sq_pad) float32) and the partials; with ``qk_int8`` also the +-1
         rotation matrix ``rot`` (D, D) in the inputs' dtype (read-only) and ``k_mean_rot`` (the smoothing mean in
         the rotated basis). ``out``: (q8, k8, v8t, scales[, q_scales]) to write into instead of new ones."""
@@ -678,7 +696,7 @@ class PrepPlan:
         if self.qk_int8:
             extra = {
                 "q_scales": q_scales,
-                "rot": rotation_pm1(D, self.dtype, device),
+                "rot": _device_rotation(D, self.dtype, device),
                 "k_mean_rot": torch.empty((B, H, D) if self.smooth_k else (1,), dtype=torch.float32, device=device),
             }
         return dict(
