@@ -112,7 +112,9 @@ def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D, monkeypatch):
         print(f"{kernel} D={D} item {b} ({n} keys): rel-RMS {err:.3%}, vs model {rel_rms(o[b:b + 1], model):.3%}, "
               f"LSE vs model {lse_gap:.1e}, vs float64 {lse_err:.3f}")
         assert err <= 0.055, (b, err)
-        assert lse_gap < 1e-2, (b, lse_gap)  # fp8-sm90's l sums the e4m3 P8 (the model's, fp32 P): ~6e-3
+        # fp8-sm90's l sums the e4m3-rounded P8 (the model's l, fp32 P): ~6e-3 over hundreds of keys, and up to
+        # the rounding of a few P (~2.6e-2 measured) when an item has only a handful of keys
+        assert lse_gap < (1e-2 if n >= 64 else 4e-2), (b, lse_gap)
         assert lse_err < 0.05, (b, lse_err)
 
 
