@@ -103,7 +103,17 @@ def backend_runners(device: torch.device, smooth_k: bool = True) -> tuple[dict[s
 
             return fp8_attention(q, k, v, layout="BSHD", smooth_k=smooth_k)
 
-        runners["fp8"] = fp8
+        def fp8_format(fmt):
+            def run(q, k, v):
+                from ditprof.kernels.interface import fp8_attention_kernel
+
+                return fp8_attention_kernel(q, k, v, layout="BSHD", smooth_k=smooth_k, qk_format=fmt)
+
+            return run
+
+        runners["fp8"] = fp8  # the process's default Q/K format (kernels.qk_format)
+        runners["fp8-e4m3"] = fp8_format("e4m3")
+        runners["fp8-int8"] = fp8_format("int8")
     elif device.type == "cuda":  # on a CPU run the kernel's absence is expected, not news
         notes.append(f"fp8 skipped: {reason}")
     return runners, notes
