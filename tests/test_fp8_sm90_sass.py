@@ -72,3 +72,18 @@ def test_key_order_is_the_shared_definition():
 
     p = torch.arange(320)
     assert torch.equal(K.sm90_key_order_for_positions(p), key_order_for_positions(p))
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_int8_qk_kernel_sass(tmp_path, head_dim):
+    """INT8 Q/K (qk_int8): Q K^T on the s8 wgmma (IGMMA), P V still FP8 (QGMMA), the accumulator preset by LDS.128
+    of the smem constant (no per-register moves of 0x4B400000, no I2F for S), no spills without key lengths."""
+    K.compile_sm90(head_dim, "bfloat16", fake=True, qk_int8=True, options_extra=f"--keep-cubin --dump-dir {tmp_path}")
+    cubin = max(glob.glob(os.path.join(tmp_path, "*.cubin")), key=os.path.getmtime)
+    sass = subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True, check=True).stdout
+    res = cubin_resources(cubin)
+    base, _full = sass_opcodes(sass)
+    assert base.get("IGMMA", 0) == 2 * head_dim // 32, base  # D/32 k-blocks, prologue + main loop
+    assert base.get("QGMMA", 0) > 0 and base.get("LDS", 0) >= 2 * 160 // 8, base
+    assert sass.lower().count("0x4b400000") == 1 and "I2F.F32.S32" not in sass  # one: the smem constant's store
+    assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res

@@ -34,6 +34,8 @@ def register(subparsers) -> None:
     ins.add_argument("--arch", default="sm_120a")
     ins.add_argument("--key-lens", action="store_true",
                      help="the variant that reads per-batch key counts on the device (key-padding masks)")
+    ins.add_argument("--qk-format", choices=("e4m3", "int8"), default="e4m3",
+                     help="Q and K as e4m3 or as Hadamard-rotated INT8 (the Q K^T MMA becomes IMMA / IGMMA)")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 
@@ -81,7 +83,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if exc.name == "ditprof.kernels.inspect_sass":
             raise DitprofError("kernel inspection not available yet") from None
         raise DitprofError(f"kernel inspection needs {exc.name}: {exc}") from None
-    report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens)
+    report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens, qk_format=args.qk_format)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

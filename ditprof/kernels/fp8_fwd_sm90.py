@@ -473,7 +473,10 @@ class Sm90Fp8Attention:
                 # set-up from being interleaved into the merge, which is what made v5 spill
                 c = cute.arch.clock()
                 if sk < 0:
-                    sPin[warp_idx % 16] = Float32(c)
+                    if const_expr(self.qk_int8):
+                        sPin[0] = Float32(c)  # a fixed slot: no address register kept live (it spilled)
+                    else:
+                        sPin[warp_idx % 16] = Float32(c)
                 v_pipe.consumer_release(v_state)
                 # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
                 v_state.advance()

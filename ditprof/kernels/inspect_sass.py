@@ -177,19 +177,22 @@ class _CaptureFds:
 
 # ---------------------------------------------------------------------------------------------- main
 
-def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False):
+def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
+                       qk_int8: bool = False):
     from ditprof.kernels import fp8_fwd_sm120 as K
 
     return K.compile_fp8_fwd(
         arch, head_dim=head_dim, out_dtype=out_dtype, write_lse=True,
         extra_options=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}", key_lens=key_lens,
+        qk_int8=qk_int8,
     ), K.smem_bytes(head_dim)
 
 
-def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False):
+def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
+                      qk_int8: bool = False):
     from ditprof.kernels import fp8_fwd_sm90 as K
 
-    fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens,
+    fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens, qk_int8=qk_int8,
                         options_extra=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}")
     return fn, K.smem_bytes(head_dim)
 
@@ -198,10 +201,14 @@ _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
 
 
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                   keep_sass: str | None = None, key_lens: bool = False) -> dict:
+                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str = "e4m3") -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
     spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
-    ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks)."""
+    ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
+    ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA)."""
+    from ditprof.kernels.qk_format import qk_format as resolve_qk_format
+
+    qk_int8 = resolve_qk_format(qk_format) == "int8"
     if kernel not in KNOWN_KERNELS:
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
     archs = KNOWN_KERNELS[kernel]["archs"]
@@ -214,7 +221,8 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         t0 = time.perf_counter()
         try:
             with _CaptureFds() as cap, cute_dsl_arch(arch):
-                _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens)
+                _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens,
+                                                   qk_int8=qk_int8)
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
@@ -247,7 +255,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
     if regs is None:
         mr = _PTXAS_REGS.search(cap.text)
         regs = int(mr.group(1)) if mr else None
-    mma = {k: v for k, v in full.items() if k.startswith(("QMMA", "HMMA", "QGMMA", "HGMMA"))}
+    mma = {k: v for k, v in full.items() if k.startswith(("QMMA", "HMMA", "IMMA", "QGMMA", "HGMMA", "IGMMA"))}
     return {
         "kernel": kernel,
         "arch": arch,
@@ -263,6 +271,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         "mma_variants": mma,
         "head_dim": head_dim,
         "key_lens": key_lens,
+        "qk_format": "int8" if qk_int8 else "e4m3",
         "native_fp8_mma": mma_is_native(base),
     }
 
