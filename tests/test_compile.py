@@ -148,6 +148,26 @@ def test_profile_compile_end_to_end(compiled_profile):
     assert any(n.startswith("Torch-Compiled Region") for n in names)
 
 
+@needs_compiler
+def test_legacy_processor_block_compiles_swapped(tmp_path):
+    """CogVideoX's processor calls F.scaled_dot_product_attention itself; the swap routes that call through a
+    plain object torch.compile traces, so baseline and swap both compile with fullgraph and the swap is used."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path / "cog"
+        argv = ["compare", "--preset", "cogvideox-tiny", "--device", "cpu", "--iters", "2", "--warmup", "1",
+                "--compile", "--out", str(out)]
+        assert cli.main(argv) == 0
+    finally:
+        torch.set_num_threads(n)
+    rep = json.loads((out / "report.json").read_text())
+    for run in ("baseline", "swapped"):
+        assert rep[run]["compile"]["fullgraph"] is True and rep[run]["attention_share"] > 0, run
+    assert rep["swapped"]["route"] == "processor"
+    assert 0 < rep["accuracy"]["block_output_rel_rms"] < 0.05  # the emulated FP8 attention ran, not SDPA
+
+
 # --------------------------------------------------------------------------- bad input: one line, no folder
 
 def _one_line_error(capsys, argv, out: Path) -> str:

@@ -72,13 +72,17 @@ def test_processor_route_for_cogvideox():
     blk, args = cog_block()
     fn = Counting()
     original = [m.processor for _, m in swap.attention_modules(blk)]
+    sdpa = F.scaled_dot_product_attention
     with torch.no_grad():
         ref = blk(*args)
         with swap.swapped(blk, "test-cog", fn, uses_dispatcher=False) as state:
             assert state.route == "processor"
             out = blk(*args)
-            assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"  # only inside calls
-        assert fn.calls == 1
+            assert fn.calls == 1
+            # SDPA is routed while the swap is installed, but only our processors' calls reach the backend
+            q = torch.randn(1, 2, 5, 8)
+            assert torch.equal(F.scaled_dot_product_attention(q, q, q), sdpa(q, q, q)) and fn.calls == 1
+        assert F.scaled_dot_product_attention is sdpa  # restored with the processors
         for a, b in zip(out, ref):
             torch.testing.assert_close(a, b)
     assert [m.processor for _, m in swap.attention_modules(blk)] == original

@@ -171,52 +171,86 @@ def is_registered(name: str) -> bool:
 
 # --------------------------------------------------------------------------- processor replacement
 
+class _SdpaRoute:
+    """Where ``F.scaled_dot_product_attention`` goes while one of our redirecting processors runs. A plain object
+    on purpose: torch.compile traces reads and updates of its list (a ``threading.local`` it cannot), so a swapped
+    legacy-processor block (CogVideoX, ...) compiles with fullgraph."""
+
+    def __init__(self):
+        self.stack: list = []  # (name, wrapped backend) per active processor call; None while that backend runs
+        self.installs = 0  # processors installed: SDPA stays patched while any is
+        self.original: Callable | None = None
+
+
+_ROUTE = _SdpaRoute()
+
+
+def _routed_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` (B, H, S, D) while a swap with redirecting processors is installed."""
+    top = _ROUTE.stack[-1] if _ROUTE.stack else None
+    if top is None:  # outside our processors, or our backend itself using SDPA
+        return _ROUTE.original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                               scale=scale, enable_gqa=enable_gqa)
+    name, wrapped = top
+    if enable_gqa and query.shape[1] != key.shape[1]:
+        raise DitprofError(f"attention backend {name!r} does not support grouped-query attention")
+    _ROUTE.stack.append(None)
+    try:
+        out = wrapped(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                      attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    finally:
+        _ROUTE.stack.pop()
+    return out.transpose(1, 2)
+
+
+def _patch_sdpa() -> None:
+    if _ROUTE.installs == 0:
+        _ROUTE.original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = _routed_sdpa
+    _ROUTE.installs += 1
+
+
+def _unpatch_sdpa() -> None:
+    _ROUTE.installs -= 1
+    if _ROUTE.installs == 0:
+        F.scaled_dot_product_attention = _ROUTE.original
+        _ROUTE.original = None
+
+
 @contextlib.contextmanager
 def sdpa_redirect(name: str, fn: Callable, masks: dict | None = None) -> Iterator[None]:
     """Within the block, ``F.scaled_dot_product_attention`` (B, H, S, D) calls go to ``fn``."""
-    original = F.scaled_dot_product_attention
-    wrapped = wrap_backend(name, fn, masks)
-    depth = threading.local()
-
-    def redirected(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                   enable_gqa=False):
-        if getattr(depth, "inside", False):  # the backend itself may use SDPA
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        if enable_gqa and query.shape[1] != key.shape[1]:
-            raise DitprofError(f"attention backend {name!r} does not support grouped-query attention")
-        depth.inside = True
-        try:
-            out = wrapped(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                          attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-        finally:
-            depth.inside = False
-        return out.transpose(1, 2)
-
-    F.scaled_dot_product_attention = redirected
+    _patch_sdpa()
+    _ROUTE.stack.append((name, wrap_backend(name, fn, masks)))
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = original
+        _ROUTE.stack.pop()
+        _unpatch_sdpa()
 
 
 class _RedirectingProcessor:
-    """Runs the original processor with SDPA redirected to a ditprof backend."""
+    """Runs the original processor with SDPA redirected to a ditprof backend (``F.scaled_dot_product_attention``
+    is patched while the processor is installed; each call routes it to this processor's backend)."""
 
     def __init__(self, inner, name: str, fn: Callable, masks: dict | None = None):
         self.inner = inner
         self.backend_name = name
         self.backend_fn = fn
         self.masks = masks if masks is not None else {}
+        self.wrapped = wrap_backend(name, fn, self.masks)
 
     def __getattr__(self, item):  # keep attributes diffusers may read on the processor
-        if item in ("inner", "backend_name", "backend_fn", "masks"):
+        if item in ("inner", "backend_name", "backend_fn", "masks", "wrapped"):
             raise AttributeError(item)
         return getattr(self.inner, item)
 
     def _call(self, attn, *args, **kwargs):
-        with sdpa_redirect(self.backend_name, self.backend_fn, self.masks):
+        _ROUTE.stack.append((self.backend_name, self.wrapped))
+        try:
             return self.inner(attn, *args, **kwargs)
+        finally:
+            _ROUTE.stack.pop()
 
 
 def redirecting_processor(inner, name: str, fn: Callable, masks: dict | None = None):
@@ -288,9 +322,11 @@ def install(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher
         else:
             new = redirecting_processor(proc, name, fn, state.masks)
             mod.processor = new  # plain attribute: set_processor would warn about dropping weights
+            _patch_sdpa()
 
             def undo(m=mod, p=proc):
                 m.processor = p
+                _unpatch_sdpa()
 
             routes.add("processor")
         state._restore.append(undo)
