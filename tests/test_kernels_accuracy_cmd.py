@@ -62,19 +62,22 @@ def test_accuracy_bad_input(capsys, args, message):
 def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
     calls = []
     fake = types.ModuleType("ditprof.kernels.inspect_sass")
-    fake.inspect_kernel = lambda kernel, arch, key_lens=False: calls.append((kernel, arch, key_lens)) or {
+    fake.inspect_kernel = lambda kernel, arch, key_lens=False, qk_format="e4m3": calls.append(
+        (kernel, arch, key_lens, qk_format)) or {
         "kernel": kernel, "arch": arch, "registers": 168, "spill_bytes": 0, "smem_bytes": 40960,
         "compile_s": 1.5, "instructions": {"QMMA": 256, "LDSM": 96}}
     monkeypatch.setitem(sys.modules, "ditprof.kernels.inspect_sass", fake)
     assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89", "--json"]) == 0
-    assert calls == [("fp8-sm120", "sm_89", False)]
+    assert calls == [("fp8-sm120", "sm_89", False, "e4m3")]
     report = json.loads(capsys.readouterr().out)
     assert report["instructions"]["QMMA"] == 256 and report["arch"] == "sm_89"
     assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89"]) == 0
     table = capsys.readouterr().out
     assert "QMMA" in table and "spill_bytes" in table
     assert main(["kernels", "inspect", "--arch", "sm_120a", "--key-lens", "--json"]) == 0
-    assert calls[-1] == ("fp8-sm120", "sm_120a", True)
+    assert calls[-1] == ("fp8-sm120", "sm_120a", True, "e4m3")
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--qk-format", "int8", "--json"]) == 0
+    assert calls[-1] == ("fp8-sm90", "sm_90a", False, "int8")
 
 
 def test_inspect_without_the_module_says_not_yet(capsys, monkeypatch):
