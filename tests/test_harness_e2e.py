@@ -126,6 +126,22 @@ def test_profile_single_backend(one_thread, tmp_path):
     assert (out / "split.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_compare_says_which_qk_format_the_swap_ran(one_thread, tmp_path, monkeypatch):
+    """DITPROF_FP8_QK picks the fp8 backends' Q/K format; the report records it and the table names it."""
+    outs = {}
+    for fmt in ("e4m3", "int8"):
+        monkeypatch.setenv("DITPROF_FP8_QK", fmt)
+        out = tmp_path / fmt
+        # h3-mini: INT8 needs a power-of-two head_dim (the Hadamard rotation; wan-tiny's is 12)
+        assert cli.main(["compare", "--preset", "h3-mini", "--device", "cpu", "--out", str(out), "--iters", "2",
+                         "--warmup", "1", "--tokens", "64"]) == 0
+        rep = json.loads((out / "report.json").read_text())
+        assert rep["environment"]["fp8_qk_format"] == fmt
+        assert f"fp8-emulated (Q/K {fmt})" in (out / "report.md").read_text()
+        outs[fmt] = rep["accuracy"]["block_output_rel_rms"]
+    assert outs["e4m3"] != outs["int8"]  # the swap did run in the other format
+
+
 def test_tb_loads_in_hta(compare_run):
     """tb/<run>/ is one HTA job per measurement: one trace, no made-up distributed info (a before/after pair is
     two runs, not two ranks of one job)."""

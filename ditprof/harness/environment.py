@@ -48,7 +48,14 @@ def environment(device: torch.device | str | None = None) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device) if device is not None else ("cuda" if cuda_ok else "cpu"),
+        "fp8_qk_format": _fp8_qk_format(),  # how the fp8 backends quantize Q and K in this process
     }
+
+
+def _fp8_qk_format() -> str:
+    from ditprof.kernels.qk_format import qk_format
+
+    return qk_format()
 
 
 def _own_version() -> str:

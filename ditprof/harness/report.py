@@ -142,8 +142,13 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
         o = sec["profiler_overhead_pct"]
         return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
 
+    def backend(sec):
+        name = sec["attention_backend"]
+        fmt = report.get("environment", {}).get("fp8_qk_format")
+        return f"{name} (Q/K {fmt})" if fmt and name.startswith("fp8") else name
+
     rows = [
-        ("attention backend", b["attention_backend"], s["attention_backend"] if s else "", ""),
+        ("attention backend", backend(b), backend(s) if s else "", ""),
         ("execution", execution_of(b), execution_of(s) if s else "", ""),
         (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
          judged(b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),

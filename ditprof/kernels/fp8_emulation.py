@@ -258,10 +258,13 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does not shadow
 
 
-@register("fp8-emulated", description="FP8 kernel numerics emulated in torch (e4m3 Q/K/V, P x256 per 32-key "
-          "strip, fp32 accumulate); runs anywhere, slowly", numerics_only=True)
+@register("fp8-emulated", description="FP8 kernel numerics emulated in torch (Q/K e4m3 or rotated INT8 as "
+          "DITPROF_FP8_QK says, e4m3 V, P x256 per 32-key strip, fp32 accumulate); runs anywhere, slowly",
+          numerics_only=True)
 def fp8_emulated_backend(q, k, v, *, scale=None, key_mask=None):
-    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask)
+    from ditprof.kernels.qk_format import qk_format
+
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=qk_format())
 
 
 __all__ = [
