@@ -12,13 +12,10 @@ V (e4m3) and the V descale bit for bit.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from triton_interpreter import inner_only, run_under_interpreter
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.prep import (
@@ -34,7 +31,6 @@ from ditprof.kernels.rotation import (
     sylvester,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 F8 = torch.float8_e4m3fn
 CODE_OFF_BY_ONE_MAX = 1e-3  # fraction of int8 codes that may differ by exactly 1 (Triton vs torch)
 SCALE_RTOL = 1e-5
@@ -264,20 +260,10 @@ INTERP_SHAPES = [(1, 1, 1, 1, 128), (2, 77, 77, 2, 128), (1, 300, 33, 2, 64), (2
 
 def test_triton_interpreter_int8_matches_torch():
     """Runs the inner test below in a subprocess with TRITON_INTERPRET=1 (set before triton is imported)."""
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: the gpu tests run the compiled kernels")
-    env = dict(os.environ, TRITON_INTERPRET="1", DITPROF_PREP_INTERP_INNER="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-           f"{Path(__file__).resolve()}::test_interpreter_int8_inner", "-k", "test_interpreter_int8_inner"]
-    r = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    tail = (r.stdout + r.stderr)[-4000:]
-    assert r.returncode == 0, tail
-    assert " passed" in r.stdout and " skipped" not in r.stdout, tail
+    run_under_interpreter(__file__, "test_interpreter_int8_inner")
 
 
-@pytest.mark.skipif(os.environ.get("DITPROF_PREP_INTERP_INNER") != "1", reason="run by the interpreter test")
+@inner_only()
 @pytest.mark.parametrize("shape", INTERP_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_interpreter_int8_inner(shape):
     from ditprof.kernels import prep_triton
