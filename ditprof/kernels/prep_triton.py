@@ -129,16 +129,20 @@ def _to_e4m3(y, MANUAL_RNE: tl.constexpr):
 
 
 @triton.jit
+def _refined_quotient(x, inv, ds):
+    # RN(x / ds) from inv = RN(1 / ds): two Markstein steps, then x's sign on a zero quotient (module docstring)
+    q = x * inv
+    q = tl.fma(tl.fma(-q, ds, x), inv, q)
+    q = tl.fma(tl.fma(-q, ds, x), inv, q)
+    return (q.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & _INT_MIN)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _div_by_descale(x, ds, FAST: tl.constexpr):
     # RN(x / ds) for fp32 x and a positive per-program scalar ds (see the module docstring)
     if FAST:
         if ds >= 1e-26:
-            inv = tl.math.div_rn(1.0, ds)
-            q = x * inv
-            q = tl.fma(tl.fma(-q, ds, x), inv, q)
-            q = tl.fma(tl.fma(-q, ds, x), inv, q)
-            y = (q.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & _INT_MIN)).to(
-                tl.float32, bitcast=True)
+            y = _refined_quotient(x, tl.math.div_rn(1.0, ds), ds)
         else:
             y = tl.math.div_rn(x, ds)
     else:
@@ -451,12 +455,7 @@ def _div_rows(x, ds, FAST: tl.constexpr):
     if FAST:
         if tl.min(ds, axis=0) >= 1e-26:
             inv = tl.math.div_rn(tl.full(ds.shape, 1.0, tl.float32), ds)[:, None]
-            dsc = ds[:, None]
-            q = x * inv
-            q = tl.fma(tl.fma(-q, dsc, x), inv, q)
-            q = tl.fma(tl.fma(-q, dsc, x), inv, q)
-            y = (q.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & _INT_MIN)).to(
-                tl.float32, bitcast=True)
+            y = _refined_quotient(x, inv, ds[:, None])
         else:
             y = tl.math.div_rn(x, ds[:, None])
     else:
