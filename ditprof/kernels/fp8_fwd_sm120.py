@@ -135,50 +135,35 @@ class MmaS8Op(warp.mma.WarpMmaOp):
         return True
 
 
+def _pure_asm(ret, operands: list, asm: str, constraints: str):
+    """One inline-PTX instruction without side effects (``operands``: MLIR values)."""
+    return llvm.inline_asm(ret, operands, asm, constraints, has_side_effects=False, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 @dsl_user_op
 def _after(x: Int32, dep: Float32, zero: Int32, *, loc=None, ip=None) -> Int32:
     """``x`` again (``x | (dep & zero)``, ``zero`` a run-time 0 that ptxas cannot fold), made to wait for ``dep``:
     orders the P V mmas (PV_WAVE_COLS) at the cost of one LOP3 per register."""
-    return Int32(llvm.inline_asm(
-        T.i32(),
-        [Int32(x).ir_value(loc=loc, ip=ip), Float32(dep).ir_value(loc=loc, ip=ip),
-         Int32(zero).ir_value(loc=loc, ip=ip)],
-        "lop3.b32 $0, $1, $2, $3, 0xF8;",
-        "=r,r,f,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+    return Int32(_pure_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip), Float32(dep).ir_value(loc=loc, ip=ip),
+                                     Int32(zero).ir_value(loc=loc, ip=ip)],
+                           "lop3.b32 $0, $1, $2, $3, 0xF8;", "=r,r,f,r"))
 
 
 @dsl_user_op
 def _fadd(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """``a + b`` (add.rn.f32, inline PTX): not contracted with the alpha multiply into an FFMA, which ptxas for
     sm_120a places into the product's registers and copies back to O's (128 MOVs and spills per strip)."""
-    return Float32(llvm.inline_asm(
-        T.f32(),
-        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-        "add.rn.f32 $0, $1, $2;",
-        "=f,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+    return Float32(_pure_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                             "add.rn.f32 $0, $1, $2;", "=f,f,f"))
 
 
 @dsl_user_op
 def _ffma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """``a * b + c`` with one rounding (fma.rn.f32): qk_int8's exp2 argument and LSE, whatever the contraction."""
-    return Float32(llvm.inline_asm(
-        T.f32(),
-        [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip),
-         Float32(c).ir_value(loc=loc, ip=ip)],
-        "fma.rn.f32 $0, $1, $2, $3;",
-        "=f,f,f,f",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
+    return Float32(_pure_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip),
+                                       Float32(c).ir_value(loc=loc, ip=ip)],
+                             "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"))
 
 
 def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
