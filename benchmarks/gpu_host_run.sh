@@ -133,6 +133,10 @@ session9e)  # session 9, last batch (7 device minutes left): INT8 fp8-sm90 tests
   step int8-cost 90 python benchmarks/attention.py --shapes h3 --iters 5 --only prep-triton,prep-triton-int8,fp8-e4m3,fp8-int8 --json "$out/int8-cost-h3.json"
   step compare-h3-compile 170 python -m ditprof compare --compile --iters 3 --out "$out/compare-h3-compile"
   ;;
+prep-int8)  # the INT8 prep's tiling sweep at the H3 shape (issue 18's remaining cost), then the INT8 capture tests
+  step prep-int8-sweep 300 python benchmarks/experimental/prep_int8_sweep.py --iters 10 --json "$out/prep-int8-sweep.json"
+  step int8-capture 200 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_cuda_graph.py tests/test_diffusers_entry.py -k "not sm120 and not compiles_with_inductor"
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;

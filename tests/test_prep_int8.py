@@ -390,3 +390,24 @@ def test_int8_workspaces_share_one_device_rotation():
     assert a["rot"] is b["rot"] and a["q8"] is not b["q8"]
     assert torch.equal(a["rot"], rotation_pm1(64, torch.bfloat16))
     assert plan.buffers("meta")["rot"].device.type == "meta"
+
+
+def test_prep_int8_sweep_settings():
+    """benchmarks/experimental/prep_int8_sweep.py: the default tiling first, each other setting once, and the
+    knobs it patches are the prep module's (a renamed constant would make the sweep time the default only)."""
+    import importlib.util
+    from pathlib import Path
+
+    from ditprof.kernels import prep_triton as P
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "experimental" / "prep_int8_sweep.py"
+    spec = importlib.util.spec_from_file_location("prep_int8_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    for quick in (True, False):
+        grid = sweep.settings(quick)
+        assert grid[0] == {k: getattr(P, k) for k in sweep.KNOBS}
+        assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) > 1
+    with sweep.patched({"QK_BLOCK": 32}):
+        assert P.QK_BLOCK == 32
+    assert P.QK_BLOCK == grid[0]["QK_BLOCK"]

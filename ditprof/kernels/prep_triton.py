@@ -717,6 +717,19 @@ class PrepPlan:
     def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The two launches on ``stream`` (a raw CUDA stream handle; None: Triton's JIT path, which launches on
         the current stream). The current device must be the tensors' device."""
+        stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
+        self.stats(stats_args, stream)
+        self.quant(quant_args, stream)
+
+    def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
+        """The stats launch alone (benchmarks time the two passes apart)."""
+        self.stats(self._arguments(q, k, v, bufs, key_lens)[0], stream)
+
+    def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
+        """The quantize launch alone: reads what an earlier stats launch on ``bufs`` wrote."""
+        self.quant(self._arguments(q, k, v, bufs, key_lens)[1], stream)
+
+    def _arguments(self, q, k, v, bufs: dict, key_lens) -> tuple[tuple, tuple]:
         b = bufs
         if self.key_lens and key_lens is None:
             raise ValueError("this plan reads per-batch key counts: pass key_lens")
@@ -725,11 +738,12 @@ class PrepPlan:
             rot, kmr, qs = b["rot"], b["k_mean_rot"], b["q_scales"]
         else:  # never read
             rot, kmr, qs = b["scales"], b["k_mean"], b["scales"]
-        self.stats((q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
-                    b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr), stream)
+        stats = (q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
+                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr)
         # the quantize pass subtracts the mean of the basis it quantizes in
-        self.quant((q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs,
-                    rot, b["flags"]), stream)
+        quant = (q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs, rot,
+                 b["flags"])
+        return stats, quant
 
 
 def prepare_triton(
