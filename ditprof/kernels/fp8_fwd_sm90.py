@@ -434,7 +434,7 @@ class Sm90Fp8Attention:
                 qk_scale = cute.make_rmem_tensor((2,), Float32)
                 k_scale = mScales[1, head, bat] * scale_log2
                 for r in cutlass.range_constexpr(2):
-                    row = cutlass.min(row0 + (wg_tidx // 32) * 16 + (wg_tidx % 32) // 4 + 8 * r, sq - 1)
+                    row = cutlass.min(self.thread_row(row0, wg_tidx // 32, wg_tidx % 32, r), sq - 1)
                     qk_scale[r] = mQScales[row, head, bat] * k_scale
             else:
                 # per-(b, h) descales folded into two scalars
@@ -505,22 +505,20 @@ class Sm90Fp8Attention:
     @cute.jit
     def gemm_qk(self, qk_mma_zero: cute.TiledMma, qk_mma: cute.TiledMma, acc_S: cute.Tensor, tSrQ: cute.Tensor, tSrK: cute.Tensor,
                 wg: Int32, stage: Int32, bias_ptr):
+        acc = acc_S
         if const_expr(self.qk_int8):
-            # int32 S on top of S_BIAS_BITS: the registers then hold the floats S_BIAS + S (module constants)
+            # int32 S on top of S_BIAS_BITS: the registers then hold the floats S_BIAS + S (module constants), so
+            # every k-block accumulates (no ACCUMULATE=False first block)
             acc = cute.recast_tensor(acc_S, Int32)
             for i in cutlass.range_constexpr(cute.size(acc) // 4):
                 w = ld_shared_v4_volatile(bias_ptr)
                 for e in cutlass.range_constexpr(4):
                     acc[4 * i + e] = w[e]
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                cute.gemm(qk_mma, acc, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc)
-            warpgroup.commit_group()
-        else:
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                cute.gemm(qk_mma_zero if kb == 0 else qk_mma, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc_S)
-            warpgroup.commit_group()
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            mma = qk_mma if self.qk_int8 or kb > 0 else qk_mma_zero
+            cute.gemm(mma, acc, tSrQ[None, None, kb, wg], tSrK[None, None, kb, stage], acc)
+        warpgroup.commit_group()
 
     @cute.jit
     def item_keys(self, mKeyLens: cute.Tensor | None, bat: Int32, sk: Int32) -> Int32:
@@ -586,6 +584,11 @@ class Sm90Fp8Attention:
             for c in cutlass.range_constexpr(2):
                 v = c + 2 * r + 4 * j
                 acc_S[v] = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink it
+
+    def thread_row(self, row0, warp, lane, r: int):
+        """The query row of accumulator row r (0 or 1) of a consumer thread: warp w of the warpgroup holds rows
+        16w .. 16w+15 of its 64, lane l rows l//4 and l//4 + 8."""
+        return row0 + warp * 16 + lane // 4 + 8 * r
 
     def row_scale(self, qk_scale, r: int):
         """Row r's factor from raw S to the exp2 domain: per row with INT8 Q (a 2-register tensor), else one
@@ -669,7 +672,7 @@ class Sm90Fp8Attention:
         quad = lane % 4
         for r in cutlass.range_constexpr(2):
             l = row_sum[r]  # every thread of the quad already holds its row's whole sum (the tensor-core sums)
-            row = row0 + warp * 16 + lane // 4 + 8 * r
+            row = self.thread_row(row0, warp, lane, r)
             inv = o_scale * cute.arch.rcp_approx(l)
             if row < sq:
                 if quad == 0:
