@@ -84,7 +84,7 @@ def main() -> int:
     print("launch:", launch, flush=True)
     plan, ws = rec.plan, rec._workspace()
     stream = torch.cuda.current_stream().cuda_stream
-    q8p, k8p, v8p, scp, lsep = ws["ptrs"]
+    q8p, k8p, v8p, scp, lsep, qsp = ws["ptrs"]
     sizes = rec.sizes
 
     rows = {
@@ -94,8 +94,8 @@ def main() -> int:
         "interface.fp8_attention": lambda: fp8_attention(q, k, v),
         "launch record alone (no op dispatch)": lambda: L.fp8_attention_cuda(q, k, v, scale),
         "prep plan: 2 direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
-        "kernel launch alone (TVM-FFI call, ints)": lambda: rec.fn(q8p, k8p, v8p, scp, scp, out.data_ptr(), lsep,
-                                                                  *sizes, scale, stream),
+        "kernel launch alone (TVM-FFI call, ints)": lambda: rec.fn(q8p, k8p, v8p, scp, qsp, scp, out.data_ptr(),
+                                                                  lsep, *sizes, scale, stream),
         "record lookup (launch.record_for)": lambda: L.record_for(q, k, v, False),
         "output allocation (torch.empty)": lambda: torch.empty(rec.out_shape, dtype=rec.dtype, device=rec.device),
         "the op with a key mask (compaction + key lengths)": lambda: op_entry(q, k, v, key_mask=keep),
