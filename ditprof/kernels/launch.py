@@ -336,9 +336,9 @@ class Fp8Launch:
             ws = self.plan.buffers(self.device)
             ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
                 if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
-        ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse"))
-        # per-row Q descales with int8 Q/K; otherwise never read (the scales stand in)
-        ws["q_scales_ptr"] = ws["q_scales"].data_ptr() if "q_scales" in ws else ws["scales"].data_ptr()
+        # q_scales: the per-row Q descales with int8 Q/K; otherwise never read (the scales stand in)
+        ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse")) + (
+            ws["q_scales" if "q_scales" in ws else "scales"].data_ptr(),)
         ws["unchecked"] = 0
         return ws
 
@@ -388,16 +388,15 @@ class Fp8Launch:
     def _launch_kernel(self, ws: dict, out, key_lens, softmax_scale: float, stream: int) -> None:
         if self.spec.tvm_ffi:
             try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
-                q8, k8, v8t, sc, lse = ws["ptrs"]
-                self.fn(q8, k8, v8t, sc, ws["q_scales_ptr"], key_lens.data_ptr() if key_lens is not None else sc,
-                        out.data_ptr(), lse, *self.sizes, softmax_scale, stream)
+                q8, k8, v8t, sc, lse, qs = ws["ptrs"]
+                self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
+                        lse, *self.sizes, softmax_scale, stream)
                 return
             except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
                 pass
         self.spec, self.fn = launch_compiled(
             self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), key_lens, out,
-            ws["lse"],
-            self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)
+            ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)
 
 
 def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_lens, out, lse, B: int, H: int,
