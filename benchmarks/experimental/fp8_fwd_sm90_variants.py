@@ -94,7 +94,6 @@ Every tensor must have < 2**31 elements (32-bit index arithmetic).
 from __future__ import annotations
 
 import math
-import os
 import struct
 from typing import Any, Dict, Tuple
 
@@ -109,6 +108,12 @@ from cutlass.tensor_utils import LayoutEnum
 import cuda.bindings.driver as cuda
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from ditprof.kernels.cute_arch import cute_dsl_arch
+from ditprof.kernels.key_order import key_order_for_positions
+# the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
+# this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
+from ditprof.kernels.launch import LAUNCH_INFO, tvm_ffi_launch_enabled
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -199,17 +204,8 @@ def pack_e4m3_word(b0, b1, b2, b3, *, loc=None, ip=None) -> Uint32:
                                   is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-def sm90_key_order_for_positions(positions):
-    """Key held at each V storage position for this kernel (ints or integer tensors).
-
-    Same permutation as the mma.sync seed kernel (see module docstring for why it also fits wgmma's
-    accumulator -> e4m3 A-operand register layouts): inside each 16-key group, position p holds key
-    g + 8*(e//2) + 2*quad + e%2 with g = p//16*16, quad = (p%16)//4, e = p%4.
-    """
-    group = positions // 16 * 16
-    quad = (positions % 16) // 4
-    element = positions % 4
-    return group + 8 * (element // 2) + 2 * quad + element % 2
+# the mma.sync kernel's permutation also fits wgmma's accumulator -> e4m3 A-operand registers (module docstring)
+sm90_key_order_for_positions = key_order_for_positions
 
 
 # Compile-time options (the compile-cache key); the defaults (v6, benchmarks/NOTES.md "Session 3"): 3 consumer
@@ -1113,25 +1109,6 @@ def _compile_args(dtype_out):
     )
 
 
-# Launch path. cute's JIT executor converts the 14 arguments in Python on every call (make_ptr, Int32 wrappers,
-# ctypes packing), ~100+ us of host time per launch, which small DiT blocks feel (docs/RESULTS.md, "eager vs
-# CUDA-graph replay"). Compiled with --enable-tvm-ffi the function takes raw ints (data_ptr()) and floats through
-# TVM-FFI's C ABI instead. Used when apache-tvm-ffi is importable (the GPU host has it; the CPU CI does not need
-# it: nothing launches there) and DITPROF_TVM_FFI is not "0"; if a TVM-FFI compile or call fails, the JIT path
-# takes over for the rest of the process and LAUNCH_INFO["tvm_ffi_error"] keeps the reason.
-LAUNCH_INFO: Dict[str, Any] = {"tvm_ffi_error": None, "last_launch": None}
-
-
-def tvm_ffi_launch_enabled() -> bool:
-    if os.environ.get("DITPROF_TVM_FFI", "1") == "0" or LAUNCH_INFO["tvm_ffi_error"] is not None:
-        return False
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
                  tvm_ffi: bool = False, **opts):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
@@ -1143,8 +1120,6 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     dtype_out = _out_dtype(dtype_out)
     if not arch.startswith("sm_90"):
         raise ValueError(f"the wgmma kernel is sm_90a only, not {arch}")
-    old_arch = os.environ.get("CUTE_DSL_ARCH")
-    os.environ["CUTE_DSL_ARCH"] = arch  # ops that check the arch read it at trace time
     opts = options(**opts)
     tile_n, kv_stages, n_wg, smma = opts["tile_n"], opts["kv_stages"], opts["consumer_wgs"], opts["sum_mma"]
     kern = Sm90Fp8Attention(head_dim, dtype_out, **opts)
@@ -1155,13 +1130,8 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
 
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     compile_options = f"--gpu-arch {arch} {options_extra}".strip() + (" --enable-tvm-ffi" if tvm_ffi else "")
-    try:
+    with cute_dsl_arch(arch):  # ops that check the arch read it at trace time
         fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=compile_options)
-    finally:
-        if old_arch is None:
-            os.environ.pop("CUTE_DSL_ARCH", None)
-        else:
-            os.environ["CUTE_DSL_ARCH"] = old_arch
     if kern.smem_bytes != smem_bytes(head_dim, tile_n, kv_stages, n_wg, smma):  # keep the formula honest
         raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, tile_n, kv_stages, n_wg, smma)} != {kern.smem_bytes}")
     return fn
