@@ -217,18 +217,6 @@ def _unpatch_sdpa() -> None:
         _ROUTE.original = None
 
 
-@contextlib.contextmanager
-def sdpa_redirect(name: str, fn: Callable, masks: dict | None = None) -> Iterator[None]:
-    """Within the block, ``F.scaled_dot_product_attention`` (B, H, S, D) calls go to ``fn``."""
-    _patch_sdpa()
-    _ROUTE.stack.append((name, wrap_backend(name, fn, masks)))
-    try:
-        yield
-    finally:
-        _ROUTE.stack.pop()
-        _unpatch_sdpa()
-
-
 class _RedirectingProcessor:
     """Runs the original processor with SDPA redirected to a ditprof backend (``F.scaled_dot_product_attention``
     is patched while the processor is installed; each call routes it to this processor's backend)."""
