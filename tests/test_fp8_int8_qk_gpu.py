@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from fp8_gpu_cases import rel_rms
+from fp8_gpu_cases import poisoned_outputs, rel_rms
 
 pytestmark = pytest.mark.gpu
 
@@ -33,26 +33,9 @@ def _cuda(kernel: str):
         pytest.skip("fp8-sm90 needs an sm_90a GPU (H100/H200)")
 
 
-def _poison_outputs(monkeypatch, *shapes):
-    """torch.empty of these (shape, dtype)s comes back NaN-filled (the kernel's outputs); returns a hit counter."""
-    real = torch.empty
-    targets = {(tuple(s), d) for s, d in shapes}
-    hits = {"n": 0}
-
-    def empty(*args, **kwargs):
-        t = real(*args, **kwargs)
-        if (tuple(t.shape), t.dtype) in targets:
-            hits["n"] += 1
-            t.fill_(float("nan"))
-        return t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    return hits
-
-
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("kind", list(GOALS))
-def test_int8_qk_meets_the_accuracy_goals(kernel, kind, monkeypatch):
+def test_int8_qk_meets_the_accuracy_goals(kernel, kind):
     _cuda(kernel)
     from ditprof.kernels.accuracy import make_inputs
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
@@ -62,10 +45,9 @@ def test_int8_qk_meets_the_accuracy_goals(kernel, kind, monkeypatch):
     B, H, S, D = 1, 4, 4096, 128
     q, k, v = make_inputs(kind, (B, H, S, D), seed=5, device="cuda")
     ref = attention_reference(q, k, v)
-    hits = _poison_outputs(monkeypatch, ((B, S, H, D), q.dtype))
-    o = fp8_attention_kernel(q, k, v, kernel=kernel, qk_format="int8")
-    torch.cuda.synchronize()
-    monkeypatch.undo()
+    with poisoned_outputs(((B, S, H, D), q.dtype)) as hits:
+        o = fp8_attention_kernel(q, k, v, kernel=kernel, qk_format="int8")
+        torch.cuda.synchronize()
     assert hits["n"] >= 1 and torch.isfinite(o).all(), "output not fully written"
     err = rel_rms(o, ref)
     model = fp8_attention_emulated(q, k, v, qk_format="int8")
@@ -83,7 +65,7 @@ def test_int8_qk_meets_the_accuracy_goals(kernel, kind, monkeypatch):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("D", [128, 64])
-def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D, monkeypatch):
+def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D):
     _cuda(kernel)
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
     from ditprof.kernels.interface import fp8_attention_kernel
@@ -94,10 +76,9 @@ def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D, monkeypatch):
     q, k, v = (torch.randn((B, s, H, D), generator=g, device="cuda").to(torch.bfloat16) for s in (Sq, Sk, Sk))
     lengths = [517, 301, 7]
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    hits = _poison_outputs(monkeypatch, ((B, Sq, H, D), q.dtype), ((B, H, Sq), torch.float32))
-    o, lse = fp8_attention_kernel(q, k, v, kernel=kernel, key_lens=lens, return_lse=True, qk_format="int8")
-    torch.cuda.synchronize()
-    monkeypatch.undo()
+    with poisoned_outputs(((B, Sq, H, D), q.dtype), ((B, H, Sq), torch.float32)) as hits:
+        o, lse = fp8_attention_kernel(q, k, v, kernel=kernel, key_lens=lens, return_lse=True, qk_format="int8")
+        torch.cuda.synchronize()
     assert hits["n"] >= 2
     scale = 1.0 / math.sqrt(D)
     for b, n in enumerate(lengths):

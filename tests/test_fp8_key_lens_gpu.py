@@ -11,13 +11,12 @@ Marked ``gpu`` (skipped without CUDA).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
 
-from fp8_gpu_cases import GAUSSIAN_REL_RMS, gaussian_inputs, rel_rms
+from fp8_gpu_cases import GAUSSIAN_REL_RMS, gaussian_inputs, poisoned_outputs, rel_rms
 
 pytestmark = pytest.mark.gpu
 
@@ -33,34 +32,6 @@ def _cuda(kernel: str):
         pytest.skip("needs a CUDA GPU")
     if kernel == "fp8-sm90" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("fp8-sm90 needs an sm_90a GPU (H100/H200)")
-
-
-@contextlib.contextmanager
-def _poisoned_outputs(*targets):
-    """Every ``torch.empty`` / ``torch.empty_like`` of one of the ``(shape, dtype)`` targets (the output's, the
-    LSE's) made inside comes back filled with NaN, so an element the kernel does not write stays NaN. Yields a
-    counter of the poisoned allocations."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-    targets = {(tuple(shape), dtype) for shape, dtype in targets}
-    hits = {"n": 0}
-
-    def poison(t):
-        if (tuple(t.shape), t.dtype) in targets:
-            hits["n"] += 1
-            t.fill_(float("nan"))
-        return t
-
-    def empty(*args, **kwargs):
-        return poison(real_empty(*args, **kwargs))
-
-    def empty_like(*args, **kwargs):
-        return poison(real_empty_like(*args, **kwargs))
-
-    torch.empty, torch.empty_like = empty, empty_like
-    try:
-        yield hits
-    finally:
-        torch.empty, torch.empty_like = real_empty, real_empty_like
 
 
 def _check_items(o, q, k, v, keys_of, scale, lengths_note, lse=None):
@@ -118,11 +89,11 @@ def test_key_lens_vs_float64(kernel, D, case):
     lens = lengths.cuda()
     scale = 1.0 / math.sqrt(D)
     return_lse = case == "fixed"  # fp8-sm120 is compiled with and without its LSE store: both variants
-    with _poisoned_outputs(((B, SQ, H, D), q.dtype), ((B, H, SQ), torch.float32)) as hits:
+    with poisoned_outputs(((B, SQ, H, D), q.dtype), ((B, H, SQ), torch.float32)) as hits:
         res = fp8_attention_kernel(q, k, v, scale=None, kernel=kernel, key_lens=lens, return_lse=return_lse)
         torch.cuda.synchronize()
     o, lse = res if return_lse else (res, None)
-    assert hits["n"] >= 1, "the output allocation was not poisoned (update _poisoned_outputs)"
+    assert hits["n"] >= 1, "the output allocation was not poisoned (update fp8_gpu_cases.poisoned_outputs)"
     assert o.shape == (B, SQ, H, D) and o.dtype == q.dtype
     _check_items(o, q, k, v, lambda b: torch.arange(int(lengths[b]), device="cuda"), scale,
                  f"{kernel}, lengths {lengths.tolist()}", lse=lse)
@@ -136,7 +107,7 @@ def test_key_lens_zero_and_over_length(kernel):
 
     q, k, v = gaussian_inputs(B, H, SQ, SK, 128, seed=21)
     lengths = [0, SK + 1000, 33]
-    with _poisoned_outputs(((B, SQ, H, 128), q.dtype)):
+    with poisoned_outputs(((B, SQ, H, 128), q.dtype)):
         o = fp8_attention_kernel(q, k, v, kernel=kernel, key_lens=torch.tensor(lengths, dtype=torch.int32,
                                                                                 device="cuda"))
         torch.cuda.synchronize()
@@ -156,10 +127,10 @@ def test_op_non_prefix_key_mask_vs_float64(kernel, monkeypatch):
     keep[2, 300:] = False  # item 2: nothing in the last 160-key tile / 32-key strips (nor in most of the rest)
     keep[:, 0] = False  # not a prefix, whatever the draw
     scale = 0.1
-    with _poisoned_outputs(((B, SQ, H, 128), q.dtype)) as hits:
+    with poisoned_outputs(((B, SQ, H, 128), q.dtype)) as hits:
         o = torch.ops.ditprof.fp8_attention(q, k, v, scale, keep)
         torch.cuda.synchronize()
-    assert hits["n"] >= 1, "the output allocation was not poisoned (update _poisoned_outputs)"
+    assert hits["n"] >= 1, "the output allocation was not poisoned (update fp8_gpu_cases.poisoned_outputs)"
     _check_items(o, q, k, v, lambda b: keep[b].nonzero().flatten(), scale, f"{kernel}, mask (op)")
 
 
