@@ -58,6 +58,8 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import check_key_mask, check_qkv
+from ditprof.kernels.qk_format import QK_FORMATS
+from ditprof.kernels.qk_format import qk_format as process_qk_format
 from ditprof.kernels.registry import register
 from ditprof.kernels.rotation import hadamard_rotation
 
@@ -185,7 +187,7 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     original basis (``prep.k_mean_original_basis``), as ``interface`` does with the prep's ``k_mean``.
     Returns o (B, Sq, H, D) in q's dtype, and with ``return_lse`` also the natural-log LSE, fp32 (B, H, Sq).
     """
-    if qk_format not in ("e4m3", "int8"):
+    if qk_format not in QK_FORMATS:
         raise DitprofError(f"qk_format must be 'e4m3' or 'int8', got {qk_format!r}")
     if rotate_qk and qk_format == "int8":
         raise DitprofError("rotate_qk is the e4m3 emulation's rotation; qk_format='int8' always rotates")
@@ -262,9 +264,7 @@ _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does n
           "DITPROF_FP8_QK says, e4m3 V, P x256 per 32-key strip, fp32 accumulate); runs anywhere, slowly",
           numerics_only=True)
 def fp8_emulated_backend(q, k, v, *, scale=None, key_mask=None):
-    from ditprof.kernels.qk_format import qk_format
-
-    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=qk_format())
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=process_qk_format())
 
 
 __all__ = [
