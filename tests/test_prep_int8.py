@@ -272,6 +272,29 @@ def test_interpreter_int8_inner(shape):
     run_triton_int8_checks(shape, "cpu", prep_triton)
 
 
+# the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
+LAYOUTS = [{"Q_IN_STATS": True}, {"SPLIT_V": True, "QK_PREFETCH": True},
+           {"Q_IN_STATS": True, "SPLIT_V": True, "QK_PREFETCH": True, "QK_WARPS": 8}]
+
+
+def test_triton_interpreter_int8_layouts_match_torch():
+    run_under_interpreter(__file__, "test_interpreter_int8_layouts_inner")
+
+
+@inner_only()
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "+".join(d))
+@pytest.mark.parametrize("shape", INTERP_SHAPES[1:3], ids=lambda s: "x".join(map(str, s)))
+def test_interpreter_int8_layouts_inner(shape, layout, monkeypatch):
+    from ditprof.kernels import prep_triton
+
+    for name, value in layout.items():
+        assert hasattr(prep_triton, name), name
+        monkeypatch.setattr(prep_triton, name, value)
+    plan = prep_triton.PrepPlan(*make_qkv(*shape, seed=0), True, qk_int8=True)
+    assert len(plan.launches) == 2 + bool(layout.get("SPLIT_V"))
+    run_triton_int8_checks(shape, "cpu", prep_triton)
+
+
 def run_triton_int8_checks(shape, device, prep_triton):
     B, Sq, Sk, H, D = shape
     for smooth_k, dtype in ((True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float16)):
@@ -393,8 +416,9 @@ def test_int8_workspaces_share_one_device_rotation():
 
 
 def test_prep_int8_sweep_settings():
-    """benchmarks/experimental/prep_int8_sweep.py: the default tiling first, each other setting once, and the
-    knobs it patches are the prep module's (a renamed constant would make the sweep time the default only)."""
+    """benchmarks/experimental/prep_int8_sweep.py: the default first, each layout combination once, tiling steps
+    from a layout, and the knobs it patches are the prep module's (a renamed constant would make the sweep time the
+    default only)."""
     import importlib.util
     from pathlib import Path
 
@@ -404,10 +428,12 @@ def test_prep_int8_sweep_settings():
     spec = importlib.util.spec_from_file_location("prep_int8_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    for quick in (True, False):
-        grid = sweep.settings(quick)
-        assert grid[0] == {k: getattr(P, k) for k in sweep.KNOBS}
-        assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) > 1
-    with sweep.patched({"QK_BLOCK": 32}):
-        assert P.QK_BLOCK == 32
-    assert P.QK_BLOCK == grid[0]["QK_BLOCK"]
+    grid = sweep.layout_settings()
+    assert grid[0] == {k: getattr(P, k) for k in sweep.KNOBS}
+    assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) == 2 ** len(sweep.LAYOUT_KNOBS)
+    steps = sweep.tiling_settings(grid[-1])
+    assert all(sum(s[k] != grid[-1][k] for k in sweep.KNOBS) == 1 for s in steps)
+    assert len(steps) == sum(len(v) - 1 for v in sweep.TILING_KNOBS.values())
+    with sweep.patched({"QK_BLOCK": 32, "SPLIT_V": True}):
+        assert P.QK_BLOCK == 32 and P.SPLIT_V is True
+    assert P.QK_BLOCK == grid[0]["QK_BLOCK"] and P.SPLIT_V == grid[0]["SPLIT_V"]

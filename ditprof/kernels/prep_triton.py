@@ -87,6 +87,17 @@ STATS_ROT_ROWS = 32
 # tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
 # test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
 QK_STAGES = 1
+# INT8 Q/K mode layout of the work (benchmarks/experimental/prep_int8_sweep.py measures each):
+# Q_IN_STATS: Q's rotate + quantize programs run in the stats launch (per-token scales need no statistics; their
+#   row amax goes to the finalize as Q's partials, so a non-finite Q still reaches scales[b, h, 0] and the flag);
+# SPLIT_V: V's quantize programs get a launch of their own, so the rotation matrix's shared memory does not cap
+#   their occupancy (one launch more);
+# QK_PREFETCH: the rotated loops load the next row block into registers before they rotate the current one;
+# QK_WARPS: warps of the programs that rotate in the quantize launch (None: QUANT_WARPS).
+Q_IN_STATS = False
+SPLIT_V = False
+QK_PREFETCH = False
+QK_WARPS = None
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
 _INT_MIN = tl.constexpr(-2147483648)
@@ -260,9 +271,17 @@ def _rot_dot(x, rot, F32DOT: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(base, s_s, s_d, first, end, d, ROWS: tl.constexpr):
+    # rows [first, first + ROWS) of one (b, h), zeros from ``end`` on (a fully masked load reads no memory)
+    rows = first + tl.arange(0, ROWS)
+    return tl.load(base + rows.to(tl.int64)[:, None] * s_s + d[None, :] * s_d, mask=(rows < end)[:, None],
+                   other=0.0)
+
+
+@triton.jit
 def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
                  D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
-                 STAGES: tl.constexpr):
+                 STAGES: tl.constexpr, PREFETCH: tl.constexpr):
     # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
     # matrix, fp32 accumulation), reduced over the rows of each tile (a padded tail row is masked out)
     base = src + b * s_b + h * s_h
@@ -274,10 +293,16 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     acc_sum = tl.zeros([D], dtype=tl.float64)
     acc_max = tl.full([D], float("-inf"), dtype=tl.float32)
     acc_min = tl.full([D], float("inf"), dtype=tl.float32)
+    if PREFETCH:
+        x_next = _load_rows(base, s_s, s_d, start, end, d, RT)
     for i in tl.range(0, end - start, RT, num_stages=STAGES):
         rows = start + i + tl.arange(0, RT)
         ok = (rows < end)[:, None]
-        x = tl.load(base + rows.to(tl.int64)[:, None] * s_s + d[None, :] * s_d, mask=ok, other=0.0)
+        if PREFETCH:
+            x = x_next
+            x_next = _load_rows(base, s_s, s_d, start + i + RT, end, d, RT)
+        else:
+            x = _load_rows(base, s_s, s_d, start + i, end, d, RT)
         xr = _rot_dot(x, rot, F32DOT)
         acc_sum += tl.sum(tl.where(ok, xr.to(tl.float64), 0.0), axis=0)
         acc_max = tl.maximum(acc_max, tl.max(tl.where(ok, xr, float("-inf")), axis=0))
@@ -295,11 +320,12 @@ def _stats_kernel(
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
-    H, Sq, Sk, NCQ, NCK,
+    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr, q8_ptr, qs_ptr,
+    H, Sq, Sk, Sq_pad, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, Q_ROT: tl.constexpr, QK_ROWS: tl.constexpr,
+    QK_BLOCK: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -310,11 +336,16 @@ def _stats_kernel(
     if KLENS:
         n_keys = tl.minimum(tl.maximum(tl.load(klens_ptr + b), 0), Sk)
     if t < NCQ:
-        _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
+        if Q_ROT:  # INT8 Q/K with Q_IN_STATS: Q's quantize programs (QK_ROWS rows each), amax bits as partials
+            _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr, 1.0,
+                             qs_ptr, scales_ptr, flags_ptr, qpart_ptr + bh64 * NCQ + t, D, QK_ROWS, QK_BLOCK, True,
+                             False, FAST, F32DOT, QK_STAGES, PREFETCH, True)
+        else:
+            _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
     elif t < NCQ + NCK:
         if QK_INT8:
             _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
-                         n_keys, NCK, D, CHUNK, RT, F32DOT, QK_STAGES)
+                         n_keys, NCK, D, CHUNK, RT, F32DOT, QK_STAGES, PREFETCH)
         else:
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
@@ -387,7 +418,10 @@ def _finalize_bh(
     amax_k_bits = tl.max(_abs_bits(ak), axis=0)
     amax_k = tl.where(bad_k > 0, 0x7FC00000, amax_k_bits).to(tl.float32, bitcast=True)
     amax_v = tl.max(av, axis=0).to(tl.float32, bitcast=True)
-    ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))
+    if QK_INT8:  # per-token Q scales: scales[b, h, 0] is 1, or NaN when Q's programs saw a non-finite row
+        ds_q = tl.where((amax_q - amax_q) == 0.0, 1.0, float("nan"))
+    else:
+        ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))
     if QK_INT8:
         ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 127.0))
     else:
@@ -465,22 +499,35 @@ def _div_rows(x, ds, FAST: tl.constexpr):
 
 @triton.jit
 def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
-                     scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     scales_ptr, flags_ptr, part_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
-                     STAGES: tl.constexpr):
+                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, IN_STATS: tl.constexpr):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
-    # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
-    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero.
+    # rows); a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0] -- in the stats launch
+    # (``IN_STATS``) through the finalize instead: the program's amax bits go to ``part_ptr`` as Q's partial.
+    # K: X' = X @ Rpm1 - mu' with the per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows
+    # >= S zero.
     d = tl.arange(0, D).to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
     if SUB_MEAN:
         mu = tl.load(mean_ptr + bh64 * D + d)
-    for i in tl.range(0, tl.minimum(ROWS, S_pad - t * ROWS), BLOCK, num_stages=STAGES):
+    base = src + b * s_b + h * s_h
+    n = tl.minimum(ROWS, S_pad - t * ROWS)
+    end = tl.minimum(S, t * ROWS + n)  # rows to read: this program's, below S
+    if IS_Q and IN_STATS:
+        amax_all = tl.zeros([BLOCK], dtype=tl.int32)
+    if PREFETCH:
+        x_next = _load_rows(base, s_s, s_d, t * ROWS, end, d, BLOCK)
+    for i in tl.range(0, n, BLOCK, num_stages=STAGES):
         rows = t * ROWS + i + tl.arange(0, BLOCK)
         r64 = rows.to(tl.int64)
         m = (rows < S)[:, None]
-        x = tl.load(src + b * s_b + h * s_h + r64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
+        if PREFETCH:
+            x = x_next
+            x_next = _load_rows(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK)
+        else:
+            x = _load_rows(base, s_s, s_d, t * ROWS + i, end, d, BLOCK)
         xr = _rot_dot(x, rot, F32DOT)
         if IS_Q:
             xr = xr * (1.0 / D)  # a power of two: exact
@@ -489,15 +536,20 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
             qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
             y = _div_rows(xr, qs, FAST)
             tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
-            bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
-            tl.store(flags_ptr + 0, 1, mask=bad > 0)
-            tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
+            if IN_STATS:
+                amax_all = tl.maximum(amax_all, amax_bits)
+            else:
+                bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
+                tl.store(flags_ptr + 0, 1, mask=bad > 0)
+                tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
         else:
             if SUB_MEAN:
                 xr = tl.where(m, xr - mu[None, :], 0.0)
             y = _div_by_descale(xr, ds, FAST)
         tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
                  mask=(rows < S_pad)[:, None])
+    if IS_Q and IN_STATS:
+        tl.store(part_ptr, tl.max(amax_all, axis=0))
 
 
 @triton.jit
@@ -510,28 +562,37 @@ def _quant_kernel(
     H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
+    DO_V: tl.constexpr,
 ):
+    # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
-    if t < NQ:
-        if QK_INT8:
-            _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr, 1.0,
-                             qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT, QK_STAGES)
+    if DO_QK:
+        if t < NQ:
+            if QK_INT8:
+                _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
+                                 1.0, qs_ptr, scales_ptr, flags_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False,
+                                 FAST, F32DOT, QK_STAGES, PREFETCH, False)
+            else:
+                _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
+                            tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
+        elif t < NQ + NK:
+            if QK_INT8:
+                _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr,
+                                 mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr,
+                                 flags_ptr, D, QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH,
+                                 False)
+            else:
+                _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
+                            tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
         else:
-            _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
-                        tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
-    elif t < NQ + NK:
-        if QK_INT8:
-            _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr, mean_ptr,
-                             tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS,
-                             QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES)
-        else:
-            _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
-                        tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
+            if DO_V:
+                _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
+                         tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
     else:
         _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
                  tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
@@ -641,12 +702,17 @@ class PrepPlan:
         if self.qk_int8 and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
             _device_rotation(D, q.dtype, q.device)  # made now, outside any graph capture
         BH = B * H
-        # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
-        ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
+        # INT8 Q/K: Q has per-token scales, so it needs no stats: no Q chunks, or (Q_IN_STATS) its rotate +
+        # quantize programs run in the stats launch and leave the quantize launch
+        q_rot_in_stats = self.qk_int8 and Q_IN_STATS
+        nck = _cdiv(Sk, stats_chunk)
         if self.qk_int8:
             nq, nk = _cdiv(self.Sq_pad, QK_ROWS), _cdiv(self.Sk_pad, QK_ROWS)
+            ncq = nq if q_rot_in_stats else 0
+            nq = 0 if q_rot_in_stats else nq
         else:
             nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
+            ncq = _cdiv(Sq, stats_chunk)
         nv = _cdiv(self.Sk_pad, quant_block)
         self.ncq, self.nck = ncq, nck
         # strides are (b, s, h, d) for each tensor: the kernels take them in that order
@@ -657,25 +723,38 @@ class PrepPlan:
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
                      KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES)
+                     QK_STAGES=QK_STAGES, Q_ROT=q_rot_in_stats, Sq_pad=self.Sq_pad, QK_ROWS=QK_ROWS,
+                     QK_BLOCK=QK_BLOCK, FAST=fast_div, PREFETCH=QK_PREFETCH)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
         self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps), stats,
                              ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
-        self.quant = _Launch(_quant_kernel, (nq + nk + nv, BH), dict(num_warps=quant_warps), quant,
-                             ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr",
-                              "qs_ptr", "rot_ptr", "flags_ptr"))
-        self.launches = (self.stats, self.quant)
+                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr",
+                              "q8_ptr", "qs_ptr"))
+        quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
+                      "rot_ptr", "flags_ptr")
+        qk_warps = (QK_WARPS or quant_warps) if self.qk_int8 else quant_warps
+        if self.qk_int8 and SPLIT_V:
+            self.quants = (
+                _Launch(_quant_kernel, (nq + nk, BH), dict(num_warps=qk_warps),
+                        dict(quant, NQ=nq, NK=nk, DO_QK=True, DO_V=False), quant_args),
+                _Launch(_quant_kernel, (nv, BH), dict(num_warps=quant_warps),
+                        dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True), quant_args),
+            )
+        else:
+            self.quants = (_Launch(_quant_kernel, (nq + nk + nv, BH), dict(num_warps=qk_warps),
+                                   dict(quant, DO_QK=True, DO_V=True), quant_args),)
+        self.launches = (self.stats, *self.quants)
 
     def buffers(self, device, out=None) -> dict:
-        """Every tensor the two kernels write (and the read-only rotation matrix): the prep's outputs (q8, k8, v8t, scales, k_mean; with ``qk_int8``
-        q8 and k8 int8 and q_scales (B, H, Sq_pad) float32) and the partials; with ``qk_int8`` also the +-1
-        rotation matrix ``rot`` (D, D) in the inputs' dtype (read-only) and ``k_mean_rot`` (the smoothing mean in
-        the rotated basis). ``out``: (q8, k8, v8t, scales[, q_scales]) to write into instead of new ones."""
+        """Every tensor the kernels write (and the read-only rotation matrix): the prep's outputs (q8, k8, v8t,
+        scales, k_mean; with ``qk_int8`` q8 and k8 int8 and q_scales (B, H, Sq_pad) float32) and the partials;
+        with ``qk_int8`` also the +-1 rotation matrix ``rot`` (D, D) in the inputs' dtype (read-only) and
+        ``k_mean_rot`` (the smoothing mean in the rotated basis). ``out``: (q8, k8, v8t, scales[, q_scales]) to
+        write into instead of new ones."""
         B, H, D, BH = self.B, self.H, self.D, self.B * self.H
         f8 = torch.float8_e4m3fn
         qk = torch.int8 if self.qk_int8 else f8
@@ -715,19 +794,23 @@ class PrepPlan:
         )
 
     def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
-        """The two launches on ``stream`` (a raw CUDA stream handle; None: Triton's JIT path, which launches on
-        the current stream). The current device must be the tensors' device."""
+        """The launches (two; three with ``SPLIT_V`` in INT8 mode) on ``stream`` (a raw CUDA stream handle; None:
+        Triton's JIT path, which launches on the current stream). The current device must be the tensors'
+        device."""
         stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
         self.stats(stats_args, stream)
-        self.quant(quant_args, stream)
+        for quant in self.quants:
+            quant(quant_args, stream)
 
     def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The stats launch alone (benchmarks time the two passes apart)."""
         self.stats(self._arguments(q, k, v, bufs, key_lens)[0], stream)
 
     def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
-        """The quantize launch alone: reads what an earlier stats launch on ``bufs`` wrote."""
-        self.quant(self._arguments(q, k, v, bufs, key_lens)[1], stream)
+        """The quantize launch(es) alone: read what an earlier stats launch on ``bufs`` wrote."""
+        quant_args = self._arguments(q, k, v, bufs, key_lens)[1]
+        for quant in self.quants:
+            quant(quant_args, stream)
 
     def _arguments(self, q, k, v, bufs: dict, key_lens) -> tuple[tuple, tuple]:
         b = bufs
@@ -739,7 +822,7 @@ class PrepPlan:
         else:  # never read
             rot, kmr, qs = b["scales"], b["k_mean"], b["scales"]
         stats = (q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
-                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr)
+                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr, b["q8"], qs)
         # the quantize pass subtracts the mean of the basis it quantizes in
         quant = (q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs, rot,
                  b["flags"])
@@ -829,13 +912,21 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
 
     sw = stats_warps or STATS_WARPS
     fast = FAST_DIV if fast_div is None else bool(fast_div)
-    return {
+    qw = quant_warps or QUANT_WARPS
+    quant = {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k, "MANUAL_RNE": False,
+             "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
+             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH}
+    split = qk_int8 and SPLIT_V
+    kernels = {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
                                        "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
-                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES}, sw),
-        "quant": build(_quant_kernel, {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k,
-                                       "MANUAL_RNE": False, "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS,
-                                       "QK_BLOCK": QK_BLOCK, "F32DOT": False, "QK_STAGES": QK_STAGES},
-                     quant_warps or QUANT_WARPS),
+                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
+                                       "Q_ROT": qk_int8 and Q_IN_STATS, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK,
+                                       "FAST": fast, "PREFETCH": QK_PREFETCH}, sw),
+        "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split),
+                       (QK_WARPS or qw) if qk_int8 else qw),
     }
+    if split:
+        kernels["quant_v"] = build(_quant_kernel, dict(quant, DO_QK=False, DO_V=True), qw)
+    return kernels
