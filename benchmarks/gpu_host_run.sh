@@ -137,6 +137,14 @@ prep-int8)  # the INT8 prep's tiling sweep at the H3 shape (issue 18's remaining
   step prep-int8-sweep 300 python benchmarks/experimental/prep_int8_sweep.py --iters 10 --json "$out/prep-int8-sweep.json"
   step int8-capture 200 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_cuda_graph.py tests/test_diffusers_entry.py -k "not sm120 and not compiles_with_inductor"
   ;;
+session10a)  # session 10: the INT8 prep's layouts and tiling at h3 (+ prep and kernel end to end), its GPU tests
+  step prep-int8-sweep 330 python benchmarks/experimental/prep_int8_sweep.py --iters 10 --end-to-end --json "$out/prep-int8-sweep.json"
+  step int8-prep-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  ;;
+session10b)  # session 10: GPU tests left unrun by session 9 (INT8 capture, the diffusers entry), every -m gpu test
+  step int8-capture 200 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_cuda_graph.py tests/test_diffusers_entry.py -k "not sm120 and not compiles_with_inductor"
+  step gpu-tests 380 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;

@@ -364,6 +364,17 @@ def test_gpu_triton_int8_matches_torch(shape):
     run_triton_int8_checks(shape, "cuda", prep_triton)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "+".join(d))
+@pytest.mark.parametrize("shape", GPU_SHAPES[1:4] + GPU_SHAPES[5:], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_triton_int8_layouts_match_torch(shape, layout, monkeypatch):
+    from ditprof.kernels import prep_triton
+
+    for name, value in layout.items():
+        monkeypatch.setattr(prep_triton, name, value)
+    run_triton_int8_checks(shape, "cuda", prep_triton)
+
+
 @pytest.mark.parametrize("arch", [90, 89, 120])
 def test_triton_int8_kernels_compile_offline(arch):
     """The compiled INT8 path: tensor-core rotation (wgmma on sm_90, mma.sync elsewhere), IEEE divisions, no local
