@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
@@ -189,6 +190,17 @@ class Sm90Fp8Attention:
         softmax_scale: Float32,
         stream: cuda.CUstream,
     ):
+        args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
+                                         sq_pad, sk_pad)
+        grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts).launch(
+            grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    Q_STAGES = 1  # Q buffers in shared memory (each one box of 64 rows per consumer warpgroup)
+
+    def kernel_args(self, pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk, sq_pad, sk_pad):
+        """The kernel's arguments before (sq, sk, scale_log2) and its smem layouts after them (traced in
+        ``__call__``; sets ``shared_storage`` and ``smem_bytes``)."""
         D = self.head_dim
         f8 = Float8E4M3FN
         qk8 = self.qk_dtype
@@ -240,7 +252,7 @@ class Sm90Fp8Attention:
 
         qk_tiler = (TILE_M_WG, self.tile_n, D)
         pv_tiler = (TILE_M_WG, D, self.tile_n)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, qk8, self.num_wg)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, qk8, self.num_wg * self.Q_STAGES)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, qk8, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, pv_tiler, f8, self.kv_stages)
 
@@ -255,17 +267,12 @@ class Sm90Fp8Attention:
         self.kv_bytes = self.tile_n * D
 
         SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
-                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8)
+                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8, self.Q_STAGES)
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-
-        grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
-        self.kernel(
-            qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
-            tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma,
-            mScales, mQScales, mO, mLSE, mKeyLens, sq, sk, softmax_scale * LOG2E,
-            sQ_layout, sK_layout, sV_layout, sOnes_layout,
-        ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        return ((qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
+                 tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, mScales, mQScales, mO, mLSE, mKeyLens),
+                (sQ_layout, sK_layout, sV_layout, sOnes_layout))
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -298,20 +305,57 @@ class Sm90Fp8Attention:
         sV_layout: cute.ComposedLayout,
         sOnes_layout: cute.ComposedLayout,
     ):
-        D = self.head_dim
-        tile_n = self.tile_n
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, bat = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
 
+        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
+        n_tiles = self.key_tiles(mKeyLens, bat, sk)
+        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
+
+        if wg_idx == 0:
+            # ======================= producer warpgroup =======================
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            if warp_idx == 0:
+                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat)
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+                self.load_kv(k_pipe, v_pipe, kv_state, n_tiles, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
+        else:
+            # ======================= consumer warpgroups =======================
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
+                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
+            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
+            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
+            row_max = cute.make_rmem_tensor((2,), Float32)
+            row_sum = cute.make_rmem_tensor((2,), Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg, n_tiles, qk_scale, row_max, row_sum,
+                        mKeyLens, bat, sk, sPin, warp_idx, bias_ptr)
+
+            # read only now: one register less across the main loop
+            self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
+                          row0, head, bat, f.wg_tidx)
+
+    # ------------------------------------------------------------------ kernel sections (the persistent variant
+    # in benchmarks/experimental/fp8_fwd_sm90_persistent.py runs them per work tile)
+    def shared_setup(self, sQ_layout, sK_layout, sV_layout):
+        """The smem struct, the Q / K / V TMA pipelines (mbarriers not yet fenced: ``shared_constants`` does it),
+        the Q, K, V tiles and the scratch slots."""
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
 
         one = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_wg)  # one arrive per warp
         q_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_mbar.data_ptr(), num_stages=1, producer_group=one,
+            barrier_storage=storage.q_mbar.data_ptr(), num_stages=self.Q_STAGES, producer_group=one,
             consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
         k_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.kv_stages, producer_group=one,
@@ -324,14 +368,20 @@ class Sm90Fp8Attention:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sPin = storage.pin.get_tensor(cute.make_layout(32))
+        return storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin
 
+    def key_tiles(self, mKeyLens: cute.Tensor | None, bat: Int32, sk: Int32) -> Int32:
+        """Key tiles of batch item ``bat``."""
         if const_expr(mKeyLens is not None):
             # this batch item's keys: the first key_lens[b] (at most sk); at least one tile is run, so a fully
             # masked item ends in NaN rows (as SDPA's do) instead of consumers waiting on a tile never loaded
-            n_tiles = cutlass.max(cute.ceil_div(self.item_keys(mKeyLens, bat, sk), tile_n), 1)
-        else:
-            n_tiles = cute.ceil_div(sk, tile_n)
+            return cutlass.max(cute.ceil_div(self.item_keys(mKeyLens, bat, sk), self.tile_n), 1)
+        return cute.ceil_div(sk, self.tile_n)
 
+    @cute.jit
+    def shared_constants(self, storage, sOnes_layout: cute.ComposedLayout, sPin: cute.Tensor, tidx: Int32):
+        """The smem constants (the row-sum wgmma's ones, the INT8 accumulator preset), the proxy and mbarrier
+        fences and the CTA barrier; returns the preset's pointer (None for e4m3)."""
         if tidx == 0:
             # a zeroed scratch slot no schedule of this kernel reads: dropping the store reorders the prologue's
             # SASS, and this is the instruction stream that was measured (benchmarks/NOTES.md)
@@ -349,157 +399,173 @@ class Sm90Fp8Attention:
         cute.arch.fence_proxy("async.shared", space="cta")  # generic stores, read by wgmma (async proxy)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        return bias_ptr
 
-        if wg_idx == 0:
-            # ======================= producer warpgroup =======================
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-            if warp_idx == 0:
-                cpasync.prefetch_descriptor(tma_q)
-                cpasync.prefetch_descriptor(tma_k)
-                cpasync.prefetch_descriptor(tma_v)
-                # (box, n_m_boxes, 1, H, B) etc.
-                gQ = cute.flat_divide(mQ, (TILE_M_WG, D))
-                gK = cute.flat_divide(mK, (tile_n, D))
-                gV = cute.flat_divide(mV, (D, tile_n))
-                tQsQ, tQgQ = cpasync.tma_partition(
-                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                tKsK, tKgK = cpasync.tma_partition(
-                    tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(
-                    tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+    def producer_views(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV):
+        """The producer warp's TMA descriptor prefetches and the (smem, gmem) partitions of Q, K and V."""
+        cpasync.prefetch_descriptor(tma_q)
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+        # (box, n_m_boxes, 1, H, B) etc.
+        gQ = cute.flat_divide(mQ, (TILE_M_WG, self.head_dim))
+        gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))
+        gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                q_pipe.producer_acquire(q_state)
-                for w in cutlass.range_constexpr(self.num_wg):
-                    # boxes past the padded length (3 consumer warpgroups) are zero-filled by the TMA unit
-                    cute.copy(tma_q, tQgQ[(None, m_block * self.num_wg + w, 0, head, bat)], tQsQ[(None, w)],
-                              tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+    @cute.jit
+    def load_q(self, q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat, slot0=0):
+        """Q of query block ``m_block``: one box per consumer warpgroup into Q boxes slot0.., on one mbarrier."""
+        q_pipe.producer_acquire(q_state)
+        for w in cutlass.range_constexpr(self.num_wg):
+            # boxes past the padded length (3 consumer warpgroups) are zero-filled by the TMA unit
+            cute.copy(tma_q, tQgQ[(None, m_block * self.num_wg + w, 0, head, bat)], tQsQ[(None, slot0 + w)],
+                      tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
 
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                for j in cutlass.range(n_tiles, unroll=1):
-                    k_pipe.producer_acquire(kv_state)
-                    cute.copy(tma_k, tKgK[(None, j, 0, head, bat)], tKsK[(None, kv_state.index)],
-                              tma_bar_ptr=k_pipe.producer_get_barrier(kv_state))
-                    v_pipe.producer_acquire(kv_state)
-                    cute.copy(tma_v, tVgV[(None, 0, j, head, bat)], tVsV[(None, kv_state.index)],
-                              tma_bar_ptr=v_pipe.producer_get_barrier(kv_state))
-                    kv_state.advance()
-        else:
-            # ======================= consumer warpgroups =======================
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-            pv_mma_h.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma_h_zero.set(warpgroup.Field.ACCUMULATE, False)
-            sum_mma.set(warpgroup.Field.ACCUMULATE, True)
-            sum_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-            wg = wg_idx - 1
-            wg_tidx = tidx % 128
-            qk_thr = qk_mma.get_slice(wg_tidx)
-            pv_thr = pv_mma.get_slice(wg_tidx)
-
-            tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/32, consumer_wgs)
-            tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, 1, D/32, stages)
-            tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/32, stages)
-
-            acc_S = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M_WG, tile_n)), Float32)
-            acc_O = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, D)), Float32)
-            tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M_WG, tile_n)), Float8E4M3FN)
-            acc_O.fill(0.0)
-            # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
-            # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
-            # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
-            pvh_thr = pv_mma_h.get_slice(wg_tidx)
-            # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
-            acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, D // self.pv_split)), Float32)
-            tOrV_h = pvh_thr.make_fragment_B(pvh_thr.partition_B(sV))
-            alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
-            # the row sums of a tile's P8 (every column of acc_L holds its row's sum)
-            sum_thr = sum_mma.get_slice(wg_tidx)
-            acc_L = cute.make_rmem_tensor(sum_thr.partition_shape_C((TILE_M_WG, SUM_COLS)), Float32)
-            sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
-            tLrOnes = sum_thr.make_fragment_B(sum_thr.partition_B(sOnes))  # (MMA, 1, tile_n/32, 1)
-
-            # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
-            n_kb = tile_n // 32
-            pack_shape = (2, 2, 2, 2, n_kb)
-            S_as_pack = cute.make_tensor(acc_S.iterator, cute.make_layout(pack_shape, stride=(1, 2, 4, 8, 16)))
-            P_as_pack = cute.make_tensor(tOrP.iterator, cute.make_layout(pack_shape, stride=(1, 4, 2, 8, 16)))
-
-            row0 = m_block * self.tile_m + wg * TILE_M_WG
-            if const_expr(self.qk_int8):
-                # per-row Q descales (rows past sq read the last row's: never written out)
-                qk_scale = cute.make_rmem_tensor((2,), Float32)
-                k_scale = mScales[1, head, bat] * scale_log2
-                for r in cutlass.range_constexpr(2):
-                    row = cutlass.min(self.thread_row(row0, wg_tidx // 32, wg_tidx % 32, r), sq - 1)
-                    qk_scale[r] = mQScales[row, head, bat] * k_scale
-            else:
-                # per-(b, h) descales folded into two scalars
-                qk_scale = mScales[0, head, bat] * mScales[1, head, bat] * scale_log2
-
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-
-            quad = wg_tidx % 4
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            q_pipe.consumer_wait(q_state)
-
-            # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
-            k_pipe.consumer_wait(kv_state)
-            self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, kv_state.index, bias_ptr)
-            warpgroup.wait_group(0)
-            k_pipe.consumer_release(kv_state)
-            if n_tiles == 1:
-                self.mask_tile(acc_S, 0, self.item_keys(mKeyLens, bat, sk), quad)
-            alpha0 = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
-            alpha_keep[0] = alpha0[0]
-            alpha_keep[1] = alpha0[1]
-            self.pack_p(S_as_pack, P_as_pack)
-            v_state = kv_state.clone()
+    @cute.jit
+    def load_kv(self, k_pipe, v_pipe, kv_state, n_tiles: Int32, tma_k: cute.CopyAtom, tKgK: cute.Tensor,
+                tKsK: cute.Tensor, tma_v: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor, head: Int32,
+                bat: Int32):
+        """The K and V tiles 0 .. n_tiles-1 of (head, bat) into the rings; returns the state after the last."""
+        for j in cutlass.range(n_tiles, unroll=1):
+            k_pipe.producer_acquire(kv_state)
+            cute.copy(tma_k, tKgK[(None, j, 0, head, bat)], tKsK[(None, kv_state.index)],
+                      tma_bar_ptr=k_pipe.producer_get_barrier(kv_state))
+            v_pipe.producer_acquire(kv_state)
+            cute.copy(tma_v, tVgV[(None, 0, j, head, bat)], tVsV[(None, kv_state.index)],
+                      tma_bar_ptr=v_pipe.producer_get_barrier(kv_state))
             kv_state.advance()
-            for j in cutlass.range(1, n_tiles, unroll=1):
-                # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
-                # 3 consumer warpgroups fit 160 registers; the overlap comes from the other warpgroups
-                v_pipe.consumer_wait(v_state)
-                self.pv_waited(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV_h, v_state.index,
-                               sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
-                # sk < 0 never holds but ptxas cannot know: the basic-block boundary keeps the next QK's
-                # set-up from being interleaved into the merge, which is what made v5 spill
-                c = cute.arch.clock()
-                if sk < 0:
-                    if const_expr(self.qk_int8):
-                        sPin[0] = Float32(c)  # a fixed slot: no address register kept live (it spilled)
-                    else:
-                        sPin[warp_idx % 16] = Float32(c)
-                v_pipe.consumer_release(v_state)
-                # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
-                v_state.advance()
-                k_pipe.consumer_wait(v_state)
-                self.gemm_qk(qk_mma_zero, qk_mma, acc_S, tSrQ, tSrK, wg, v_state.index, bias_ptr)
-                warpgroup.wait_group(0)
-                k_pipe.consumer_release(v_state)
-                if j == n_tiles - 1:
-                    self.mask_tile(acc_S, j, self.item_keys(mKeyLens, bat, sk), cute.arch.lane_idx() % 4)
-                alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
-                # keep this tile's alpha for the merge after its P V
-                alpha_keep[0] = alpha[0]
-                alpha_keep[1] = alpha[1]
-                self.pack_p(S_as_pack, P_as_pack)
-            # epilogue PV
-            v_pipe.consumer_wait(v_state)
-            self.pv_waited(pv_mma_h_zero, pv_mma_h, acc_O, acc_Ot, alpha_keep, tOrP, tOrV_h, v_state.index,
-                           sum_mma_zero, sum_mma, acc_L, tLrOnes, row_sum)
-            v_pipe.consumer_release(v_state)
+        return kv_state
 
-            # read only now: one register less across the main loop
-            self.epilogue(acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                          row0, head, bat, wg_tidx)
+    def consumer_setup(self, qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
+                       sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx) -> SimpleNamespace:
+        """A consumer warpgroup's MMAs, register fragments and accumulators (as attributes of the result)."""
+        tile_n = self.tile_n
+        qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+        qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+        pv_mma_h.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma_h_zero.set(warpgroup.Field.ACCUMULATE, False)
+        sum_mma.set(warpgroup.Field.ACCUMULATE, True)
+        sum_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+        f = SimpleNamespace(qk_mma=qk_mma, qk_mma_zero=qk_mma_zero, pv_mma_h=pv_mma_h, pv_mma_h_zero=pv_mma_h_zero,
+                            sum_mma=sum_mma, sum_mma_zero=sum_mma_zero)
+        f.wg = wg_idx - 1
+        f.wg_tidx = wg_tidx = tidx % 128
+        qk_thr = qk_mma.get_slice(wg_tidx)
+        pv_thr = pv_mma.get_slice(wg_tidx)
+
+        f.tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, D/32, consumer_wgs * Q_STAGES)
+        f.tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, 1, D/32, stages)
+        f.tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, tile_n/32, stages)
+
+        f.acc_S = acc_S = cute.make_rmem_tensor(qk_thr.partition_shape_C((TILE_M_WG, tile_n)), Float32)
+        f.acc_O = cute.make_rmem_tensor(pv_thr.partition_shape_C((TILE_M_WG, self.head_dim)), Float32)
+        f.tOrP = tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((TILE_M_WG, tile_n)), Float8E4M3FN)
+        f.acc_O.fill(0.0)
+        # pv_promote: each tile's P V goes into a fresh accumulator and is added to acc_O on the FP32 cores
+        # (acc_O = acc_O * alpha + acc_Ot): the FP8 wgmma adds into its accumulator with a short alignment
+        # (~14 bits, DeepSeek-V3 report), which loses the small per-tile terms once acc_O is large
+        pvh_thr = pv_mma_h.get_slice(wg_tidx)
+        # fresh accumulator for one slice of D / pv_split columns; tOrV_h: (MMA, pv_split, tile_n/32, stages)
+        f.acc_Ot = cute.make_rmem_tensor(pvh_thr.partition_shape_C((TILE_M_WG, self.head_dim // self.pv_split)),
+                                         Float32)
+        f.tOrV_h = pvh_thr.make_fragment_B(pvh_thr.partition_B(sV))
+        f.alpha_keep = cute.make_rmem_tensor((2,), Float32)  # alpha of the tile whose P V is in flight
+        # the row sums of a tile's P8 (every column of acc_L holds its row's sum)
+        sum_thr = sum_mma.get_slice(wg_tidx)
+        f.acc_L = cute.make_rmem_tensor(sum_thr.partition_shape_C((TILE_M_WG, SUM_COLS)), Float32)
+        sOnes = storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
+        f.tLrOnes = sum_thr.make_fragment_B(sum_thr.partition_B(sOnes))  # (MMA, 1, tile_n/32, 1)
+
+        # Register views for the P hand-over (see module docstring): coordinates (a, r, b, h, kb).
+        n_kb = tile_n // 32
+        pack_shape = (2, 2, 2, 2, n_kb)
+        f.S_as_pack = cute.make_tensor(acc_S.iterator, cute.make_layout(pack_shape, stride=(1, 2, 4, 8, 16)))
+        f.P_as_pack = cute.make_tensor(tOrP.iterator, cute.make_layout(pack_shape, stride=(1, 4, 2, 8, 16)))
+        return f
+
+    @cute.jit
+    def tile_qk_scale(self, mScales, mQScales, scale_log2, row0, head, bat, sq, wg_tidx):
+        """Raw S -> exp2 domain: a scalar for (head, bat), or with INT8 Q a 2-register tensor (the thread's rows)."""
+        if const_expr(self.qk_int8):
+            # per-row Q descales (rows past sq read the last row's: never written out)
+            qk_scale = cute.make_rmem_tensor((2,), Float32)
+            k_scale = mScales[1, head, bat] * scale_log2
+            for r in cutlass.range_constexpr(2):
+                row = cutlass.min(self.thread_row(row0, wg_tidx // 32, wg_tidx % 32, r), sq - 1)
+                qk_scale[r] = mQScales[row, head, bat] * k_scale
+            return qk_scale
+        # per-(b, h) descales folded into two scalars
+        return mScales[0, head, bat] * mScales[1, head, bat] * scale_log2
+
+    def after_last_qk(self, q_pipe, q_state):
+        """Hook: every Q K^T of the work tile has completed (the persistent variant frees its Q buffer here)."""
+
+    @cute.jit
+    def attend(self, f: SimpleNamespace, q_pipe, q_state, k_pipe, v_pipe, kv_state, q_slot: Int32,
+               n_tiles: Int32, qk_scale, row_max: cute.Tensor, row_sum: cute.Tensor, mKeyLens: cute.Tensor | None,
+               bat: Int32, sk: Int32, sPin: cute.Tensor, warp_idx: Int32, bias_ptr):
+        """The online-softmax loop of one work tile over its n_tiles key tiles (Q in Q box ``q_slot``), K/V from
+        ``kv_state`` on; acc_O, row_max and row_sum hold the result. Returns the state of its last K/V tile."""
+        quad = f.wg_tidx % 4
+        acc_S, tOrP, acc_O = f.acc_S, f.tOrP, f.acc_O
+        q_pipe.consumer_wait(q_state)
+
+        # prologue: S_0, softmax_0 (masked if it is also the last tile), P_0
+        k_pipe.consumer_wait(kv_state)
+        self.gemm_qk(f.qk_mma_zero, f.qk_mma, acc_S, f.tSrQ, f.tSrK, q_slot, kv_state.index, bias_ptr)
+        warpgroup.wait_group(0)
+        k_pipe.consumer_release(kv_state)
+        if n_tiles == 1:
+            self.mask_tile(acc_S, 0, self.item_keys(mKeyLens, bat, sk), quad)
+        alpha0 = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+        f.alpha_keep[0] = alpha0[0]
+        f.alpha_keep[1] = alpha0[1]
+        self.pack_p(f.S_as_pack, f.P_as_pack)
+        v_state = kv_state.clone()
+        kv_state.advance()
+        for j in cutlass.range(1, n_tiles, unroll=1):
+            # O += P_{j-1} V_{j-1} done before S_j = Q K_j^T starts: P and S are never live together, so
+            # 3 consumer warpgroups fit 160 registers; the overlap comes from the other warpgroups
+            v_pipe.consumer_wait(v_state)
+            self.pv_waited(f.pv_mma_h_zero, f.pv_mma_h, acc_O, f.acc_Ot, f.alpha_keep, tOrP, f.tOrV_h,
+                           v_state.index, f.sum_mma_zero, f.sum_mma, f.acc_L, f.tLrOnes, row_sum)
+            # sk < 0 never holds but ptxas cannot know: the basic-block boundary keeps the next QK's
+            # set-up from being interleaved into the merge, which is what made v5 spill
+            c = cute.arch.clock()
+            if sk < 0:
+                if const_expr(self.qk_int8):
+                    sPin[0] = Float32(c)  # a fixed slot: no address register kept live (it spilled)
+                else:
+                    sPin[warp_idx % 16] = Float32(c)
+            v_pipe.consumer_release(v_state)
+            # one pipeline state serves both rings here (K_j follows V_{j-1}): fewer live registers
+            v_state.advance()
+            k_pipe.consumer_wait(v_state)
+            self.gemm_qk(f.qk_mma_zero, f.qk_mma, acc_S, f.tSrQ, f.tSrK, q_slot, v_state.index, bias_ptr)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(v_state)
+            if j == n_tiles - 1:
+                self.mask_tile(acc_S, j, self.item_keys(mKeyLens, bat, sk), cute.arch.lane_idx() % 4)
+            alpha = self.softmax_stats(acc_S, row_max, row_sum, qk_scale)
+            # keep this tile's alpha for the merge after its P V
+            f.alpha_keep[0] = alpha[0]
+            f.alpha_keep[1] = alpha[1]
+            self.pack_p(f.S_as_pack, f.P_as_pack)
+        self.after_last_qk(q_pipe, q_state)
+        # epilogue PV
+        v_pipe.consumer_wait(v_state)
+        self.pv_waited(f.pv_mma_h_zero, f.pv_mma_h, acc_O, f.acc_Ot, f.alpha_keep, tOrP, f.tOrV_h, v_state.index,
+                       f.sum_mma_zero, f.sum_mma, f.acc_L, f.tLrOnes, row_sum)
+        v_pipe.consumer_release(v_state)
+        return v_state
 
     # ------------------------------------------------------------------ consumer helpers
     @cute.jit
@@ -689,14 +755,14 @@ class Sm90Fp8Attention:
 
 # ---------------------------------------------------------------------- compile / run API
 def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int,
-                    qk_dtype=Float8E4M3FN):
+                    qk_dtype=Float8E4M3FN, q_stages: int = 1):
     """The kernel's shared-memory struct (built outside the jit function: the DSL rewrites its control flow),
     with the row-sum wgmma's constant tile of ones."""
     f8 = Float8E4M3FN
 
     # annotations spelled out: this module's `from __future__ import annotations` would leave them as strings
     fields = {
-        "q_mbar": cute.struct.MemRange[cutlass.Int64, 2],
+        "q_mbar": cute.struct.MemRange[cutlass.Int64, 2 * q_stages],
         "k_mbar": cute.struct.MemRange[cutlass.Int64, kv_stages * 2],
         "v_mbar": cute.struct.MemRange[cutlass.Int64, kv_stages * 2],
         "pin": cute.struct.MemRange[Float32, 32],  # the clock fence's scratch (fits in the barriers' 1024-byte block)
