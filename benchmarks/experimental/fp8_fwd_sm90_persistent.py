@@ -235,10 +235,11 @@ def run_persistent(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, 
     """Launch on the current stream on the shared prep's tensors (q8/k8/v8t float8_e4m3fn or uint8 views, scales
     (B,H,3) fp32, out (B,Sq,H,D) bf16/fp16, lse (B,H,Sq) fp32, key_lens (B,) int32 or None). ``num_ctas``: the
     grid (default ``default_num_ctas``; an explicit value is not clamped, idle CTAs exit at once). ``tvm_ffi``:
-    launch path (default: the shipped launcher's choice). Returns the grid size used."""
+    launch path (default: the shipped launcher's choice; a TVM-FFI call that fails records the reason in the shared
+    ``LAUNCH_INFO`` and this call and later ones take cute's JIT path). Returns the grid size used."""
     import torch
 
-    from ditprof.kernels.launch import DTYPE_NAMES, tvm_ffi_launch_enabled
+    from ditprof.kernels.launch import DTYPE_NAMES, LAUNCH_INFO, tvm_ffi_launch_enabled
 
     B, H, sq_pad, D = q8.shape
     sk_pad = k8.shape[2]
@@ -250,14 +251,19 @@ def run_persistent(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, 
         num_ctas = default_num_ctas(q8.device, work_tiles(B, H, sq), ctas_per_sm)
     if tvm_ffi is None:
         tvm_ffi = tvm_ffi_launch_enabled()
-    fn = compiled(D, DTYPE_NAMES[out.dtype], key_lens is not None, tvm_ffi)
     lens = key_lens if key_lens is not None else scales  # not read unless compiled with key_lens
     stream = torch.cuda.current_stream(q8.device).cuda_stream
     sizes = (B, H, sq, sk, sq_pad, sk_pad)
     if tvm_ffi:
-        fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), scales.data_ptr(), lens.data_ptr(),
-           out.data_ptr(), lse.data_ptr(), *sizes, float(softmax_scale), int(num_ctas), stream)
-        return num_ctas
+        try:
+            compiled(D, DTYPE_NAMES[out.dtype], key_lens is not None, True)(
+                q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), scales.data_ptr(), lens.data_ptr(),
+                out.data_ptr(), lse.data_ptr(), *sizes, float(softmax_scale), int(num_ctas), stream)
+            LAUNCH_INFO["last_launch"] = "tvm_ffi"
+            return num_ctas
+        except Exception as exc:  # noqa: BLE001 -- argument conversion fails before anything is launched
+            LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]  # the JIT path from now on
+    fn = compiled(D, DTYPE_NAMES[out.dtype], key_lens is not None, False)
     from cutlass.cute.runtime import make_ptr
 
     gm = cute.AddressSpace.gmem
@@ -269,6 +275,7 @@ def run_persistent(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, 
     fn(ptr(u8, q8, 16), ptr(u8, k8, 16), ptr(u8, v8t, 16), ptr(Float32, scales, 4), ptr(Float32, scales, 4),
        ptr(Int32, lens, 4), ptr(K._out_dtype(DTYPE_NAMES[out.dtype]), out, 16), ptr(Float32, lse, 4),
        *(Int32(x) for x in sizes), Float32(softmax_scale), Int32(num_ctas), cuda.CUstream(stream))
+    LAUNCH_INFO["last_launch"] = "jit"
     return num_ctas
 
 

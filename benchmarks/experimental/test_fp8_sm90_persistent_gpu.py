@@ -48,12 +48,12 @@ def _outputs(prep, dtype=torch.bfloat16):
     return o, lse
 
 
-def _run_persistent(prep, scale, key_lens=None, num_ctas=None):
+def _run_persistent(prep, scale, key_lens=None, num_ctas=None, tvm_ffi=None):
     from fp8_fwd_sm90_persistent import run_persistent
 
     o, lse = _outputs(prep)
     grid = run_persistent(prep.q8, prep.k8, prep.v8t, prep.scales, prep.sq, prep.sk, scale, o, lse,
-                          key_lens=key_lens, num_ctas=num_ctas)
+                          key_lens=key_lens, num_ctas=num_ctas, tvm_ffi=tvm_ffi)
     torch.cuda.synchronize()
     return o, lse, grid
 
@@ -160,3 +160,12 @@ def test_persistent_deterministic():
     o1, l1, _ = _run_persistent(prep, scale)
     o2, l2, _ = _run_persistent(prep, scale, num_ctas=97)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+def test_persistent_jit_launch_matches_default():
+    """cute's JIT executor (the fallback when TVM-FFI is missing or fails) runs the same kernel: same bits."""
+    _need_sm90()
+    _, _, _, _, prep, scale = _case((2, 3, 1000, 777, 128), seed=6)
+    o1, l1, _ = _run_persistent(prep, scale)
+    o2, l2, _ = _run_persistent(prep, scale, tvm_ffi=False)
+    assert torch.isfinite(o2).all() and torch.equal(o1, o2) and torch.equal(l1, l2)
