@@ -145,6 +145,17 @@ session10b)  # session 10: GPU tests left unrun by session 9 (INT8 capture, the 
   step int8-capture 200 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_cuda_graph.py tests/test_diffusers_entry.py -k "not sm120 and not compiles_with_inductor"
   step gpu-tests 380 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py
   ;;
+session10c)  # session 10: INT8 prep + kernel end to end (h3, flux, ltx), the persistent fp8-sm90 variant's GPU test
+  step int8-e2e 150 python benchmarks/experimental/prep_int8_sweep.py --setting QK_STAGES=2 --end-to-end --pairs 40 --json "$out/int8-e2e.json"
+  step persistent-gpu-tests 280 python -m pytest -q -x -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
+  ;;
+session10d)  # session 10: the persistent variant's timing, the GPU tests left unrun by session 9
+  step persistent-bench 200 python benchmarks/experimental/persistent_bench.py --ctas 132,264 --json "$out/persistent-bench.json"
+  step int8-capture 200 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_cuda_graph.py tests/test_diffusers_entry.py -k "not sm120 and not compiles_with_inductor"
+  ;;
+session10e)  # session 10: the INT8 prep's GPU tests with the new default layout (V's own launch, prefetch)
+  step int8-prep-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;

@@ -273,7 +273,7 @@ def test_interpreter_int8_inner(shape):
 
 
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
-LAYOUTS = [{"Q_IN_STATS": True}, {"SPLIT_V": True, "QK_PREFETCH": True},
+LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"Q_IN_STATS": True, "SPLIT_V": False},
            {"Q_IN_STATS": True, "SPLIT_V": True, "QK_PREFETCH": True, "QK_WARPS": 8}]
 
 
@@ -291,7 +291,7 @@ def test_interpreter_int8_layouts_inner(shape, layout, monkeypatch):
         assert hasattr(prep_triton, name), name
         monkeypatch.setattr(prep_triton, name, value)
     plan = prep_triton.PrepPlan(*make_qkv(*shape, seed=0), True, qk_int8=True)
-    assert len(plan.launches) == 2 + bool(layout.get("SPLIT_V"))
+    assert len(plan.launches) == 2 + bool(prep_triton.SPLIT_V)
     run_triton_int8_checks(shape, "cpu", prep_triton)
 
 
@@ -366,7 +366,7 @@ def test_gpu_triton_int8_matches_torch(shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "+".join(d))
-@pytest.mark.parametrize("shape", GPU_SHAPES[1:4] + GPU_SHAPES[5:], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [GPU_SHAPES[1], GPU_SHAPES[3]], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_triton_int8_layouts_match_torch(shape, layout, monkeypatch):
     from ditprof.kernels import prep_triton
 
@@ -397,9 +397,12 @@ def test_triton_int8_kernels_compile_offline(arch):
         assert mma in ptx["quant"] and "mma.sync" in ptx["stats"], arch
         assert "div.full.f32" not in ptx["quant"] and "div.rn.f32" in ptx["quant"]
         assert "div.rn.f32" in ptx["stats"]
-        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx["quant"]  # V
+        v_ptx = ptx.get("quant_v", ptx["quant"])
+        assert "cvt.rn.satfinite.e4m3x2.f32" in v_ptx  # V
         assert "st.global.b8" not in ptx["quant"]
-        assert "ld.global.v4" in ptx["stats"] and "ld.global.v4" in ptx["quant"]
+        assert "ld.global.v4" in ptx["stats"] and "ld.global.v4" in ptx["quant"] and "ld.global.v4" in v_ptx
+        if prep_triton.SPLIT_V:  # V's own launch: no rotation, so no rotation matrix in shared memory
+            assert "mma" not in v_ptx and ks["quant_v"].metadata.shared <= 8192, ks["quant_v"].metadata.shared
         assert ".local" not in "".join(ptx.values())
 
 

@@ -113,6 +113,15 @@ def close(a: dict, b: dict) -> str | None:
     return None
 
 
+def parse_setting(text: str) -> tuple[str, object]:
+    """``KNOB=VALUE`` (True/False/None or an integer) for one of KNOBS."""
+    name, _, value = text.partition("=")
+    if name not in KNOBS:
+        raise SystemExit(f"error: --setting {text!r}: knobs are {', '.join(KNOBS)}")
+    words = {"True": True, "False": False, "None": None}
+    return name, words[value] if value in words else int(value)
+
+
 def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tuple[dict, dict | None]:
     """One sweep row (and the outputs, for the next rows' check)."""
     with patched(s):
@@ -128,31 +137,39 @@ def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tup
             "mismatch": mismatch}, got
 
 
-def end_to_end(q, k, v, settings: dict, rounds: int, reps: int = 5) -> dict:
-    """Median ms of the whole call per named setting (None: e4m3 Q/K), the settings interleaved per round; each
-    setting's launch record (its prep plan) is rebuilt under its knobs, the compiled kernels kept."""
+def end_to_end(shapes: dict, settings: dict, pairs: int) -> dict:
+    """Per shape, median ms of the whole call (prep + kernel) per named setting (None: e4m3 Q/K): one launch record
+    per setting, built under its knobs (the plan keeps the values it was built with), then single calls
+    interleaved setting by setting, ``pairs`` rounds (clock drift hits every setting alike)."""
     import torch
 
     from ditprof.kernels import launch
-    from ditprof.kernels.interface import fp8_attention_kernel
 
-    times: dict = {name: [] for name in settings}
-    for _ in range(rounds):
+    out = {}
+    for shape_name, (B, S, H, D) in shapes.items():
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+        scale = D ** -0.5
+        kernel = launch.kernel_name_for_arch(launch.arch_of(q.device.index))
+        records = {}
         for name, setting in settings.items():
-            fmt = "e4m3" if setting is None else "int8"
             with patched(setting or {}):
-                launch.clear_records()
-                for _ in range(2):  # builds the record (compiles on the first round), warms
-                    fp8_attention_kernel(q, k, v, qk_format=fmt)
-                torch.cuda.synchronize()
+                records[name] = launch.Fp8Launch(q, k, v, kernel, False, qk_int8=setting is not None)
+        for rec in records.values():
+            for _ in range(3):  # compiles, warms
+                rec(q, k, v, scale)
+        torch.cuda.synchronize()
+        times: dict = {name: [] for name in settings}
+        for _ in range(pairs):
+            for name, rec in records.items():
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                for _ in range(reps):
-                    fp8_attention_kernel(q, k, v, qk_format=fmt)
+                rec(q, k, v, scale)
                 b.record()
                 b.synchronize()
-            times[name].append(a.elapsed_time(b) / reps)
-    return {name: {"median_ms": statistics.median(ts), "all_ms": ts} for name, ts in times.items()}
+                times[name].append(a.elapsed_time(b))
+        out[shape_name] = {name: {"median_ms": statistics.median(ts), "all_ms": ts} for name, ts in times.items()}
+    return out
 
 
 def main() -> int:
@@ -161,7 +178,11 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-tiling", action="store_true", help="stage 1 only")
     ap.add_argument("--end-to-end", action="store_true", help="also time prep + kernel (e4m3, INT8 default, best)")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of --end-to-end")
+    ap.add_argument("--pairs", type=int, default=40, help="interleaved rounds of --end-to-end")
+    ap.add_argument("--e2e-shapes", default="h3=1,30272,56,128;flux=1,4608,24,128;ltx=1,7392,32,64",
+                    help="name=B,S,H,D;... for --end-to-end")
+    ap.add_argument("--setting", action="append", default=[],
+                    help="KNOB=VALUE: skip stages 1-2 and take this (with the defaults) as the fastest")
     ap.add_argument("--list", action="store_true", help="print the stage-1 settings and exit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -184,13 +205,14 @@ def main() -> int:
     e4m3, _ = time_passes(P.PrepPlan(q, k, v, True), q, k, v, args.iters)
     rows = [{"setting": "e4m3 prep", "stage": 0, **e4m3}]
     reference = None
-    for s in layout_settings():
+    given = {**defaults(), **dict(parse_setting(x) for x in args.setting)}
+    for s in [defaults(), given] if args.setting else layout_settings():
         row, got = time_setting(P, s, q, k, v, args.iters, reference)
         reference = reference or got
         rows.append({"stage": 1, **row})
     ok = [r for r in rows if r["stage"] == 1 and "error" not in r and r["matches_default"]]
     best = min(ok, key=lambda r: r["total"])["setting"]
-    if not args.no_tiling:
+    if not args.no_tiling and not args.setting:
         for s in tiling_settings(best):
             row, _ = time_setting(P, s, q, k, v, args.iters, reference)
             rows.append({"stage": 2, **row})
@@ -216,11 +238,19 @@ def main() -> int:
     console.print(f"fastest: {best}")
     result = {"rows": rows, "best": best}
     if args.end_to_end:
-        e2e = end_to_end(q, k, v, {"e4m3": None, "int8 default": default, "int8 fastest": best}, args.rounds)
+        shapes = {n: tuple(int(x) for x in dims.split(",")) for n, dims in
+                  (item.split("=") for item in args.e2e_shapes.split(";"))}
+        before = {**default, **{k: vals[0] for k, vals in LAYOUT_KNOBS.items()}}  # session 9's layout
+        compared = {"e4m3": None, "int8 session-9 layout": before, "int8 default": default}
+        if best != default:
+            compared["int8 fastest"] = best
+        e2e = end_to_end(shapes, compared, args.pairs)
         result["end_to_end"] = e2e
-        ref = e2e["e4m3"]["median_ms"]
-        for name, r in e2e.items():
-            console.print(f"end to end {name:13s} {r['median_ms']:8.3f} ms  {100 * (r['median_ms'] / ref - 1):+6.2f} %")
+        for shape_name, res in e2e.items():
+            ref = res["e4m3"]["median_ms"]
+            for name, r in res.items():
+                console.print(f"end to end {shape_name:6s} {name:22s} {r['median_ms']:8.3f} ms  "
+                              f"{100 * (r['median_ms'] / ref - 1):+6.2f} %")
     if args.json:
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
                 "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape}

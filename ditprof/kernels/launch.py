@@ -125,12 +125,6 @@ def clear_cache() -> None:
     _RECORDS.clear()
 
 
-def clear_records() -> None:
-    """Forget the launch records (prep plans, buffers) but keep the compiled kernels: the next call builds its
-    record from the prep module's settings of that moment (benchmarks that sweep them)."""
-    _RECORDS.clear()
-
-
 # ------------------------------------------------------------------------------------------------ finiteness
 
 class _Check(tuple):
@@ -505,7 +499,7 @@ def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
 
 
 __all__ = ["KernelSpec", "LAUNCH_INFO", "spec_for", "tvm_ffi_launch_enabled", "compile_spec", "compiled",
-           "clear_cache", "clear_records", "COMPILE_STATS", "Fp8Launch", "record_for",
+           "clear_cache", "COMPILE_STATS", "Fp8Launch", "record_for",
            "fp8_attention_cuda", "compact_keys", "finish_finite_checks", "drain", "pending_queue",
            "WORKSPACE_REUSE_BYTES", "RING_DEPTH"]
 

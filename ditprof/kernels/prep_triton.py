@@ -95,8 +95,8 @@ QK_STAGES = 1
 # QK_PREFETCH: the rotated loops load the next row block into registers before they rotate the current one;
 # QK_WARPS: warps of the programs that rotate in the quantize launch (None: QUANT_WARPS).
 Q_IN_STATS = False
-SPLIT_V = False
-QK_PREFETCH = False
+SPLIT_V = True
+QK_PREFETCH = True
 QK_WARPS = None
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
