@@ -28,17 +28,25 @@ def _restore_global_backend():
     _AttentionBackendRegistry._active_backend = saved
 
 
-def _tiny_model(preset_name: str, device="cpu"):
+# the GPU kernel takes head_dim 64 or 128: the tiny presets (head_dim 16) widened for the GPU test, RoPE axes
+# summing to the new head_dim
+GPU_HEAD_DIM = {"flux-tiny": {"attention_head_dim": 64, "axes_dims_rope": [16, 24, 24]},
+                "wan-tiny": {"attention_head_dim": 64},
+                "qwen-image-tiny": {"attention_head_dim": 64, "axes_dims_rope": [16, 24, 24]}}
+
+
+def _tiny_model(preset_name: str, device="cpu", **config):
     from ditprof.model_blocks import get_preset
     from ditprof.model_blocks.families import get_family
     from ditprof.model_blocks.inputs import resolve_grid
 
     preset = get_preset(preset_name)
     family = get_family(preset.family)
+    cfg = {**preset.config, **config}
     torch.manual_seed(0)
-    model = family.model_class.from_config(preset.config).to(device=device, dtype=torch.bfloat16).eval()
-    grid, text = resolve_grid(family, preset.config, preset)
-    kwargs = family.model_inputs(preset.config, grid, text, 1, torch.Generator().manual_seed(1), torch.device(device),
+    model = family.model_class.from_config(cfg).to(device=device, dtype=torch.bfloat16).eval()
+    grid, text = resolve_grid(family, cfg, preset)
+    kwargs = family.model_inputs(cfg, grid, text, 1, torch.Generator().manual_seed(1), torch.device(device),
                                  torch.bfloat16)
     return model, kwargs
 
@@ -136,7 +144,7 @@ def test_full_model_with_ditprof_fp8_on_the_gpu(preset):
         pytest.skip("needs a CUDA GPU")
     import ditprof.diffusers as dd
 
-    model, kwargs = _tiny_model(preset, device="cuda")
+    model, kwargs = _tiny_model(preset, device="cuda", **GPU_HEAD_DIM[preset])
     from ditprof.kernels.op import fp8_attention  # the op's Python entry: scale None -> 1/sqrt(D)
 
     direct = _direct_backend("ditprof_test_direct_op", lambda q, k, v, scale: fp8_attention(q, k, v, scale))

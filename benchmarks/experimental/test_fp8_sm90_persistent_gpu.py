@@ -20,7 +20,7 @@ import math
 
 import pytest
 import torch
-from fp8_gpu_cases import GAUSSIAN_REL_RMS, gaussian_inputs, rel_rms
+from fp8_gpu_cases import gaussian_inputs, rel_rms
 
 pytestmark = pytest.mark.gpu
 
@@ -70,6 +70,11 @@ def _run_shipped(prep, scale, key_lens=None):
     return o, lse
 
 
+# the float64 check is a sanity bound here (the variant must equal the shipped kernel bit for bit): e4m3 Q/K gives
+# 5.2-5.6 % on Gaussian inputs at head_dim 64 (the shipped kernel: 5.51 % at the ltx shape, H200, 2026-12-02)
+FLOAT64_REL_RMS = 0.06
+
+
 def _case(shape, seed, lens=None):
     """Fresh Gaussian q, k, v of ``shape``, their prep (smoothed K; descales over each item's first lens[b] keys)
     and the softmax scale."""
@@ -90,7 +95,7 @@ def _check_float64(o, lse, q, k, v, prep, scale, lens=None):
         n = k.shape[1] if lens is None else lens[b]
         ref, ref_lse = attention_reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale, return_lse=True)
         err = rel_rms(o[b:b + 1], ref)
-        assert err <= GAUSSIAN_REL_RMS, (b, n, err)
+        assert err <= FLOAT64_REL_RMS, (b, n, err)
         shift = 0
         if prep.k_mean is not None:
             shift = scale * torch.einsum("shd,hd->hs", q[b].double(), prep.k_mean[b].double())
