@@ -273,8 +273,8 @@ def test_interpreter_int8_inner(shape):
 
 
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
-LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"Q_IN_STATS": True, "SPLIT_V": False},
-           {"Q_IN_STATS": True, "SPLIT_V": True, "QK_PREFETCH": True, "QK_WARPS": 8}]
+LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"Q_IN_STATS": True, "SPLIT_V": False, "SPLIT_V_STATS": True},
+           {"Q_IN_STATS": True, "SPLIT_V": True, "QK_PREFETCH": True, "QK_WARPS": 8, "SPLIT_V_STATS": True}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
@@ -291,7 +291,7 @@ def test_interpreter_int8_layouts_inner(shape, layout, monkeypatch):
         assert hasattr(prep_triton, name), name
         monkeypatch.setattr(prep_triton, name, value)
     plan = prep_triton.PrepPlan(*make_qkv(*shape, seed=0), True, qk_int8=True)
-    assert len(plan.launches) == 2 + bool(prep_triton.SPLIT_V)
+    assert len(plan.launches) == 2 + bool(prep_triton.SPLIT_V) + bool(prep_triton.SPLIT_V_STATS)
     run_triton_int8_checks(shape, "cpu", prep_triton)
 
 
@@ -445,6 +445,7 @@ def test_prep_int8_sweep_settings():
     grid = sweep.layout_settings()
     assert grid[0] == {k: getattr(P, k) for k in sweep.KNOBS}
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) == 2 ** len(sweep.LAYOUT_KNOBS)
+    assert not set(sweep.LAYOUT_KNOBS) & set(sweep.TILING_KNOBS)
     steps = sweep.tiling_settings(grid[-1])
     assert all(sum(s[k] != grid[-1][k] for k in sweep.KNOBS) == 1 for s in steps)
     assert len(steps) == sum(len(v) - 1 for v in sweep.TILING_KNOBS.values())

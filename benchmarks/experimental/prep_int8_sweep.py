@@ -2,11 +2,11 @@
 the INT8 path must cost <= 3 % over the e4m3 path at the H3 shape, prep included).
 
 On a CUDA GPU, in one process:
-1. layouts: every combination of the prep module's INT8 layout knobs (``Q_IN_STATS``, ``SPLIT_V``,
-   ``QK_PREFETCH``, ``QK_WARPS``) with the default tiling;
-2. tiling: from the fastest layout, one tiling knob at a time (rows per Q/K program ``QK_ROWS``, rows per
-   ``tl.dot`` ``QK_BLOCK``, pipelining stages ``QK_STAGES``, rows per ``tl.dot`` in the stats pass
-   ``STATS_ROT_ROWS``);
+1. layouts: every combination of the prep module's INT8 layout knobs (``SPLIT_V``, ``QK_PREFETCH``,
+   ``SPLIT_V_STATS``) with the default tiling;
+2. tiling: from the fastest layout, one knob at a time (``Q_IN_STATS``, ``QK_WARPS``, rows per Q/K program
+   ``QK_ROWS``, rows per ``tl.dot`` ``QK_BLOCK``, pipelining stages ``QK_STAGES``, rows per ``tl.dot`` in the
+   stats pass ``STATS_ROT_ROWS``);
    each setting: a fresh ``PrepPlan(qk_int8=True)``, its stats launch and its quantize launch(es) timed apart
    (CUDA events, median), its outputs checked against the default setting's (INT8 codes within one step in
    <= 0.1 % of places, descales within 1e-5: tests/test_prep_int8.py's tolerance; V bit for bit); the e4m3 prep
@@ -32,10 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-LAYOUT_KNOBS = {"Q_IN_STATS": (False, True), "SPLIT_V": (False, True), "QK_PREFETCH": (False, True),
-                "QK_WARPS": (None, 8)}
-TILING_KNOBS = {"QK_ROWS": (256, 512, 1024), "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3),
-                "STATS_ROT_ROWS": (32, 64)}
+# session 10's first sweep (H200, h3): Q_IN_STATS slower in every layout (its Q programs in the 4-warp stats kernel),
+# QK_WARPS=8 no gain: they moved to the one-at-a-time stage
+LAYOUT_KNOBS = {"SPLIT_V": (False, True), "QK_PREFETCH": (False, True), "SPLIT_V_STATS": (False, True)}
+TILING_KNOBS = {"Q_IN_STATS": (False, True), "QK_WARPS": (None, 8), "QK_ROWS": (256, 512, 1024),
+                "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3), "STATS_ROT_ROWS": (32, 64)}
 KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS}
 
 
@@ -137,10 +138,12 @@ def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tup
             "mismatch": mismatch}, got
 
 
-def end_to_end(shapes: dict, settings: dict, pairs: int) -> dict:
-    """Per shape, median ms of the whole call (prep + kernel) per named setting (None: e4m3 Q/K): one launch record
-    per setting, built under its knobs (the plan keeps the values it was built with), then single calls
-    interleaved setting by setting, ``pairs`` rounds (clock drift hits every setting alike)."""
+def end_to_end(shapes: dict, settings: dict, rounds: int) -> dict:
+    """Per shape, median ms of the whole call (prep + kernel) and of the kernel alone per named setting (None: e4m3
+    Q/K). One launch record per setting, built under its knobs (the plan keeps the values it was built with). The
+    calls go back to back without a sync, the settings alternating call by call (clock and power drift hit every
+    setting alike), each call between its own pair of CUDA events: GPU time per call, as
+    ``benchmarks/common.time_cuda`` measures it."""
     import torch
 
     from ditprof.kernels import launch
@@ -159,16 +162,31 @@ def end_to_end(shapes: dict, settings: dict, pairs: int) -> dict:
             for _ in range(3):  # compiles, warms
                 rec(q, k, v, scale)
         torch.cuda.synchronize()
-        times: dict = {name: [] for name in settings}
-        for _ in range(pairs):
-            for name, rec in records.items():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                rec(q, k, v, scale)
-                b.record()
-                b.synchronize()
-                times[name].append(a.elapsed_time(b))
-        out[shape_name] = {name: {"median_ms": statistics.median(ts), "all_ms": ts} for name, ts in times.items()}
+        # the kernel alone: each record's kernel on one workspace its prep filled (the launch path's own pieces)
+        stream = torch.cuda.current_stream().cuda_stream
+        prepared = {}
+        for name, rec in records.items():
+            ws = rec._workspace()
+            rec.plan.launch(q, k, v, ws, stream)
+            prepared[name] = (ws, torch.empty(rec.out_shape, dtype=rec.dtype, device=q.device))
+        calls = {name: (lambda rec=rec: rec(q, k, v, scale)) for name, rec in records.items()}
+        kernels = {name: (lambda rec=rec, ws=ws, o=o: rec._launch_kernel(ws, o, None, scale, stream))
+                   for (name, rec), (ws, o) in zip(records.items(), prepared.values())}
+        res = {}
+        for part, fns in (("call", calls), ("kernel", kernels)):
+            events = {name: [] for name in fns}
+            for _ in range(rounds):
+                for name, fn in fns.items():
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    fn()
+                    b.record()
+                    events[name].append((a, b))
+            torch.cuda.synchronize()
+            for name, pairs in events.items():
+                ts = [a.elapsed_time(b) for a, b in pairs]
+                res.setdefault(name, {})[part] = {"median_ms": statistics.median(ts), "all_ms": ts}
+        out[shape_name] = res
     return out
 
 
@@ -178,7 +196,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-tiling", action="store_true", help="stage 1 only")
     ap.add_argument("--end-to-end", action="store_true", help="also time prep + kernel (e4m3, INT8 default, best)")
-    ap.add_argument("--pairs", type=int, default=40, help="interleaved rounds of --end-to-end")
+    ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds of --end-to-end")
     ap.add_argument("--e2e-shapes", default="h3=1,30272,56,128;flux=1,4608,24,128;ltx=1,7392,32,64",
                     help="name=B,S,H,D;... for --end-to-end")
     ap.add_argument("--setting", action="append", default=[],
@@ -244,13 +262,14 @@ def main() -> int:
         compared = {"e4m3": None, "int8 session-9 layout": before, "int8 default": default}
         if best != default:
             compared["int8 fastest"] = best
-        e2e = end_to_end(shapes, compared, args.pairs)
+        e2e = end_to_end(shapes, compared, args.rounds)
         result["end_to_end"] = e2e
         for shape_name, res in e2e.items():
-            ref = res["e4m3"]["median_ms"]
-            for name, r in res.items():
-                console.print(f"end to end {shape_name:6s} {name:22s} {r['median_ms']:8.3f} ms  "
-                              f"{100 * (r['median_ms'] / ref - 1):+6.2f} %")
+            for part in ("call", "kernel"):
+                ref = res["e4m3"][part]["median_ms"]
+                for name, r in res.items():
+                    ms = r[part]["median_ms"]
+                    console.print(f"{part:6s} {shape_name:6s} {name:22s} {ms:8.3f} ms  {100 * (ms / ref - 1):+6.2f} %")
     if args.json:
         meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
                 "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape}

@@ -98,6 +98,8 @@ Q_IN_STATS = False
 SPLIT_V = True
 QK_PREFETCH = True
 QK_WARPS = None
+# SPLIT_V_STATS: V's amax programs get a stats launch of their own before the Q/K one (the same reason as SPLIT_V)
+SPLIT_V_STATS = False
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
 _INT_MIN = tl.constexpr(-2147483648)
@@ -325,8 +327,10 @@ def _stats_kernel(
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, Q_ROT: tl.constexpr, QK_ROWS: tl.constexpr,
-    QK_BLOCK: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr,
+    QK_BLOCK: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr, PARTS: tl.constexpr,
 ):
+    # PARTS 0: Q, K and V programs, then the finalize; 1: V's amax programs alone (no finalize); 2: Q and K
+    # programs, then the finalize, V's partials from a PARTS=1 launch before (SPLIT_V_STATS)
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -335,6 +339,24 @@ def _stats_kernel(
     n_keys = Sk  # keys of this batch item: the first key_lens[b] (clamped to [0, Sk]) with KLENS
     if KLENS:
         n_keys = tl.minimum(tl.maximum(tl.load(klens_ptr + b), 0), Sk)
+    if PARTS == 1:
+        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t, n_keys, NCK, D, CHUNK, R, W)
+    else:
+        _stats_qk_finalize(q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
+                           qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
+                           count_ptr, rot_ptr, kmr_ptr, q8_ptr, qs_ptr, b, h, bh64, t, Sq, Sq_pad, n_keys, NCQ, NCK,
+                           D, CHUNK, R, W, CB, SMOOTH, QK_INT8, RT, F32DOT, QK_STAGES, Q_ROT, QK_ROWS, QK_BLOCK, FAST,
+                           PREFETCH, PARTS == 0)
+
+
+@triton.jit
+def _stats_qk_finalize(q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
+                       qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
+                       count_ptr, rot_ptr, kmr_ptr, q8_ptr, qs_ptr, b, h, bh64, t, Sq, Sq_pad, n_keys, NCQ, NCK,
+                       D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr, CB: tl.constexpr,
+                       SMOOTH: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
+                       QK_STAGES: tl.constexpr, Q_ROT: tl.constexpr, QK_ROWS: tl.constexpr,
+                       QK_BLOCK: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr, WITH_V: tl.constexpr):
     if t < NCQ:
         if Q_ROT:  # INT8 Q/K with Q_IN_STATS: Q's quantize programs (QK_ROWS rows each), amax bits as partials
             _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr, 1.0,
@@ -350,13 +372,18 @@ def _stats_kernel(
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
     else:
-        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R, W)
+        if WITH_V:
+            _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R,
+                        W)
     # the last of this (b, h)'s programs to finish reduces its partials (in a fixed order: deterministic) and sets
     # the counter back to 0 for the next launch. The barrier puts every thread's partial stores before the
     # counter's release; the acquire puts the last program's loads after everyone's stores.
     tl.debug_barrier()
     arrived = tl.atomic_add(count_ptr + bh64, 1, sem="acq_rel", scope="gpu")
-    if arrived == NCQ + 2 * NCK - 1:
+    programs = NCQ + NCK
+    if WITH_V:
+        programs += NCK
+    if arrived == programs - 1:
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
                      rot_ptr, kmr_ptr, n_keys, NCQ, NCK, D, CB, SMOOTH, QK_INT8)
         tl.store(count_ptr + bh64, 0)
@@ -371,7 +398,8 @@ def _finalize_bh(
     Sk, NCQ, NCK,
     D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr, QK_INT8: tl.constexpr,
 ):
-    # the partials were written by other programs of this launch: loads bypass L1 (.cg)
+    # the partials were written by other programs of this launch (V's by the launch before with SPLIT_V_STATS):
+    # loads bypass L1 (.cg)
     d = tl.arange(0, D)
     c = tl.arange(0, CB)
     aq = tl.zeros([CB], dtype=tl.int32)
@@ -730,10 +758,18 @@ class PrepPlan:
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
-        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), dict(num_warps=stats_warps), stats,
-                             ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr",
-                              "q8_ptr", "qs_ptr"))
+        stats_args = ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
+                      "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr", "q8_ptr",
+                      "qs_ptr")
+        if self.qk_int8 and SPLIT_V_STATS:
+            self.stats_launches = (
+                _Launch(_stats_kernel, (nck, BH), {"num_warps": stats_warps}, dict(stats, PARTS=1), stats_args),
+                _Launch(_stats_kernel, (ncq + nck, BH), {"num_warps": stats_warps}, dict(stats, PARTS=2),
+                        stats_args),
+            )
+        else:
+            self.stats_launches = (_Launch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps},
+                                           dict(stats, PARTS=0), stats_args),)
         quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
                       "rot_ptr", "flags_ptr")
         qk_warps = (QK_WARPS or quant_warps) if self.qk_int8 else quant_warps
@@ -747,7 +783,7 @@ class PrepPlan:
         else:
             self.quants = (_Launch(_quant_kernel, (nq + nk + nv, BH), dict(num_warps=qk_warps),
                                    dict(quant, DO_QK=True, DO_V=True), quant_args),)
-        self.launches = (self.stats, *self.quants)
+        self.launches = (*self.stats_launches, *self.quants)
 
     def buffers(self, device, out=None) -> dict:
         """Every tensor the kernels write (and the read-only rotation matrix): the prep's outputs (q8, k8, v8t,
@@ -798,13 +834,16 @@ class PrepPlan:
         Triton's JIT path, which launches on the current stream). The current device must be the tensors'
         device."""
         stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
-        self.stats(stats_args, stream)
-        for quant in self.quants:
-            quant(quant_args, stream)
+        for launch in self.stats_launches:
+            launch(stats_args, stream)
+        for launch in self.quants:
+            launch(quant_args, stream)
 
     def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
-        """The stats launch alone (benchmarks time the two passes apart)."""
-        self.stats(self._arguments(q, k, v, bufs, key_lens)[0], stream)
+        """The stats launch(es) alone (benchmarks time the two passes apart)."""
+        stats_args = self._arguments(q, k, v, bufs, key_lens)[0]
+        for launch in self.stats_launches:
+            launch(stats_args, stream)
 
     def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The quantize launch(es) alone: read what an earlier stats launch on ``bufs`` wrote."""
@@ -917,16 +956,18 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
              "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
              "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH}
     split = qk_int8 and SPLIT_V
+    stats = {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
+             "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB, "SMOOTH": smooth_k, "KLENS": False,
+             "QK_INT8": qk_int8, "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
+             "Q_ROT": qk_int8 and Q_IN_STATS, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "FAST": fast,
+             "PREFETCH": QK_PREFETCH}
     kernels = {
-        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
-                                       "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
-                                       "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
-                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
-                                       "Q_ROT": qk_int8 and Q_IN_STATS, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK,
-                                       "FAST": fast, "PREFETCH": QK_PREFETCH}, sw),
+        "stats": build(_stats_kernel, {**stats, "PARTS": 2 if qk_int8 and SPLIT_V_STATS else 0}, sw),
         "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split),
                        (QK_WARPS or qw) if qk_int8 else qw),
     }
     if split:
         kernels["quant_v"] = build(_quant_kernel, dict(quant, DO_QK=False, DO_V=True), qw)
+    if qk_int8 and SPLIT_V_STATS:
+        kernels["stats_v"] = build(_stats_kernel, {**stats, "PARTS": 1}, sw)
     return kernels
