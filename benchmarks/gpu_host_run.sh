@@ -156,6 +156,16 @@ session10d)  # session 10: the persistent variant's timing, the GPU tests left u
 session10e)  # session 10: the INT8 prep's GPU tests with the new default layout (V's own launch, prefetch)
   step int8-prep-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
   ;;
+session10f)  # session 10: INT8 prep layouts (+ V's own stats launch), e2e per call / kernel alone with clocks and
+  # power sampled beside it; the diffusers full-model GPU test (e4m3, int8); the persistent variant's GPU test
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 > "$out/smi.csv" 2>&1 &
+  smi=$!
+  step int8-sweep-e2e 260 python benchmarks/experimental/prep_int8_sweep.py --no-tiling --end-to-end --rounds 40 --json "$out/int8-sweep-e2e.json"
+  kill $smi 2>/dev/null
+  step diffusers-gpu 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_diffusers_entry.py
+  step diffusers-gpu-int8 100 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_diffusers_entry.py
+  step persistent-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;
