@@ -166,6 +166,15 @@ session10f)  # session 10: INT8 prep layouts (+ V's own stats launch), e2e per c
   step diffusers-gpu-int8 100 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_diffusers_entry.py
   step persistent-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
   ;;
+session10g)  # session 10: INT8 vs e4m3 in steady state at h3 (clocks sampled), INT8 capture tests, host cost
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 100 > "$out/smi.csv" 2>&1 &
+  smi=$!
+  step int8-steady 200 python benchmarks/experimental/prep_int8_sweep.py --setting QK_STAGES=2 --end-to-end --steady 2 --e2e-shapes "h3=1,30272,56,128" --json "$out/int8-steady.json"
+  kill $smi 2>/dev/null
+  step int8-capture 150 env DITPROF_FP8_QK=int8 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_cuda_graph.py -k "not sm120 and not compiles_with_inductor"
+  step host-overhead 90 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  step int8-kernel-tests 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_int8_qk_gpu.py -k "sm90"
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;

@@ -138,12 +138,13 @@ def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tup
             "mismatch": mismatch}, got
 
 
-def end_to_end(shapes: dict, settings: dict, rounds: int) -> dict:
+def end_to_end(shapes: dict, settings: dict, rounds: int, steady_s: float = 0.0) -> dict:
     """Per shape, median ms of the whole call (prep + kernel) and of the kernel alone per named setting (None: e4m3
     Q/K). One launch record per setting, built under its knobs (the plan keeps the values it was built with). The
     calls go back to back without a sync, the settings alternating call by call (clock and power drift hit every
     setting alike), each call between its own pair of CUDA events: GPU time per call, as
-    ``benchmarks/common.time_cuda`` measures it."""
+    ``benchmarks/common.time_cuda`` measures it. ``steady_s``: instead, each setting alone for that many seconds
+    at a time (``steady_blocks``): what a model that calls one of them all the time sees under the power cap."""
     import torch
 
     from ditprof.kernels import launch
@@ -174,20 +175,57 @@ def end_to_end(shapes: dict, settings: dict, rounds: int) -> dict:
                    for (name, rec), (ws, o) in zip(records.items(), prepared.values())}
         res = {}
         for part, fns in (("call", calls), ("kernel", kernels)):
-            events = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    fn()
-                    b.record()
-                    events[name].append((a, b))
-            torch.cuda.synchronize()
-            for name, pairs in events.items():
-                ts = [a.elapsed_time(b) for a, b in pairs]
+            if steady_s:
+                times = steady_blocks(fns, steady_s)
+            else:
+                times = alternating(fns, rounds)
+            for name, ts in times.items():
                 res.setdefault(name, {})[part] = {"median_ms": statistics.median(ts), "all_ms": ts}
         out[shape_name] = res
     return out
+
+
+def _timed(fn, events: list) -> None:
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    events.append((a, b))
+
+
+def alternating(fns: dict, rounds: int) -> dict:
+    """ms per call, the functions alternating call by call, back to back."""
+    import torch
+
+    events = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            _timed(fn, events[name])
+    torch.cuda.synchronize()
+    return {name: [a.elapsed_time(b) for a, b in pairs] for name, pairs in events.items()}
+
+
+def steady_blocks(fns: dict, seconds: float, blocks: int = 3) -> dict:
+    """ms per call in steady state: each function alone for ``seconds`` of back-to-back calls, the functions taking
+    turns ``blocks`` times; the first half of each block is left out (clocks settle under the power cap)."""
+    import time
+
+    import torch
+
+    kept = {name: [] for name in fns}
+    for _ in range(blocks):
+        for name, fn in fns.items():
+            events: list = []
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                _timed(fn, events)
+                if len(events) % 8 == 0:
+                    events[-8][1].synchronize()  # keep the host at most ~8 calls ahead
+            torch.cuda.synchronize()
+            kept[name] += [a.elapsed_time(b) for a, b in events[len(events) // 2:]]
+    return kept
 
 
 def main() -> int:
@@ -197,6 +235,8 @@ def main() -> int:
     ap.add_argument("--no-tiling", action="store_true", help="stage 1 only")
     ap.add_argument("--end-to-end", action="store_true", help="also time prep + kernel (e4m3, INT8 default, best)")
     ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds of --end-to-end")
+    ap.add_argument("--steady", type=float, default=0.0,
+                    help="--end-to-end in steady-state blocks of this many seconds per setting instead")
     ap.add_argument("--e2e-shapes", default="h3=1,30272,56,128;flux=1,4608,24,128;ltx=1,7392,32,64",
                     help="name=B,S,H,D;... for --end-to-end")
     ap.add_argument("--setting", action="append", default=[],
@@ -262,7 +302,7 @@ def main() -> int:
         compared = {"e4m3": None, "int8 session-9 layout": before, "int8 default": default}
         if best != default:
             compared["int8 fastest"] = best
-        e2e = end_to_end(shapes, compared, args.rounds)
+        e2e = end_to_end(shapes, compared, args.rounds, args.steady)
         result["end_to_end"] = e2e
         for shape_name, res in e2e.items():
             for part in ("call", "kernel"):
