@@ -50,8 +50,8 @@ def test_k_smoothing_is_what_keeps_k_bias_accurate():
     seed = fresh_seed()
     q, k, v = make_inputs("k_bias", (1, 4, 512, 128), None, seed)
     ref = attention_reference(q, k, v)
-    smoothed = compare(fp8_attention_emulated(q, k, v, smooth_k=True), ref)["rel_rms"]
-    raw = compare(fp8_attention_emulated(q, k, v, smooth_k=False), ref)["rel_rms"]
+    smoothed = compare(fp8_attention_emulated(q, k, v, smooth_k=True, qk_format="e4m3"), ref)["rel_rms"]
+    raw = compare(fp8_attention_emulated(q, k, v, smooth_k=False, qk_format="e4m3"), ref)["rel_rms"]
     assert smoothed <= K_BIAS_MAX_REL_RMS and raw >= K_BIAS_UNSMOOTHED_MIN_REL_RMS, (smoothed, raw, seed)
 
 
@@ -127,7 +127,7 @@ def test_vectorized_emulation_matches_the_slow_spec(B, H, Sq, Sk, D, smoothing):
     k = torch.randn(B, Sk, H, D) + torch.randn(B, 1, H, D) * 4  # a channel bias so smoothing matters
     v = torch.randn(B, Sk, H, D)
     scale = 0.7 / math.sqrt(D)
-    out, lse = fp8_attention_emulated(q, k, v, scale=scale, smooth_k=smoothing, return_lse=True)
+    out, lse = fp8_attention_emulated(q, k, v, scale=scale, smooth_k=smoothing, return_lse=True, qk_format="e4m3")
     slow_out, slow_lse = slow_fp8_attention(q, k, v, scale, smoothing)
     slow_out = torch.from_numpy(slow_out)
     # Differences come only from fp32 summation order; a flipped e4m3 rounding of one P would show as ~1e-3.
@@ -150,7 +150,7 @@ def test_lse_matches_float64(family, smoothing):
 
 def test_lse_of_unsmoothed_k_bias_shows_the_damage():
     q, k, v = make_inputs("k_bias", (1, 3, 100, 128), 70, seed=fresh_seed())
-    _, lse = fp8_attention_emulated(q, k, v, smooth_k=False, return_lse=True)
+    _, lse = fp8_attention_emulated(q, k, v, smooth_k=False, return_lse=True, qk_format="e4m3")
     _, ref_lse = attention_reference(q, k, v, return_lse=True)
     assert (lse.double() - ref_lse).abs().max().item() > 0.3  # measured 0.5-1.1
 
@@ -282,7 +282,7 @@ def test_hadamard_rotation_spreads_qk_outliers():
     for family in ("outlier", "gaussian"):
         q, k, v = make_inputs(family, (1, 2, 512, 128), seed=2)
         ref = attention_reference(q, k, v)
-        errors[family] = (rel(fp8_attention_emulated(q, k, v), ref),
+        errors[family] = (rel(fp8_attention_emulated(q, k, v, qk_format="e4m3"), ref),
                           rel(fp8_attention_emulated(q, k, v, rotate_qk=True), ref))
     plain, rotated = errors["outlier"]
     assert plain > 0.25 and rotated < 0.10, errors
@@ -305,7 +305,7 @@ def test_int8_qk_meets_the_goals_and_e4m3_does_not(sq, sk):
         ref = attention_reference(q, k, v)
         errors[family] = compare(fp8_attention_emulated(q, k, v, qk_format="int8"), ref)["rel_rms"]
         if family == "outlier":  # the test can fail: e4m3 Q/K misses this goal by far
-            e4m3 = compare(fp8_attention_emulated(q, k, v), ref)["rel_rms"]
+            e4m3 = compare(fp8_attention_emulated(q, k, v, qk_format="e4m3"), ref)["rel_rms"]
             assert e4m3 > goal, (e4m3, seed)
     for family, goal in INT8_GOALS.items():
         assert errors[family] <= goal, (family, errors, seed)
@@ -351,3 +351,25 @@ def test_int8_key_mask_lse_and_errors():
         {"q": qq, "k": kk, "v": vv}[which][0, 1, 0, 0] = float("nan")
         with pytest.raises(DitprofError, match=f"^{which} contains NaN/Inf$"):
             fp8_attention_emulated(qq, kk, vv, qk_format="int8")
+
+
+def test_default_format_is_int8_where_the_rotation_applies(monkeypatch):
+    """No format named (call or DITPROF_FP8_QK): INT8 for power-of-two head dims >= 16, e4m3 for the others; the
+    emulation's default is the process default for its head_dim; DITPROF_FP8_QK overrides; a bad name is one line."""
+    from ditprof.kernels.qk_format import qk_format
+
+    monkeypatch.delenv("DITPROF_FP8_QK", raising=False)
+    assert [qk_format(head_dim=d) for d in (16, 64, 128, 256)] == ["int8"] * 4
+    assert [qk_format(head_dim=d) for d in (8, 12, 24, 96)] == ["e4m3"] * 4
+    assert qk_format() == "int8" and qk_format("e4m3", 128) == "e4m3"
+    q, k, v = make_inputs("gaussian", (1, 2, 64, 128), 80, seed=fresh_seed())
+    assert torch.equal(fp8_attention_emulated(q, k, v), fp8_attention_emulated(q, k, v, qk_format="int8"))
+    assert not torch.equal(fp8_attention_emulated(q, k, v), fp8_attention_emulated(q, k, v, qk_format="e4m3"))
+    q12, k12, v12 = (x[..., :12].contiguous() for x in (q, k, v))
+    assert torch.equal(fp8_attention_emulated(q12, k12, v12), fp8_attention_emulated(q12, k12, v12, qk_format="e4m3"))
+    monkeypatch.setenv("DITPROF_FP8_QK", "e4m3")
+    assert qk_format(head_dim=128) == "e4m3"
+    assert torch.equal(fp8_attention_emulated(q, k, v), fp8_attention_emulated(q, k, v, qk_format="e4m3"))
+    monkeypatch.setenv("DITPROF_FP8_QK", "fp4")
+    with pytest.raises(DitprofError, match="^unknown fp8 Q/K format 'fp4'; known: e4m3, int8$"):
+        qk_format(head_dim=128)

@@ -18,7 +18,7 @@ def _inspect(arch):
     if arch not in _CACHE:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "k.sass")
-            r = inspect_kernel("fp8-sm120", arch, keep_sass=path)
+            r = inspect_kernel("fp8-sm120", arch, keep_sass=path, qk_format="e4m3")
             r["sass"] = open(path).read()
         _CACHE[arch] = r
     return _CACHE[arch]

@@ -23,7 +23,7 @@ def _qmma_accumulators(sass: str) -> list:
 @pytest.mark.parametrize("arch", ["sm_120a", "sm_89"])
 def test_key_lens_native_qmma_no_spills(arch, tmp_path):
     sass_path = str(tmp_path / "k.sass")
-    r = inspect_kernel("fp8-sm120", arch, key_lens=True, keep_sass=sass_path)
+    r = inspect_kernel("fp8-sm120", arch, key_lens=True, keep_sass=sass_path, qk_format="e4m3")
     assert r["key_lens"] is True and r["arch"] == arch
     ins = r["instructions"]
     # the same two strip bodies as without key_lens (steady state + masked tail): 2 x (4 x 2 x 4 + 2 x 16)

@@ -140,6 +140,16 @@ def test_compare_says_which_qk_format_the_swap_ran(one_thread, tmp_path, monkeyp
         assert f"fp8-emulated (Q/K {fmt})" in (out / "report.md").read_text()
         outs[fmt] = rep["accuracy"]["block_output_rel_rms"]
     assert outs["e4m3"] != outs["int8"]  # the swap did run in the other format
+    # no format named: INT8 where the rotation applies (h3-mini: head_dim 128), e4m3 elsewhere (wan-tiny: 12)
+    monkeypatch.delenv("DITPROF_FP8_QK")
+    for preset, fmt in (("h3-mini", "int8"), ("wan-tiny", "e4m3")):
+        out = tmp_path / f"default-{preset}"
+        assert cli.main(["compare", "--preset", preset, "--device", "cpu", "--out", str(out), "--iters", "2",
+                         "--warmup", "1", "--tokens", "64"]) == 0
+        rep = json.loads((out / "report.json").read_text())
+        assert rep["environment"]["fp8_qk_format"] == fmt, preset
+        assert f"fp8-emulated (Q/K {fmt})" in (out / "report.md").read_text()
+    assert rep["accuracy"]["block_output_rel_rms"] > 0
 
 
 def test_tb_loads_in_hta(compare_run):

@@ -15,7 +15,9 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def environment(device: torch.device | str | None = None) -> dict:
+def environment(device: torch.device | str | None = None, head_dim: int | None = None) -> dict:
+    """Machine, versions and process settings; ``head_dim``: the run's, for the Q/K format the fp8 backends take
+    for it (INT8 where the rotation applies, kernels.qk_format)."""
     device = torch.device(device) if device is not None else None
     cuda_ok = torch.cuda.is_available()
     gpu = None
@@ -48,14 +50,14 @@ def environment(device: torch.device | str | None = None) -> dict:
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device) if device is not None else ("cuda" if cuda_ok else "cpu"),
-        "fp8_qk_format": _fp8_qk_format(),  # how the fp8 backends quantize Q and K in this process
+        "fp8_qk_format": _fp8_qk_format(head_dim),  # how the fp8 backends quantize this run's Q and K
     }
 
 
-def _fp8_qk_format() -> str:
+def _fp8_qk_format(head_dim: int | None) -> str:
     from ditprof.kernels.qk_format import qk_format
 
-    return qk_format()
+    return qk_format(head_dim=head_dim)
 
 
 def _own_version() -> str:

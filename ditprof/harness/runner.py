@@ -249,7 +249,8 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         "execution": compile_mode.execution(spec.compile),
     }
     return report.build(
-        command=spec.command, model=model, environment=environment(spec.device), settings=settings,
+        command=spec.command, model=model, environment=environment(spec.device, model.get("head_dim")),
+        settings=settings,
         baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
         created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     )

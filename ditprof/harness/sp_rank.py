@@ -257,7 +257,7 @@ def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, 
         "slowest_rank": {"baseline": base["rank"], **({"swapped": sw["rank"]} if sw else {})},
     }
     return report.build(
-        command=spec.command, model=model, environment=environment(device), settings=settings,
+        command=spec.command, model=model, environment=environment(device, model.get("head_dim")), settings=settings,
         baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
         created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"), sp=sp,
     )

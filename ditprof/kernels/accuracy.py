@@ -89,7 +89,9 @@ def backend_runners(device: torch.device, smooth_k: bool = True) -> tuple[dict[s
     """{name: fn(q, k, v)} to measure on ``device``, and notes about backends left out (with the reason)."""
     runners: dict[str, Callable] = {
         "sdpa": registry.get("sdpa").fn,  # bf16 baseline row
+        # the process's default Q/K format (kernels.qk_format: INT8 unless DITPROF_FP8_QK says otherwise)
         "fp8-emulated": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k),
+        "fp8-emulated-e4m3": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k, qk_format="e4m3"),
         # the candidate fix for Q/K outlier channels (issue 18), in the numerics only so far
         "fp8-emulated+hadamard": lambda q, k, v: fp8_attention_emulated(q, k, v, smooth_k=smooth_k, rotate_qk=True),
         # issue 18's decision: Hadamard-rotated INT8 Q/K, per-token Q scales, per-head K (prep qk_int8=True)

@@ -34,8 +34,9 @@ def register(subparsers) -> None:
     ins.add_argument("--arch", default="sm_120a")
     ins.add_argument("--key-lens", action="store_true",
                      help="the variant that reads per-batch key counts on the device (key-padding masks)")
-    ins.add_argument("--qk-format", choices=("e4m3", "int8"), default="e4m3",
-                     help="Q and K as e4m3 or as Hadamard-rotated INT8 (the Q K^T MMA becomes IMMA / IGMMA)")
+    ins.add_argument("--qk-format", choices=("e4m3", "int8"), default=None,
+                     help="Q and K as e4m3 or as Hadamard-rotated INT8 (the Q K^T MMA becomes IMMA / IGMMA); "
+                          "default: DITPROF_FP8_QK, else int8")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 

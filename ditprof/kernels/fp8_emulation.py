@@ -172,14 +172,15 @@ def _strip_softmax(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, qk_scal
 def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
                            smooth_k: bool = True, return_lse: bool = False,
                            key_mask: Optional[torch.Tensor] = None, acc_bits: Optional[int] = None,
-                           acc_promote: bool = True, rotate_qk: bool = False, qk_format: str = "e4m3"):
+                           acc_promote: bool = True, rotate_qk: bool = False, qk_format: Optional[str] = None):
     """FP8 attention numerics. q (B, Sq, H, D), k and v (B, Sk, H, D), bf16/fp16/fp32, any device.
 
     ``key_mask`` (B, Sk) bool: only the keys marked True take part, per batch item (a padded prompt) -- their
     mean for the smoothing, their amax for the descales and their scores, exactly as if the others were absent.
     ``acc_bits`` / ``acc_promote``: the P V accumulator model of ``_strip_softmax`` (None: exact fp32).
     ``rotate_qk``: Q and K rotated by ``hadamard_rotation`` (in fp32, before smoothing and quantization; e4m3 only).
-    ``qk_format``: "e4m3" (per-head e4m3 Q/K, the kernels today) or "int8": the prep's INT8 Q/K mode
+    ``qk_format``: None (the process default for this head_dim, ``kernels.qk_format``; e4m3 with ``rotate_qk``),
+    "e4m3" (per-head e4m3 Q/K, the first kernels' format) or "int8": the prep's INT8 Q/K mode
     (``prep.fp8_prepare(qk_int8=True)``, issue 18): Q' = fp32(Q Rpm1) / D, K' = fp32(K Rpm1) (``prep.rotate_qk``),
     K' smoothed in the rotated basis, Q int8 with one scale per token, K int8 with one per head
     (``prep.int8_descale`` / ``prep.quantize_int8``), V e4m3 as always; S = (q8 k8^T) exactly (integers below
@@ -187,6 +188,8 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     original basis (``prep.k_mean_original_basis``), as ``interface`` does with the prep's ``k_mean``.
     Returns o (B, Sq, H, D) in q's dtype, and with ``return_lse`` also the natural-log LSE, fp32 (B, H, Sq).
     """
+    if qk_format is None:
+        qk_format = "e4m3" if rotate_qk else process_qk_format(head_dim=q.shape[-1])
     if qk_format not in QK_FORMATS:
         raise DitprofError(f"qk_format must be 'e4m3' or 'int8', got {qk_format!r}")
     if rotate_qk and qk_format == "int8":
@@ -264,7 +267,8 @@ _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does n
           "DITPROF_FP8_QK says, e4m3 V, P x256 per 32-key strip, fp32 accumulate); runs anywhere, slowly",
           numerics_only=True)
 def fp8_emulated_backend(q, k, v, *, scale=None, key_mask=None):
-    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=process_qk_format())
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask,
+                                  qk_format=process_qk_format(head_dim=q.shape[-1]))
 
 
 __all__ = [

@@ -201,14 +201,15 @@ _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
 
 
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str = "e4m3") -> dict:
+                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None) -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
     spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
     ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
-    ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA)."""
+    ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
+    default (``kernels.qk_format``)."""
     from ditprof.kernels.qk_format import qk_format as resolve_qk_format
 
-    qk_int8 = resolve_qk_format(qk_format) == "int8"
+    qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"
     if kernel not in KNOWN_KERNELS:
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
     archs = KNOWN_KERNELS[kernel]["archs"]

@@ -186,7 +186,7 @@ def fp8_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
     ``qk_format``: "int8" or "e4m3" (``kernels.qk_format``; None: the process default)."""
     from ditprof.kernels.qk_format import qk_format as resolve_qk_format
 
-    qk_int8 = resolve_qk_format(qk_format) == "int8"
+    qk_int8 = resolve_qk_format(qk_format, q.shape[-1]) == "int8"
     _validate(q, k, v, layout, scale)
     q, k, v = (_inner_contiguous(x) for x in (q, k, v))
     kernel = kernel_name_for_arch(arch_for_capability(torch.cuda.get_device_capability(q.device)), kernel)

@@ -463,7 +463,7 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
            (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt) == "int8")
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8")
     return rec
 
 

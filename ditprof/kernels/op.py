@@ -58,7 +58,7 @@ def fp8_attention_cpu_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     from ditprof.kernels.qk_format import qk_format
 
     # the Q/K format the GPU path would take in this process (DITPROF_FP8_QK), so the CPU shows its numerics
-    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=qk_format())
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=qk_format(head_dim=q.shape[-1]))
 
 
 _LIB.impl("fp8_attention", fp8_attention_cuda_impl, "CUDA")
