@@ -8,7 +8,7 @@ configuration, and the finiteness check of q, k, v without a host sync.
   argument specialisation), the compiled kernel, the arguments that do not change and, for problems up to
   ``WORKSPACE_REUSE_BYTES``, the prep's workspace (one per stream: work on one stream is ordered, so the next call's
   prep writes it only after this call's kernel has read it; under CUDA-graph capture each call allocates its own).
-  A call is then the prep's two launches, the kernel launch and the output allocation: no sync, no other
+  A call is then the prep's launches (two; three with INT8 Q/K), the kernel launch and the output allocation: no sync, no other
   allocation, no per-call argument checks (``record_for`` checks once per configuration).
 - Finiteness: a descale is non-finite exactly when its input held NaN/Inf; the prep's finalize kernel then sets a
   sticky flag for q, k or v in the workspace. Every ``CHECK_EVERY`` calls of a workspace (every call when it is not

@@ -1,6 +1,7 @@
 """Triton kernels of the FP8 prep (see ``prep.py`` for the contract).
 
-Two launches, both deterministic (the one atomic counts arrivals; no value is accumulated atomically):
+Two launches in e4m3 mode (three in INT8 mode, below), all deterministic (the one atomic counts arrivals; no value is
+accumulated atomically):
 
 1. ``_stats_kernel``  grid (Q chunks + K chunks + V chunks, B*H): each program reads CHUNK tokens of ONE operand
    of one (b, h) and writes partials: amax|Q| or amax|V| (as int32 bits of |x|: an integer max keeps NaN, which
@@ -35,7 +36,10 @@ rotation matrix loaded to shared memory once per program), QK_BLOCK rows per ``t
 a descale per row (integer max of the |x| bits, so a NaN row stays NaN; a non-finite row sets Q's sticky flag and
 NaN in scales[b, h, 0], which is how every finiteness check sees Q in this mode), K' - mu' with the per-head
 descale; codes int8(clamp(rne(X' / descale), +-127)) (the division as below, per row for Q). V's programs are the
-e4m3 mode's. Tensor-core sums are not the torch chain's float64 sums: a code may be one off (tests/test_prep_int8.py
+e4m3 mode's, in a launch of their own (``SPLIT_V``: the rotating programs' 48 KiB of shared memory would cap V's
+occupancy too), and the rotating loops load the next row block before they rotate the current one
+(``QK_PREFETCH``): H200, H3 shape, the INT8 prep 1.56 -> 1.24 ms (e4m3's 0.96; benchmarks/NOTES.md, session 10;
+the other layouts the module constants offer measured slower). Tensor-core sums are not the torch chain's float64 sums: a code may be one off (tests/test_prep_int8.py
 states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy dot mishandles bf16).
 
 The division X / descale is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
@@ -699,7 +703,7 @@ def _device_rotation(D: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 class PrepPlan:
-    """The prep's two launches for one configuration (input shapes, strides, dtype, smoothing, tuning): grids,
+    """The prep's launches (two; three with INT8 Q/K) for one configuration (input shapes, strides, dtype, smoothing, tuning): grids,
     sizes and launch options computed once, so that a caller that keeps the plan (``kernels.launch``) pays only the
     launches per call. ``prepare_triton`` builds one per call."""
 
