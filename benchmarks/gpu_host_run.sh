@@ -175,6 +175,15 @@ session10g)  # session 10: INT8 vs e4m3 in steady state at h3 (clocks sampled), 
   step host-overhead 90 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
   step int8-kernel-tests 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_int8_qk_gpu.py -k "sm90"
   ;;
+session11a)  # next session, first batch: every sm90-path GPU test with INT8 Q/K as the default, host cost per format
+  step gpu-tests 420 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py
+  step host-overhead 90 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  ;;
+session11b)  # next session: INT8 vs e4m3 in steady state at the short shapes; the default compare (h3, flux) with INT8
+  step int8-steady-short 200 python benchmarks/experimental/prep_int8_sweep.py --setting QK_STAGES=1 --end-to-end --steady 1 --e2e-shapes "flux=1,4608,24,128;ltx=1,7392,32,64" --json "$out/int8-steady-short.json"
+  step compare-h3 200 python -m ditprof compare --iters 5 --out "$out/compare-h3"
+  step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;

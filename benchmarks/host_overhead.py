@@ -16,6 +16,7 @@ import argparse
 import cProfile
 import datetime as dt
 import io
+import os
 import json
 import platform
 import pstats
@@ -57,6 +58,7 @@ def main() -> int:
     from ditprof.kernels.interface import fp8_attention, fp8_attention_kernel, launch_prepared
     from ditprof.kernels.op import fp8_attention as op_entry
     from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.qk_format import qk_format
 
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead.py: needs a CUDA GPU")
@@ -93,7 +95,7 @@ def main() -> int:
         "op.fp8_attention (Python entry)": lambda: op_entry(q, k, v),
         "interface.fp8_attention": lambda: fp8_attention(q, k, v),
         "launch record alone (no op dispatch)": lambda: L.fp8_attention_cuda(q, k, v, scale),
-        "prep plan: 2 direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
+        f"prep plan: {len(plan.launches)} direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
         "kernel launch alone (TVM-FFI call, ints)": lambda: rec.fn(q8p, k8p, v8p, scp, qsp, scp, out.data_ptr(),
                                                                   lsep, *sizes, scale, stream),
         "record lookup (launch.record_for)": lambda: L.record_for(q, k, v, False),
@@ -104,6 +106,19 @@ def main() -> int:
         "launch_prepared alone": lambda: launch_prepared(prep, out, "BSHD", scale),
     }
     res = {name: per_call_us(fn, args.calls) for name, fn in rows.items()}
+    # the other Q/K format's op (its own launch record: the format is part of the record's key)
+    other = "e4m3" if qk_format(head_dim=D) == "int8" else "int8"
+    saved = os.environ.get("DITPROF_FP8_QK")
+    os.environ["DITPROF_FP8_QK"] = other
+    try:
+        torch.ops.ditprof.fp8_attention(q, k, v, scale, None)  # builds that record
+        res[f"torch.ops.ditprof.fp8_attention, Q/K {other}"] = per_call_us(
+            lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None), args.calls)
+    finally:
+        if saved is None:
+            os.environ.pop("DITPROF_FP8_QK")
+        else:
+            os.environ["DITPROF_FP8_QK"] = saved
 
     prof = cProfile.Profile()
     torch.cuda.synchronize()
@@ -124,7 +139,8 @@ def main() -> int:
     Console().print(table)
     meta = dict(date=dt.datetime.now().isoformat(timespec="seconds"), machine=platform.node(),
                 gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                cudnn=torch.backends.cudnn.version(), shape=[B, S, H, D], calls=args.calls)
+                cudnn=torch.backends.cudnn.version(), shape=[B, S, H, D], calls=args.calls,
+                qk_format=qk_format(head_dim=D))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(meta=meta, launch=launch, host_us_per_call=res), indent=1))
         Path(args.json).with_suffix(".cprofile.txt").write_text(buf.getvalue())
