@@ -12,6 +12,7 @@ from ditprof.cli import main
 from ditprof.errors import DitprofError
 from ditprof.harness import session as S
 from ditprof.harness import validate as V
+from ditprof.kernels.qk_format import qk_format
 from ditprof.model_blocks import load_block, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block
 
@@ -173,4 +174,6 @@ def test_validate_2026_families(tmp_path, capsys, one_thread, preset):
                "--out", str(tmp_path / preset))
     assert rep["model"]["preset"] == preset and rep["blocks"] == 2
     assert rep["chain_ms"]["median"] > 0 and math.isfinite(rep["error_pct"])
+    # the Q/K format the fp8 backends take for this model's head_dim (INT8 for a power of two >= 16, else e4m3)
+    assert rep["environment"]["fp8_qk_format"] == qk_format(head_dim=rep["model"]["head_dim"])
     assert rep["whole_step"]["rest"]["modules_not_run"] == []

@@ -534,7 +534,7 @@ def validate(spec: ValidateSpec, console=None) -> dict:
                      "seed": spec.seed, "gpu_memory": spec.gpu_memory, "steps": spec.steps, "cfg": spec.cfg,
                      "build_s": build_s, "argv": sys.argv[1:], "execution": compile_mode.execution(spec.compile)},
         "compile": compile_section,  # --compile: the first block's compile and the chain's warm-up; None: eager
-        "environment": environment(spec.device),
+        "environment": environment(spec.device, src.family.heads(src.config)[1]),
         "whole_step": None,
     }
     if spec.whole_step:
