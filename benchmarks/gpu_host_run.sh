@@ -183,6 +183,7 @@ session11b)  # next session: INT8 vs e4m3 in steady state at the short shapes; t
   step int8-steady-short 200 python benchmarks/experimental/prep_int8_sweep.py --setting QK_STAGES=1 --end-to-end --steady 1 --e2e-shapes "flux=1,4608,24,128;ltx=1,7392,32,64" --json "$out/int8-steady-short.json"
   step compare-h3 200 python -m ditprof compare --iters 5 --out "$out/compare-h3"
   step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
+  step persistent-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
   ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
