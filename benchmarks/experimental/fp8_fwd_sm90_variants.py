@@ -110,6 +110,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ditprof.kernels.cute_arch import cute_dsl_arch
+from ditprof.kernels.fp8_fwd_sm90 import set_accumulate
 from ditprof.kernels.key_order import key_order_for_positions
 # the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
 # this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
@@ -509,14 +510,8 @@ class Sm90Fp8Attention:
         else:
             # ======================= consumer warpgroups =======================
             cute.arch.setmaxregister_increase(self.regs_consumer)
-            qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-            qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-            pv_mma_h.set(warpgroup.Field.ACCUMULATE, True)
-            pv_mma_h_zero.set(warpgroup.Field.ACCUMULATE, False)
-            sum_mma.set(warpgroup.Field.ACCUMULATE, True)
-            sum_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+            set_accumulate((qk_mma_zero, pv_mma_zero, pv_mma_h_zero, sum_mma_zero),
+                           (qk_mma, pv_mma, pv_mma_h, sum_mma))
             wg = wg_idx - 1
             wg_tidx = tidx % 128
             qk_thr = qk_mma.get_slice(wg_tidx)

@@ -128,6 +128,14 @@ class Sm90Config:
     pv_split: int = 2  # P V in this many head_dim slices, each into a fresh accumulator merged in FP32
 
 
+def set_accumulate(zero_start: tuple, accumulating: tuple) -> None:
+    """The wgmma atoms' ACCUMULATE field, pairwise: each tile's first MMA starts from zero, the rest add into the
+    accumulator (the experimental variants take this too)."""
+    for zero, acc in zip(zero_start, accumulating):
+        zero.set(warpgroup.Field.ACCUMULATE, False)
+        acc.set(warpgroup.Field.ACCUMULATE, True)
+
+
 def config_for(arch: str, head_dim: int) -> Sm90Config:
     """The one configuration we ship for (arch, head_dim): v6 (H3 shape on the H200: 27.3-28.2 ms vs v5's
     28.3-29.4 ms in the same three sweeps; benchmarks/NOTES.md "Session 3"). head_dim 64 takes the same sizes."""
@@ -446,14 +454,7 @@ class Sm90Fp8Attention:
                        sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx) -> SimpleNamespace:
         """A consumer warpgroup's MMAs, register fragments and accumulators (as attributes of the result)."""
         tile_n = self.tile_n
-        qk_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-        qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        pv_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
-        pv_mma_h.set(warpgroup.Field.ACCUMULATE, True)
-        pv_mma_h_zero.set(warpgroup.Field.ACCUMULATE, False)
-        sum_mma.set(warpgroup.Field.ACCUMULATE, True)
-        sum_mma_zero.set(warpgroup.Field.ACCUMULATE, False)
+        set_accumulate((qk_mma_zero, pv_mma_zero, pv_mma_h_zero, sum_mma_zero), (qk_mma, pv_mma, pv_mma_h, sum_mma))
         f = SimpleNamespace(qk_mma=qk_mma, qk_mma_zero=qk_mma_zero, pv_mma_h=pv_mma_h, pv_mma_h_zero=pv_mma_h_zero,
                             sum_mma=sum_mma, sum_mma_zero=sum_mma_zero)
         f.wg = wg_idx - 1
