@@ -110,7 +110,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ditprof.kernels.cute_arch import cute_dsl_arch
-from ditprof.kernels.fp8_fwd_sm90 import set_accumulate
+from ditprof.kernels.fp8_fwd_sm90 import set_accumulate, tma_views
 from ditprof.kernels.key_order import key_order_for_positions
 # the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
 # this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
@@ -473,19 +473,8 @@ class Sm90Fp8Attention:
             # ======================= producer warpgroup =======================
             cute.arch.setmaxregister_decrease(REGS_PRODUCER)
             if warp_idx == 0:
-                cpasync.prefetch_descriptor(tma_q)
-                cpasync.prefetch_descriptor(tma_k)
-                cpasync.prefetch_descriptor(tma_v)
-                # (box, n_m_boxes, 1, H, B) etc.
-                gQ = cute.flat_divide(mQ, (TILE_M_WG, D))
-                gK = cute.flat_divide(mK, (tile_n, D))
-                gV = cute.flat_divide(mV, (D, tile_n))
-                tQsQ, tQgQ = cpasync.tma_partition(
-                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                tKsK, tKgK = cpasync.tma_partition(
-                    tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(
-                    tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = tma_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, D,
+                                                               tile_n)
 
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 q_pipe.producer_acquire(q_state)

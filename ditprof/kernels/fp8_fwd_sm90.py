@@ -136,6 +136,25 @@ def set_accumulate(zero_start: tuple, accumulating: tuple) -> None:
         acc.set(warpgroup.Field.ACCUMULATE, True)
 
 
+def tma_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, head_dim: int, tile_n: int) -> tuple:
+    """TMA descriptor prefetches and the (smem, gmem) partitions of Q (64-row boxes), K and V (``tile_n``-key
+    tiles): (tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV). Shared with the experimental variants."""
+    cpasync.prefetch_descriptor(tma_q)
+    cpasync.prefetch_descriptor(tma_k)
+    cpasync.prefetch_descriptor(tma_v)
+    # (box, n_m_boxes, 1, H, B) etc.
+    gQ = cute.flat_divide(mQ, (TILE_M_WG, head_dim))
+    gK = cute.flat_divide(mK, (tile_n, head_dim))
+    gV = cute.flat_divide(mV, (head_dim, tile_n))
+    tQsQ, tQgQ = cpasync.tma_partition(
+        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+    tKsK, tKgK = cpasync.tma_partition(
+        tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+    tVsV, tVgV = cpasync.tma_partition(
+        tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+    return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+
+
 def config_for(arch: str, head_dim: int) -> Sm90Config:
     """The one configuration we ship for (arch, head_dim): v6 (H3 shape on the H200: 27.3-28.2 ms vs v5's
     28.3-29.4 ms in the same three sweeps; benchmarks/NOTES.md "Session 3"). head_dim 64 takes the same sizes."""
@@ -411,20 +430,7 @@ class Sm90Fp8Attention:
 
     def producer_views(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV):
         """The producer warp's TMA descriptor prefetches and the (smem, gmem) partitions of Q, K and V."""
-        cpasync.prefetch_descriptor(tma_q)
-        cpasync.prefetch_descriptor(tma_k)
-        cpasync.prefetch_descriptor(tma_v)
-        # (box, n_m_boxes, 1, H, B) etc.
-        gQ = cute.flat_divide(mQ, (TILE_M_WG, self.head_dim))
-        gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))
-        gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+        return tma_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, self.head_dim, self.tile_n)
 
     @cute.jit
     def load_q(self, q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat, slot0=0):
