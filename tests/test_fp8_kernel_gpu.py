@@ -21,11 +21,13 @@ def _force_mma_sync_kernel(monkeypatch):
 
 
 def _run_poisoned(q, k, v, layout="BSHD", scale=None, smooth_k=True):
-    """Prep + kernel into NaN-filled o and LSE buffers; returns (o, lse, prep)."""
+    """Prep + kernel into NaN-filled o and LSE buffers, in the process's Q/K format (what ``fp8_attention`` runs);
+    returns (o, lse, prep)."""
     from ditprof.kernels.interface import launch_prepared
     from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.qk_format import qk_format
 
-    prep = fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout)
+    prep = fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, qk_int8=qk_format(head_dim=q.shape[-1]) == "int8")
     B, H, _, D = prep.q8.shape
     Sq = prep.sq
     shape = (B, Sq, H, D) if layout == "BSHD" else (B, H, Sq, D)
