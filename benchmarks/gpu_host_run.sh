@@ -185,6 +185,10 @@ session11b)  # next session: INT8 vs e4m3 in steady state at the short shapes; t
   step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   step persistent-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
   ;;
+session11c)  # next session: which existing sm90 configuration is fastest at the short shapes (issue 17: flux, ltx)
+  step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,v4,n160-promote,n192-split
+  step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,v4,n160-promote,n192-split
+  ;;
 session8e)  # session 8, short last batch (little device time left): the sm120 two-level kernel on the GPU only
   step sm120-gpu-tests 170 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_fp8_sm120_two_level_gpu.py tests/test_fp8_kernel_gpu.py
   ;;
