@@ -80,8 +80,9 @@ class Variant:
     k_gran: str = "head"
     rotate: bool = False
     strip: int = 32
-    p: str = "e4m3"  # exact | e4m3 | e4m3x448 | e4m3_rowmax | hilo | e5m2 | u8 | fp16
+    p: str = "e4m3"  # exact | e4m3 | e4m3x448 | e4m3_rowmax | hilo | e5m2 | u8 | fp16 | lin
     p_lo_min: float = 0.0  # hilo: the lo term only where P (relative to the running max) > p_lo_min
+    p_lin_every: int = 1  # lin: every n-th key column's P byte from the linear exp (the others e4m3 as today)
     l_from: str = "p"
     v: str = "e4m3"  # exact | e4m3 | int8 | e4m3_centered
     cost: str = ""
@@ -141,6 +142,13 @@ VARIANTS = [
     Variant("(vi) P hi+lo e4m3 (lo only P > 1/4)", "P/V", p="hilo", p_lo_min=0.25,
             cost="2x P V MMA unless a tile vote skips it"),
     Variant("(vii) P e5m2 (worse)", "P/V", p="e5m2"),
+    # issue 20 lever 3, on the shipped numerics (rotated INT8 Q/K per token / per head, l = sum P8 as sm90)
+    Variant("shipped: INT8 Q/K per token, l = sum P8", "P lin-exp", qk="int8", q_gran="token", rotate=True,
+            strip=160, l_from="p8", cost="the default since session 10"),
+    *[Variant(f"shipped + linear-exp P byte, 1 in {n} columns", "P lin-exp", qk="int8", q_gran="token", rotate=True,
+              strip=160, l_from="p8", p="lin", p_lin_every=n,
+              cost=f"{1 / n:.0%} of the exps on the FMA pipe (FFMA, FADD, FMNMX, PRMT) instead of MUFU")
+      for n in (4, 3, 2, 1)],
     Variant("(vii) P fp16 x V e4m3->fp16 (bound)", "P/V", p="fp16", cost="half-rate P V MMA (+50% MMA time)"),
     Variant("(vii) P u8 x V int8 (INT8 P V)", "P/V", p="u8", v="int8",
             cost="P->u8 +1 op/score, O_tile s32->f32 +1 op per O element per tile"),
@@ -200,11 +208,38 @@ def quantize(x: torch.Tensor, fmt: str, gran: str) -> tuple[torch.Tensor, torch.
     return y.to(E4M3 if fmt == "e4m3" else E5M2).float(), scale
 
 
-def round_p(p: torch.Tensor, mode: str, lo_min: float = 0.0) -> torch.Tensor:
+# issue 20 lever 3: P's e4m3 byte straight from the exp2 argument x = S - m (<= 0) on the FMA pipe, no MUFU:
+# byte = clamp(rne(8 (x + 15) + LIN_C), 0, 126) is Schraudolph's linear 2^x in the byte domain (exponent field =
+# floor(x + 15) = floor(x + 8) + 7, the 3 mantissa bits linear in frac(x)); 8 (x + 15) is one FFMA, the rounding one
+# FADD of 1.5 * 2^23, the clamp one FMNMX (x <= 0 keeps it <= 120), the byte a PRMT. LIN_C moves the linear
+# mantissa's +8.6 % worst case (1 + f vs 2^f at f = 0.44) to a balanced error.
+LIN_C = -0.45
+
+
+def e4m3_byte_value(byte: torch.Tensor) -> torch.Tensor:
+    """The value of non-negative e4m3 bytes 0..126 (0x7E = 448), float32: exponent field E = byte >> 3 (bias 7),
+    mantissa M = byte & 7; subnormal M * 2^-9 for E = 0."""
+    e, m = byte >> 3, (byte & 7).float()
+    normal = torch.ldexp(1.0 + m / 8.0, e - 7)
+    return torch.where(e == 0, m * 2.0 ** -9, normal)
+
+
+def linear_exp_p(p: torch.Tensor, c: float = LIN_C) -> torch.Tensor:
+    """P (relative to the running max) as the linear-exp byte gives it: x = log2(P), byte as above, its value / 256
+    (P = 0, the pad keys, stays 0)."""
+    x = torch.log2(p.clamp_min(2.0 ** -40))
+    byte = torch.round(8.0 * (x + 15.0) + c).clamp(0, 126).to(torch.int32)
+    return torch.where(p > 0, e4m3_byte_value(byte) / P_SCALE, torch.zeros_like(p))
+
+
+def round_p(p: torch.Tensor, mode: str, lo_min: float = 0.0, lin_every: int = 1) -> torch.Tensor:
     """P in (0, 1] relative to the running max, (..., strips, strip) -> the value P V multiplies, as a fraction of
     the running max again (exact division by powers of two where the kernel scales by one)."""
     if mode == "exact":
         return p
+    if mode == "lin":  # every lin_every-th key column from the linear exp, the others e4m3(P * 256)
+        cols = torch.arange(p.shape[-1]) % lin_every == 0
+        return torch.where(cols, linear_exp_p(p), round_p(p, "e4m3"))
     if mode == "e4m3":  # today: e4m3(P * 256)
         return (p * P_SCALE).to(E4M3).float().mul_(1.0 / P_SCALE)
     if mode == "e4m3x448":
@@ -307,7 +342,7 @@ def run_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: li
                 if var.v not in v_cache:
                     v_cache[var.v] = prepare_v(vf, var.v)
                 v8, v_mean = v_cache[var.v]
-                p8 = round_p(p, var.p, var.p_lo_min)
+                p8 = round_p(p, var.p, var.p_lo_min, var.p_lin_every)
                 if stats is not None and var.p == "hilo" and var.p_lo_min > 0:
                     stats.setdefault(var.name, []).append(_lo_tile_fraction(p, var.p_lo_min) * n / Sq)
                 l = ((p8 if var.l_from == "p8" else p).sum(dim=-1) * w).sum(dim=-1)  # (B, H, n)
