@@ -185,6 +185,10 @@ session11b)  # next session: INT8 vs e4m3 in steady state at the short shapes; t
   step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   step persistent-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
   ;;
+session11d)  # next session: issue 20 lever 3 -- the linear-exp P byte variants at h3 (sweep: model, bitwise, timing), GPU tests
+  step sweep-linexp 400 python benchmarks/experimental/sm90_sweep.py --out "$out/sweep-linexp" --rounds 3 --iters 6 --variants default,linexp4,linexp2,linexp1
+  step linexp-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_variants_gpu.py -k linexp
+  ;;
 session11c)  # next session: which existing sm90 configuration is fastest at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,v4,n160-promote,n192-split
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,v4,n160-promote,n192-split

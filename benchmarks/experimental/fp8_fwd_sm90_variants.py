@@ -21,7 +21,7 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   ``pv_promote`` (True), ``pv_split`` (2), ``sum_mma`` (True), ``pv_fence`` (True), ``pv_pipe`` (False),
   ``max_chains`` (4), ``rows_first`` (False), ``lazy_max`` (False), ``trace`` (False: diagnostic, see TRACE_* below).
   Options other than tile_n, poly_every, poly_degree, sum_mma, max_chains and lazy_max only schedule the same arithmetic and give
-  bit-identical results (tests/test_fp8_sm90_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
+  bit-identical results (test_fp8_sm90_variants_gpu.py checks it); benchmarks/NOTES.md has what each one measured.
 * ``pv_promote`` (default): each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
   O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
   term once |O| is large (short accumulator alignment): 53 % error on a long key range with a biased V. Costs 64
@@ -58,6 +58,9 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   wait for the vote (benchmarks/NOTES.md, "Session 4").
 * ``poly_every=k``: every k-th 8-column group of S uses ``exp2_poly`` (FMA pipe) instead of MUFU.EX2 (FA4's
   trick). Correct, but measured slower here: the kernel is latency-bound, not MUFU-bound (benchmarks/NOTES.md).
+* ``linexp_every=k``: every k-th 8-column group's P*256 is a linear-exp e4m3 value (``exp2_linbyte``: the byte's
+  exponent field from floor(y), its mantissa linear in frac(y); 5 FMA/ALU instructions, no MUFU) -- a different
+  rounding of P (+0.1-0.3 pp rel-RMS, benchmarks/NOTES.md "issue 20 lever 3"). Not yet run on a GPU.
 
 P in registers, no shuffles
 ---------------------------
@@ -176,6 +179,32 @@ def _exp2_poly_asm(coeffs) -> str:
 
 _EXP2_POLY_ASM = {3: _exp2_poly_asm(EXP2_POLY), 2: _exp2_poly_asm(EXP2_POLY2)}
 
+# P*256 = 2^y (y = S*scale - bias <= 8) as the e4m3 value of a linear-exp byte (``linexp_every``; issue 20 lever 3,
+# accuracy in benchmarks/NOTES.md "issue 20 lever 3"): n = rne(8 (y + 7) + LINEXP_C) clamped at 0 is the byte (the
+# exponent field floor(y + 7), three mantissa bits linear in frac(y)); the fp32 with the same value has the bits
+# (n << 20) + (120 << 23). The caller forms u = 8 y + 56 + LINEXP_C = S * (8 scale) + (56 + LINEXP_C - 8 bias) in
+# one FFMA (a per-row constant); then FMNMX, FADD (1.5 * 2^23 rounds to an integer), SHL + IADD (one LEA): four
+# FMA/ALU-pipe instructions per P instead of FFMA + MUFU.EX2. The e4m3 conversion in pack_p then gives exactly
+# byte n (n < 8: 2^-7 (1 + n/8) rounds to a subnormal; P < 2^-14 of the running max).
+LINEXP_C = -0.45
+_LINEXP_ASM = (
+    "{\n\t.reg .f32 u, t;\n\t.reg .b32 ti;\n\t"
+    "max.f32 u, $1, 0f00000000;\n\t"
+    "add.rn.f32 t, u, 0f4B400000;\n\t"  # the low mantissa bits of t = rne(u)
+    "mov.b32 ti, t;\n\t"
+    "shl.b32 ti, ti, 20;\n\t"  # n << 20 (the magic number's bits shift out)
+    "add.u32 ti, ti, 1006632960;\n\t"  # + 120 << 23: the fp32 exponent of e4m3's bias
+    "mov.b32 $0, ti;\n\t}"
+)
+
+
+@dsl_user_op
+def exp2_linbyte(u, *, loc=None, ip=None) -> Float32:
+    """The linear-exp e4m3 value of P*256 from u = 8 y + 56 + LINEXP_C (y = log2(P*256) <= 8): FMNMX, FADD, LEA."""
+    return Float32(llvm.inline_asm(T.f32(), [Float32(u).ir_value(loc=loc, ip=ip)], _LINEXP_ASM, "=f,f",
+                                   has_side_effects=True, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+
 
 @dsl_user_op
 def exp2_poly(x, degree: int = 3, *, loc=None, ip=None) -> Float32:
@@ -223,6 +252,7 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
     skip_rescale=True,  # skip O *= alpha when no row of the warp changed its max (warp vote; exact)
     poly_every=0,  # k > 0: every k-th 8-column group of S uses exp2_poly (FMA pipe) instead of MUFU.EX2
     poly_degree=3,  # exp2_poly's polynomial: 3 (rel. error 8e-5) or 2 (1.8e-3, one FFMA less; P is e4m3 anyway)
+    linexp_every=0,  # k > 0: every k-th 8-column group's P*256 from exp2_linbyte (a linear-exp e4m3 value, no MUFU)
     consumer_wgs=3,  # consumer warpgroups per CTA (64 query rows each); 3: more warps per scheduler, 160 regs
     serial_pv=True,  # finish PV_{j-1} before issuing QK_j (no intra-warpgroup overlap; S and P never both live)
     exp_turns=False,  # consumer warpgroups take turns for their exps (named barriers): MUFU not shared in phase
@@ -262,6 +292,10 @@ class Sm90Fp8Attention:
             raise ValueError(f"pin_wait must be 'none' or 'sts', not {opts['pin_wait']!r}")
         if not 0 <= opts["poly_every"] <= opts["tile_n"] // 8:
             raise ValueError("poly_every must be in [0, tile_n / 8]")
+        if not 0 <= opts["linexp_every"] <= opts["tile_n"] // 8:
+            raise ValueError("linexp_every must be in [0, tile_n / 8]")
+        if opts["linexp_every"] and (opts["poly_every"] or opts["lazy_max"]):
+            raise ValueError("linexp_every replaces MUFU exps on the eager path: not with poly_every or lazy_max")
         if opts["poly_degree"] not in (2, 3):
             raise ValueError("poly_degree must be 2 or 3")
         if opts["consumer_wgs"] not in REGS_CONSUMER:
@@ -291,6 +325,7 @@ class Sm90Fp8Attention:
         self.skip_rescale = opts["skip_rescale"]
         self.poly_every = opts["poly_every"]
         self.poly_degree = opts["poly_degree"]
+        self.linexp_every = opts["linexp_every"]
         self.serial_pv = opts["serial_pv"]
         self.exp_turns = opts["exp_turns"]
         self.pv_promote = opts["pv_promote"]
@@ -879,11 +914,16 @@ class Sm90Fp8Attention:
     def row_exp_sum(self, acc_S: cute.Tensor, row_sum: cute.Tensor, alpha: cute.Tensor, bias: cute.Tensor,
                     part: cute.Tensor, qk_scale: Float32, r: cutlass.Constexpr):
         n8 = self.tile_n // 8
+        if const_expr(self.linexp_every > 0):
+            lin_scale = qk_scale * 8.0
+            lin_bias = (56.0 + LINEXP_C) - 8.0 * bias[r]
         for j in cutlass.range_constexpr(n8):
             for c in cutlass.range_constexpr(2):
                 v = c + 2 * r + 4 * j
                 if const_expr(self.poly_every > 0 and j % self.poly_every == self.poly_every - 1):
                     p = exp2_poly(acc_S[v] * qk_scale - bias[r], self.poly_degree)  # FMA pipe: unloads MUFU
+                elif const_expr(self.linexp_every > 0 and j % self.linexp_every == self.linexp_every - 1):
+                    p = exp2_linbyte(acc_S[v] * lin_scale + lin_bias)  # FMA/ALU pipes, e4m3-exact value
                 else:
                     p = cute.arch.exp2(acc_S[v] * qk_scale - bias[r])  # side-effect asm: LLVM cannot sink or clone it
                 acc_S[v] = p

@@ -2,7 +2,7 @@
 
     python benchmarks/sm90_sweep.py                       # all variants below, H3 shape, table + JSON
     python benchmarks/sm90_sweep.py --variants default,turns   # a subset
-    python benchmarks/sm90_sweep.py --out DIR --pytest    # also run tests/test_fp8_sm90_gpu.py at the end
+    python benchmarks/sm90_sweep.py --out DIR --pytest    # also run test_fp8_sm90_variants_gpu.py at the end
 
 For each variant (a dict of ``fp8_fwd_sm90.DEFAULT_OPTIONS`` overrides):
   * correctness first, on small shapes: vs the test file's exact torch model (``_emulate_sm90``) and, for the
@@ -38,6 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # fp8_fwd_sm90_variant
 V5 = dict(sum_mma=False, pv_fence=False)  # the session-2 default's two differences from v6
 VARIANTS = {
     "default": dict(),  # v6: v5 + row sums from the tensor cores (sum_mma) + the clock fence (pv_fence)
+    # issue 20 lever 3: every k-th 8-column group's P from the linear-exp byte (FMA/ALU pipes, no MUFU)
+    "linexp4": dict(linexp_every=4),
+    "linexp2": dict(linexp_every=2),
+    "linexp1": dict(linexp_every=1),
     "v5": dict(**V5),  # 3 consumer warpgroups, tile 160, serial PV, promoted P V in head_dim halves
     "v4": dict(**V5, consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1),  # 2 WGs, tile 128, overlap, promoted
     "wg3-n128-split4": dict(**V5, tile_n=128, pv_split=4),  # the fastest spill-free configuration
@@ -106,7 +110,7 @@ def main() -> int:
                     help="B,H,Sq,Sk,D of the timed shape (default the H3 shape; e.g. flux 1,24,4608,4608,128)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--pytest", action="store_true", help="run tests/test_fp8_sm90_gpu.py at the end")
+    ap.add_argument("--pytest", action="store_true", help="run test_fp8_sm90_variants_gpu.py at the end")
     ap.add_argument("--pytest-timeout", type=int, default=240)
     ap.add_argument("--ncu-child", default=None, help="(internal) run VARIANT twice on a 1x16x8192 shape, for ncu")
     args = ap.parse_args()
@@ -117,7 +121,7 @@ def main() -> int:
 
     import fp8_fwd_sm90_variants as K
     from ditprof.kernels.prep import fp8_prepare
-    from tests.test_fp8_sm90_gpu import _emulate_sm90, _inputs, _rel_rms, _run
+    from test_fp8_sm90_variants_gpu import _emulate_sm90, _inputs, _rel_rms, _run
 
     names = [n for n in args.variants.split(",") if n]
     if BASE not in names:
@@ -129,7 +133,7 @@ def main() -> int:
         raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     full = {n: K.options(**VARIANTS[n]) for n in names}
     numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["poly_degree"], full[n]["sum_mma"],
-                    full[n]["max_chains"], full[n]["lazy_max"]) for n in names}
+                    full[n]["max_chains"], full[n]["lazy_max"], full[n]["linexp_every"]) for n in names}
     ref_of = {n: next(m for m in names if numerics[m] == numerics[n]) for n in names}
     res = {n: dict(opts=VARIANTS[n], bitwise_ref=ref_of[n]) for n in names}
 
@@ -153,10 +157,10 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001
                 res[n]["error"] = f"run: {type(exc).__name__}: {exc}"[:400]
                 continue
-            mk = (full[n]["tile_n"], full[n]["sum_mma"], full[n]["lazy_max"])
+            mk = (full[n]["tile_n"], full[n]["sum_mma"], full[n]["lazy_max"], full[n]["linexp_every"])
             if mk not in model:
                 model[mk] = _emulate_sm90(prep, scale, tile_n=mk[0], sum_p8=mk[1],
-                                          lazy_slack=K.LAZY_MAX_SLACK if mk[2] else None)
+                                          lazy_slack=K.LAZY_MAX_SLACK if mk[2] else None, linexp_every=mk[3])
             eo, el = model[mk]
             outs.setdefault(ref_of[n], (o, l))
             ro, rl = outs[ref_of[n]]
@@ -272,7 +276,7 @@ def main() -> int:
     rc = 0
     if args.pytest:
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-               str(ROOT / "tests" / "test_fp8_sm90_gpu.py")]
+               str(ROOT / "benchmarks" / "experimental" / "test_fp8_sm90_variants_gpu.py")]
         try:
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.pytest_timeout)
             tail = (p.stdout + p.stderr)[-3000:]
@@ -313,7 +317,7 @@ def ncu_child(name: str) -> int:
     import torch
 
     from ditprof.kernels.prep import fp8_prepare
-    from tests.test_fp8_sm90_gpu import _inputs, _run
+    from test_fp8_sm90_variants_gpu import _inputs, _run
 
     q, k, v = _inputs(1, 16, 8192, 8192, 128, seed=0)
     prep = fp8_prepare(q, k, v, smooth_k=True)

@@ -101,7 +101,7 @@ def _check_float64(o, lse, q, k, v, prep, scale, lens=None):
             shift = scale * torch.einsum("shd,hd->hs", q[b].double(), prep.k_mean[b].double())
         lse_err = (lse[b].double() + shift - ref_lse[0]).abs().max().item()
         # e4m3 Q/K: a peaked row's LSE moves by its largest score's error, up to ~0.06 at head_dim 64
-        # (tests/test_fp8_key_lens_gpu.py), 0.05 at head_dim 128 as tests/test_fp8_sm90_gpu.py; with few keys
+        # (tests/test_fp8_key_lens_gpu.py), 0.05 at head_dim 128 as test_fp8_sm90_variants_gpu.py; with few keys
         # more (the shipped kernel, bit for bit the same: 0.074 over 33 keys at head_dim 128, H200)
         assert lse_err < (0.05 if q.shape[-1] == 128 and n >= 256 else 0.1), (b, n, lse_err)
 

@@ -2,7 +2,7 @@
 tensors: against float64, against a torch model of its exact numerics (128-key tiles), poisoned outputs,
 determinism, LSE.  Marked ``gpu``; skipped without CUDA and on GPUs other than sm_90.
 
-    python -m pytest -q -m gpu tests/test_fp8_sm90_gpu.py
+    python -m pytest -q -m gpu benchmarks/experimental/test_fp8_sm90_variants_gpu.py
 """
 
 import math
@@ -69,7 +69,18 @@ def _sum_p8(**cfg):
     return options(**cfg)["sum_mma"]
 
 
-def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=None, lazy_slack=None):
+def _linexp_p8(p256: torch.Tensor) -> torch.Tensor:
+    """The kernel's linear-exp e4m3 value of P*256 (``exp2_linbyte``): byte n = rne(max(8 log2(P*256) + 56 + c, 0)),
+    value 2^(n//8 - 7) (1 + (n % 8) / 8) as fp32, then e4m3 (exact for n >= 8; n < 8 rounds to a subnormal)."""
+    from fp8_fwd_sm90_variants import LINEXP_C
+
+    u = (8.0 * torch.log2(p256.clamp_min(2.0 ** -60)) + (56.0 + LINEXP_C)).clamp_min(0.0)
+    n = torch.round(u).to(torch.int32)
+    val = torch.ldexp(1.0 + (n % 8).float() / 8.0, n // 8 - 7)
+    return val.to(torch.float8_e4m3fn).float()
+
+
+def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=None, lazy_slack=None, linexp_every=0):
     """Torch model of this kernel's numerics: tile_n-key tiles in natural order, raw-domain running max,
     P*256 = exp2(S*qks - (m*qks - 8)), e4m3(P*256) @ V8, O * descale_v / l, LSE = ln2 (m qks - 8 + log2 l).
     l sums the fp32 P*256, or with ``sum_p8`` (the kernel's sum_mma option) the e4m3 values the P V GEMM sees.
@@ -100,6 +111,9 @@ def _emulate_sm90(prep, scale, tile_n=TILE_N, sum_p8=None, lazy_slack=None):
         alpha = torch.exp2((m - m_new) * qks)
         p = torch.exp2(s * qks - (m_new * qks - 8.0))
         p8 = p.to(torch.float8_e4m3fn).float()
+        if linexp_every:  # every linexp_every-th 8-column group of the tile from the linear exp
+            lin = (torch.arange(t1 - t0, device=p.device) // 8) % linexp_every == linexp_every - 1
+            p8 = torch.where(lin, _linexp_p8(p), p8)
         l = l * alpha + (p8 if sum_p8 else p).sum(-1, keepdim=True)
         o = o * alpha + p8 @ v[:, :, t0:t1]
         m = m_new
@@ -218,6 +232,32 @@ def _small_case(shape):
 def test_sm90_variants_vs_emulation(cfg, shape):
     _need_sm90()
     _check_vs_model(shape, cfg, sum_p8=_sum_p8(**cfg))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("every", [4, 2, 1])
+@pytest.mark.parametrize("shape", SMALL_SHAPES, ids=SMALL_IDS)
+def test_sm90_linexp_vs_model(shape, every):
+    """linexp_every: the kernel against its model (the linear-exp byte rule on the same P), and, on the larger
+    Gaussian shapes, against float64 within the Gaussian bound (the rounding adds ~0.1-0.3 pp; NOTES)."""
+    _need_sm90()
+    _check_vs_model(shape, {"linexp_every": every}, sum_p8=_sum_p8(), linexp_every=every)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("every", [2, 1])
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=IDS[1:])
+def test_sm90_linexp_vs_float64(shape, every):
+    _need_sm90()
+    from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.reference import attention_reference
+
+    B, H, Sq, Sk, D = shape
+    q, k, v = _inputs(B, H, Sq, Sk, D)
+    scale = 1.0 / math.sqrt(D)
+    o, lse = _run(fp8_prepare(q, k, v, smooth_k=True), scale, linexp_every=every)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert _rel_rms(o, attention_reference(q, k, v, scale)) <= GAUSSIAN_REL_RMS + 0.005
 
 
 def _check_vs_model(shape, cfg, **model_kw):

@@ -47,6 +47,9 @@ CONFIGS = [
     {"exp_turns": True},  # v6 + exp turns: the hand-over pinned by an OR of the exps' bits
     {"pack_asm": True},  # P registers from explicit e4m3x2 conversions (no byte permutes)
     {"poly_every": 3, "poly_degree": 2},  # 30 % of the exps on the FMA pipe, degree-2 polynomial (spill-free)
+    {"linexp_every": 4},  # a quarter of P from the linear-exp byte (issue 20 lever 3)
+    {"linexp_every": 2},
+    {"linexp_every": 1},  # every P from it: no MUFU.EX2 for P at all
     {"lazy_max": True},  # v6 + exps against the running max (measured slower; keeps 4 values in local memory)
     {"lazy_max": True, "tile_n": 128, "pv_split": 4},
     V4,
@@ -69,7 +72,8 @@ CONFIGS = [
 ]
 # local-memory bytes ptxas may use per configuration; everything else (the default included) must not spill.
 # v5 (the default before pv_fence) keeps 3 values in local memory.
-ALLOWED_SPILL_BYTES = {tuple(sorted(V5.items())): 12, (("lazy_max", True),): 16}
+ALLOWED_SPILL_BYTES = {tuple(sorted(V5.items())): 12, (("lazy_max", True),): 16,
+                       (("linexp_every", 4),): 8}  # one value in local memory (every=1 and 2 do not spill)
 
 
 def _key(cfg):
@@ -89,7 +93,7 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     assert base.get("QGMMA", 0) == 2 * (128 // 32) + 2 * (tile_n // 32) * split + sums, base
     if sums:
         assert "QGMMA.64x8x32.F32.E4M3.E4M3 R" in r["sass"]  # l = rowsum(P8) with P (A) from registers
-        if not K.options(**cfg)["poly_every"]:  # (exp2_poly has 3 FADDs of its own)
+        if not (K.options(**cfg)["poly_every"] or K.options(**cfg)["linexp_every"]):  # (both bring FADDs)
             assert base.get("FADD", 0) <= 16, base.get("FADD")  # no per-score row-sum additions left
     assert f"QGMMA.64x{tile_n}x32.F32.E4M3.E4M3" in r["sass"]  # S = Q K^T: m64 n(tile_n) k32, e4m3 -> fp32
     assert f"QGMMA.64x{128 // split}x32.F32.E4M3.E4M3 R" in r["sass"]  # P V with P (A) from registers
@@ -103,9 +107,11 @@ def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     assert base.get("UTMALDG", 0) >= 3  # Q, K, V TMA loads
     assert base.get("SYNCS", 0) > 0  # mbarrier traffic
     opts = K.options(**cfg)
-    n8, k = tile_n // 8, opts["poly_every"]
-    ex2_per_body = 4 * (n8 - (n8 // k if k else 0))  # 64 x tile_n / 128 scores a thread, minus the polynomial ones
+    n8, k = tile_n // 8, opts["poly_every"] or opts["linexp_every"]
+    ex2_per_body = 4 * (n8 - (n8 // k if k else 0))  # 64 x tile_n / 128 scores a thread, minus the FMA-pipe ones
     assert base.get("MUFU", 0) >= 2 * ex2_per_body  # two bodies (prologue, loop)
+    if opts["linexp_every"] == 1:  # only the alphas (2 rows a thread) and the epilogue's log stay on MUFU
+        assert r["sass"].count("MUFU.EX2") <= 8, r["sass"].count("MUFU.EX2")
     if opts["pin_wait"] == "sts" and opts["overlap"] and not opts["serial_pv"]:
         # every ex2 of the loop body precedes the wait for the PV wgmma: the softmax really overlaps it
         lines = r["sass"].splitlines()
