@@ -2,11 +2,10 @@
 the INT8 path must cost <= 3 % over the e4m3 path at the H3 shape, prep included).
 
 On a CUDA GPU, in one process:
-1. layouts: every combination of the prep module's INT8 layout knobs (``SPLIT_V``, ``QK_PREFETCH``,
-   ``SPLIT_V_STATS``) with the default tiling;
-2. tiling: from the fastest layout, one knob at a time (``Q_IN_STATS``, ``QK_WARPS``, rows per Q/K program
-   ``QK_ROWS``, rows per ``tl.dot`` ``QK_BLOCK``, pipelining stages ``QK_STAGES``, rows per ``tl.dot`` in the
-   stats pass ``STATS_ROT_ROWS``);
+1. layouts: every combination of the prep module's INT8 layout knobs (``SPLIT_V``, ``QK_PREFETCH``) with the
+   default tiling;
+2. tiling: from the fastest layout, one knob at a time (rows per Q/K program ``QK_ROWS``, rows per ``tl.dot``
+   ``QK_BLOCK``, pipelining stages ``QK_STAGES``, rows per ``tl.dot`` in the stats pass ``STATS_ROT_ROWS``);
    each setting: a fresh ``PrepPlan(qk_int8=True)``, its stats launch and its quantize launch(es) timed apart
    (CUDA events, median), its outputs checked against the default setting's (INT8 codes within one step in
    <= 0.1 % of places, descales within 1e-5: tests/test_prep_int8.py's tolerance; V bit for bit); the e4m3 prep
@@ -32,11 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-# session 10's first sweep (H200, h3): Q_IN_STATS slower in every layout (its Q programs in the 4-warp stats kernel),
-# QK_WARPS=8 no gain: they moved to the one-at-a-time stage
-LAYOUT_KNOBS = {"SPLIT_V": (False, True), "QK_PREFETCH": (False, True), "SPLIT_V_STATS": (False, True)}
-TILING_KNOBS = {"Q_IN_STATS": (False, True), "QK_WARPS": (None, 8), "QK_ROWS": (256, 512, 1024),
-                "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3), "STATS_ROT_ROWS": (32, 64)}
+# session 10 (H200, h3) also measured Q's quantize in the stats launch, V's amax in a stats launch of its own and 8
+# warps for the rotating programs: all slower, removed from the prep (benchmarks/NOTES.md, session 10)
+LAYOUT_KNOBS = {"SPLIT_V": (False, True), "QK_PREFETCH": (False, True)}
+TILING_KNOBS = {"QK_ROWS": (256, 512, 1024), "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3),
+                "STATS_ROT_ROWS": (32, 64)}
 KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS}
 
 

@@ -38,9 +38,10 @@ NaN in scales[b, h, 0], which is how every finiteness check sees Q in this mode)
 descale; codes int8(clamp(rne(X' / descale), +-127)) (the division as below, per row for Q). V's programs are the
 e4m3 mode's, in a launch of their own (``SPLIT_V``: the rotating programs' 48 KiB of shared memory would cap V's
 occupancy too), and the rotating loops load the next row block before they rotate the current one
-(``QK_PREFETCH``): H200, H3 shape, the INT8 prep 1.56 -> 1.24 ms (e4m3's 0.96; benchmarks/NOTES.md, session 10;
-the other layouts the module constants offer measured slower). Tensor-core sums are not the torch chain's float64 sums: a code may be one off (tests/test_prep_int8.py
-states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy dot mishandles bf16).
+(``QK_PREFETCH``): H200, H3 shape, the INT8 prep 1.56 -> 1.24 ms (e4m3's 0.96; benchmarks/NOTES.md, session 10,
+has the layouts measured slower). Tensor-core sums are not the torch chain's float64 sums: a code may be one off
+(tests/test_prep_int8.py states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy
+dot mishandles bf16).
 
 The division X / descale is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
 (``_div_by_descale``): inv = RN(1 / descale) once per program, q = RN(x * inv), then two Markstein corrections
@@ -91,19 +92,14 @@ STATS_ROT_ROWS = 32
 # tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
 # test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
 QK_STAGES = 1
-# INT8 Q/K mode layout of the work (benchmarks/experimental/prep_int8_sweep.py measures each):
-# Q_IN_STATS: Q's rotate + quantize programs run in the stats launch (per-token scales need no statistics; their
-#   row amax goes to the finalize as Q's partials, so a non-finite Q still reaches scales[b, h, 0] and the flag);
+# INT8 Q/K mode layout of the work (benchmarks/experimental/prep_int8_sweep.py measures each; Q's quantize in the
+# stats launch, V's amax in a stats launch of its own and 8 warps for the rotating programs measured slower:
+# benchmarks/NOTES.md, session 10):
 # SPLIT_V: V's quantize programs get a launch of their own, so the rotation matrix's shared memory does not cap
 #   their occupancy (one launch more);
-# QK_PREFETCH: the rotated loops load the next row block into registers before they rotate the current one;
-# QK_WARPS: warps of the programs that rotate in the quantize launch (None: QUANT_WARPS).
-Q_IN_STATS = False
+# QK_PREFETCH: the rotated loops load the next row block into registers before they rotate the current one.
 SPLIT_V = True
 QK_PREFETCH = True
-QK_WARPS = None
-# SPLIT_V_STATS: V's amax programs get a stats launch of their own before the Q/K one (the same reason as SPLIT_V)
-SPLIT_V_STATS = False
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
 _INT_MIN = tl.constexpr(-2147483648)
@@ -326,15 +322,12 @@ def _stats_kernel(
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr, q8_ptr, qs_ptr,
-    H, Sq, Sk, Sq_pad, NCQ, NCK,
+    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
+    H, Sq, Sk, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, Q_ROT: tl.constexpr, QK_ROWS: tl.constexpr,
-    QK_BLOCK: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr, PARTS: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # PARTS 0: Q, K and V programs, then the finalize; 1: V's amax programs alone (no finalize); 2: Q and K
-    # programs, then the finalize, V's partials from a PARTS=1 launch before (SPLIT_V_STATS)
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -343,31 +336,8 @@ def _stats_kernel(
     n_keys = Sk  # keys of this batch item: the first key_lens[b] (clamped to [0, Sk]) with KLENS
     if KLENS:
         n_keys = tl.minimum(tl.maximum(tl.load(klens_ptr + b), 0), Sk)
-    if PARTS == 1:
-        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t, n_keys, NCK, D, CHUNK, R, W)
-    else:
-        _stats_qk_finalize(q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-                           qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
-                           count_ptr, rot_ptr, kmr_ptr, q8_ptr, qs_ptr, b, h, bh64, t, Sq, Sq_pad, n_keys, NCQ, NCK,
-                           D, CHUNK, R, W, CB, SMOOTH, QK_INT8, RT, F32DOT, QK_STAGES, Q_ROT, QK_ROWS, QK_BLOCK, FAST,
-                           PREFETCH, PARTS == 0)
-
-
-@triton.jit
-def _stats_qk_finalize(q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-                       qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
-                       count_ptr, rot_ptr, kmr_ptr, q8_ptr, qs_ptr, b, h, bh64, t, Sq, Sq_pad, n_keys, NCQ, NCK,
-                       D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr, CB: tl.constexpr,
-                       SMOOTH: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
-                       QK_STAGES: tl.constexpr, Q_ROT: tl.constexpr, QK_ROWS: tl.constexpr,
-                       QK_BLOCK: tl.constexpr, FAST: tl.constexpr, PREFETCH: tl.constexpr, WITH_V: tl.constexpr):
     if t < NCQ:
-        if Q_ROT:  # INT8 Q/K with Q_IN_STATS: Q's quantize programs (QK_ROWS rows each), amax bits as partials
-            _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr, 1.0,
-                             qs_ptr, scales_ptr, flags_ptr, qpart_ptr + bh64 * NCQ + t, D, QK_ROWS, QK_BLOCK, True,
-                             False, FAST, F32DOT, QK_STAGES, PREFETCH, True)
-        else:
-            _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
+        _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
     elif t < NCQ + NCK:
         if QK_INT8:
             _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
@@ -376,18 +346,13 @@ def _stats_qk_finalize(q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, s
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
     else:
-        if WITH_V:
-            _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R,
-                        W)
+        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R, W)
     # the last of this (b, h)'s programs to finish reduces its partials (in a fixed order: deterministic) and sets
     # the counter back to 0 for the next launch. The barrier puts every thread's partial stores before the
     # counter's release; the acquire puts the last program's loads after everyone's stores.
     tl.debug_barrier()
     arrived = tl.atomic_add(count_ptr + bh64, 1, sem="acq_rel", scope="gpu")
-    programs = NCQ + NCK
-    if WITH_V:
-        programs += NCK
-    if arrived == programs - 1:
+    if arrived == NCQ + 2 * NCK - 1:
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
                      rot_ptr, kmr_ptr, n_keys, NCQ, NCK, D, CB, SMOOTH, QK_INT8)
         tl.store(count_ptr + bh64, 0)
@@ -402,8 +367,7 @@ def _finalize_bh(
     Sk, NCQ, NCK,
     D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr, QK_INT8: tl.constexpr,
 ):
-    # the partials were written by other programs of this launch (V's by the launch before with SPLIT_V_STATS):
-    # loads bypass L1 (.cg)
+    # the partials were written by other programs of this launch: loads bypass L1 (.cg)
     d = tl.arange(0, D)
     c = tl.arange(0, CB)
     aq = tl.zeros([CB], dtype=tl.int32)
@@ -450,10 +414,7 @@ def _finalize_bh(
     amax_k_bits = tl.max(_abs_bits(ak), axis=0)
     amax_k = tl.where(bad_k > 0, 0x7FC00000, amax_k_bits).to(tl.float32, bitcast=True)
     amax_v = tl.max(av, axis=0).to(tl.float32, bitcast=True)
-    if QK_INT8:  # per-token Q scales: scales[b, h, 0] is 1, or NaN when Q's programs saw a non-finite row
-        ds_q = tl.where((amax_q - amax_q) == 0.0, 1.0, float("nan"))
-    else:
-        ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))
+    ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))  # INT8 Q/K: no Q partials, 1.0
     if QK_INT8:
         ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 127.0))
     else:
@@ -531,15 +492,13 @@ def _div_rows(x, ds, FAST: tl.constexpr):
 
 @triton.jit
 def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
-                     scales_ptr, flags_ptr, part_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
-                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, IN_STATS: tl.constexpr):
+                     STAGES: tl.constexpr, PREFETCH: tl.constexpr):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
-    # rows); a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0] -- in the stats launch
-    # (``IN_STATS``) through the finalize instead: the program's amax bits go to ``part_ptr`` as Q's partial.
-    # K: X' = X @ Rpm1 - mu' with the per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows
-    # >= S zero.
+    # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
+    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero.
     d = tl.arange(0, D).to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
     if SUB_MEAN:
@@ -547,8 +506,6 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
     base = src + b * s_b + h * s_h
     n = tl.minimum(ROWS, S_pad - t * ROWS)
     end = tl.minimum(S, t * ROWS + n)  # rows to read: this program's, below S
-    if IS_Q and IN_STATS:
-        amax_all = tl.zeros([BLOCK], dtype=tl.int32)
     if PREFETCH:
         x_next = _load_rows(base, s_s, s_d, t * ROWS, end, d, BLOCK)
     for i in tl.range(0, n, BLOCK, num_stages=STAGES):
@@ -568,20 +525,15 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
             qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
             y = _div_rows(xr, qs, FAST)
             tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
-            if IN_STATS:
-                amax_all = tl.maximum(amax_all, amax_bits)
-            else:
-                bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
-                tl.store(flags_ptr + 0, 1, mask=bad > 0)
-                tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
+            bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
+            tl.store(flags_ptr + 0, 1, mask=bad > 0)
+            tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
         else:
             if SUB_MEAN:
                 xr = tl.where(m, xr - mu[None, :], 0.0)
             y = _div_by_descale(xr, ds, FAST)
         tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
                  mask=(rows < S_pad)[:, None])
-    if IS_Q and IN_STATS:
-        tl.store(part_ptr, tl.max(amax_all, axis=0))
 
 
 @triton.jit
@@ -607,17 +559,16 @@ def _quant_kernel(
         if t < NQ:
             if QK_INT8:
                 _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
-                                 1.0, qs_ptr, scales_ptr, flags_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False,
-                                 FAST, F32DOT, QK_STAGES, PREFETCH, False)
+                                 1.0, qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT,
+                                 QK_STAGES, PREFETCH)
             else:
                 _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
         elif t < NQ + NK:
             if QK_INT8:
                 _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr,
-                                 mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr,
-                                 flags_ptr, D, QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH,
-                                 False)
+                                 mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D,
+                                 QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH)
             else:
                 _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
@@ -703,9 +654,9 @@ def _device_rotation(D: int, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 class PrepPlan:
-    """The prep's launches (two; three with INT8 Q/K) for one configuration (input shapes, strides, dtype, smoothing, tuning): grids,
-    sizes and launch options computed once, so that a caller that keeps the plan (``kernels.launch``) pays only the
-    launches per call. ``prepare_triton`` builds one per call."""
+    """The prep's launches (two; three with INT8 Q/K) for one configuration (input shapes, strides, dtype,
+    smoothing, tuning): grids, sizes and launch options computed once, so that a caller that keeps the plan
+    (``kernels.launch``) pays only the launches per call. ``prepare_triton`` builds one per call."""
 
     def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
                  stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False):
@@ -734,17 +685,12 @@ class PrepPlan:
         if self.qk_int8 and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
             _device_rotation(D, q.dtype, q.device)  # made now, outside any graph capture
         BH = B * H
-        # INT8 Q/K: Q has per-token scales, so it needs no stats: no Q chunks, or (Q_IN_STATS) its rotate +
-        # quantize programs run in the stats launch and leave the quantize launch
-        q_rot_in_stats = self.qk_int8 and Q_IN_STATS
-        nck = _cdiv(Sk, stats_chunk)
+        # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
+        ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
         if self.qk_int8:
             nq, nk = _cdiv(self.Sq_pad, QK_ROWS), _cdiv(self.Sk_pad, QK_ROWS)
-            ncq = nq if q_rot_in_stats else 0
-            nq = 0 if q_rot_in_stats else nq
         else:
             nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
-            ncq = _cdiv(Sq, stats_chunk)
         nv = _cdiv(self.Sk_pad, quant_block)
         self.ncq, self.nck = ncq, nck
         # strides are (b, s, h, d) for each tensor: the kernels take them in that order
@@ -755,39 +701,27 @@ class PrepPlan:
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
                      KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, Q_ROT=q_rot_in_stats, Sq_pad=self.Sq_pad, QK_ROWS=QK_ROWS,
-                     QK_BLOCK=QK_BLOCK, FAST=fast_div, PREFETCH=QK_PREFETCH)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
-        stats_args = ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                      "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr", "q8_ptr",
-                      "qs_ptr")
-        if self.qk_int8 and SPLIT_V_STATS:
-            self.stats_launches = (
-                _Launch(_stats_kernel, (nck, BH), {"num_warps": stats_warps}, dict(stats, PARTS=1), stats_args),
-                _Launch(_stats_kernel, (ncq + nck, BH), {"num_warps": stats_warps}, dict(stats, PARTS=2),
-                        stats_args),
-            )
-        else:
-            self.stats_launches = (_Launch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps},
-                                           dict(stats, PARTS=0), stats_args),)
+        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
+                             ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
+                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
         quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
                       "rot_ptr", "flags_ptr")
-        qk_warps = (QK_WARPS or quant_warps) if self.qk_int8 else quant_warps
+        warps = {"num_warps": quant_warps}
         if self.qk_int8 and SPLIT_V:
             self.quants = (
-                _Launch(_quant_kernel, (nq + nk, BH), dict(num_warps=qk_warps),
-                        dict(quant, NQ=nq, NK=nk, DO_QK=True, DO_V=False), quant_args),
-                _Launch(_quant_kernel, (nv, BH), dict(num_warps=quant_warps),
-                        dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True), quant_args),
+                _Launch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
+                _Launch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True), quant_args),
             )
         else:
-            self.quants = (_Launch(_quant_kernel, (nq + nk + nv, BH), dict(num_warps=qk_warps),
-                                   dict(quant, DO_QK=True, DO_V=True), quant_args),)
-        self.launches = (*self.stats_launches, *self.quants)
+            self.quants = (_Launch(_quant_kernel, (nq + nk + nv, BH), warps, dict(quant, DO_QK=True, DO_V=True),
+                                   quant_args),)
+        self.launches = (self.stats, *self.quants)
 
     def buffers(self, device, out=None) -> dict:
         """Every tensor the kernels write (and the read-only rotation matrix): the prep's outputs (q8, k8, v8t,
@@ -838,16 +772,13 @@ class PrepPlan:
         Triton's JIT path, which launches on the current stream). The current device must be the tensors'
         device."""
         stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
-        for launch in self.stats_launches:
-            launch(stats_args, stream)
+        self.stats(stats_args, stream)
         for launch in self.quants:
             launch(quant_args, stream)
 
     def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The stats launch(es) alone (benchmarks time the two passes apart)."""
-        stats_args = self._arguments(q, k, v, bufs, key_lens)[0]
-        for launch in self.stats_launches:
-            launch(stats_args, stream)
+        self.stats(self._arguments(q, k, v, bufs, key_lens)[0], stream)
 
     def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The quantize launch(es) alone: read what an earlier stats launch on ``bufs`` wrote."""
@@ -865,7 +796,7 @@ class PrepPlan:
         else:  # never read
             rot, kmr, qs = b["scales"], b["k_mean"], b["scales"]
         stats = (q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
-                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr, b["q8"], qs)
+                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr)
         # the quantize pass subtracts the mean of the basis it quantizes in
         quant = (q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs, rot,
                  b["flags"])
@@ -960,18 +891,14 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
              "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
              "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH}
     split = qk_int8 and SPLIT_V
-    stats = {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
-             "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB, "SMOOTH": smooth_k, "KLENS": False,
-             "QK_INT8": qk_int8, "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
-             "Q_ROT": qk_int8 and Q_IN_STATS, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "FAST": fast,
-             "PREFETCH": QK_PREFETCH}
     kernels = {
-        "stats": build(_stats_kernel, {**stats, "PARTS": 2 if qk_int8 and SPLIT_V_STATS else 0}, sw),
-        "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split),
-                       (QK_WARPS or qw) if qk_int8 else qw),
+        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
+                                       "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
+                                       "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
+                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
+                                       "PREFETCH": QK_PREFETCH}, sw),
+        "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
     }
     if split:
         kernels["quant_v"] = build(_quant_kernel, dict(quant, DO_QK=False, DO_V=True), qw)
-    if qk_int8 and SPLIT_V_STATS:
-        kernels["stats_v"] = build(_stats_kernel, {**stats, "PARTS": 1}, sw)
     return kernels
