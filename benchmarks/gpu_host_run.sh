@@ -184,6 +184,7 @@ session11b)  # next session: INT8 vs e4m3 in steady state at the short shapes; t
   step compare-h3 200 python -m ditprof compare --iters 5 --out "$out/compare-h3"
   step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 5 --out "$out/compare-flux"
   step persistent-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_persistent_gpu.py
+  step int8-prep-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
   ;;
 session11d)  # next session: issue 20 lever 3 -- the linear-exp P byte variants at h3 (sweep: model, bitwise, timing), GPU tests
   step sweep-linexp 400 python benchmarks/experimental/sm90_sweep.py --out "$out/sweep-linexp" --rounds 3 --iters 6 --variants default,linexp4,linexp2,linexp1
