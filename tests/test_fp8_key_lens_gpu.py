@@ -64,7 +64,11 @@ def _check_items(o, q, k, v, keys_of, scale, lengths_note, lse=None):
             kernel_vs_model = (lse[b:b + 1] - emu_lse).abs().max().item()
             model_vs_f64 = (emu_lse.double() - ref_lse).abs().max().item()
             print(f"item {b}: LSE max |kernel - model| {kernel_vs_model:.2e}, |model - float64| {model_vs_f64:.3f}")
-            assert kernel_vs_model < 1e-2, (b, kernel_vs_model)  # fp8-sm90: l = sum of the e4m3 P8, ~6e-3 off
+            # the kernel's l is the sum of the e4m3-rounded P8 (the model sums unrounded P): each term off by up to
+            # 2^-4 relative, so the gap shrinks like 1/sqrt(keys); H200, INT8 Q/K: 6.5e-3 / 7.5e-3 / 1.2e-2 at
+            # 480 / 301 / 97 keys (max over 800 rows), i.e. 0.12-0.14 / sqrt(keys)
+            bound = 0.2 / math.sqrt(keys.numel())
+            assert kernel_vs_model < bound, (b, keys.numel(), kernel_vs_model, bound)
             assert model_vs_f64 < 0.1, (b, model_vs_f64)
         if keys.numel() <= 0.8 * k.shape[1]:
             unmasked = rel_rms(ob, attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], scale=scale))

@@ -42,6 +42,11 @@ VARIANTS = {
     "linexp4": dict(linexp_every=4),
     "linexp2": dict(linexp_every=2),
     "linexp1": dict(linexp_every=1),
+    # issue 17's short shapes: the shipped schedule with 2 consumer warpgroups (128-row tiles: flux 864 tiles = 6.5
+    # rounds on 132 SMs instead of 576 = 4.4, so a smaller last-round tail)
+    "wg2": dict(consumer_wgs=2),
+    "wg2-n128": dict(consumer_wgs=2, tile_n=128),
+    "wg2-n192": dict(consumer_wgs=2, tile_n=192),
     "v5": dict(**V5),  # 3 consumer warpgroups, tile 160, serial PV, promoted P V in head_dim halves
     "v4": dict(**V5, consumer_wgs=2, tile_n=128, serial_pv=False, pv_split=1),  # 2 WGs, tile 128, overlap, promoted
     "wg3-n128-split4": dict(**V5, tile_n=128, pv_split=4),  # the fastest spill-free configuration
