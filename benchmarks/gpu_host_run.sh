@@ -190,10 +190,6 @@ session11d)  # next session: issue 20 lever 3 -- the linear-exp P byte variants 
   step sweep-linexp 400 python benchmarks/experimental/sm90_sweep.py --out "$out/sweep-linexp" --rounds 3 --iters 6 --variants default,linexp4,linexp2,linexp1
   step linexp-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_variants_gpu.py -k linexp
   ;;
-session11f)  # session 11: the one-launch prep (GPU tests, then timing against the shipped launches), the bound fix
-  step one-launch-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_one_launch.py tests/test_fp8_key_lens_gpu.py -k "one_launch or (key_lens_vs_float64 and sm90)"
-  step one-launch-bench 240 python benchmarks/experimental/prep_one_launch_bench.py --rounds 30 --json "$out/one-launch.json"
-  ;;
 session11e)  # session 11: the shipped schedule with 2 consumer warpgroups at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4

@@ -451,3 +451,27 @@ def test_prep_int8_sweep_settings():
     with sweep.patched({"QK_BLOCK": 32, "SPLIT_V": True}):
         assert P.QK_BLOCK == 32 and P.SPLIT_V is True
     assert P.QK_BLOCK == grid[0]["QK_BLOCK"] and P.SPLIT_V == grid[0]["SPLIT_V"]
+
+
+def test_stats_chunk_rule(monkeypatch):
+    """INT8 mode on a GPU: the stats chunk halves (512 -> 256 -> 128) until the K and V stats grid has
+    STATS_PROGRAMS_PER_SM programs per SM; e4m3, the CPU and the knob at 0 keep STATS_CHUNK; a plan built on such a
+    shape uses the chunk (a GPU-free check with a 132-SM device)."""
+    from ditprof.kernels import prep_triton as P
+
+    monkeypatch.setitem(P._SMS, 0, 132)
+    cuda = torch.device("cuda", 0)
+    assert P.stats_chunk_for(24, 4608, True, cuda) == 256  # flux: 432 programs at 512 (< 792), 864 at 256
+    assert P.stats_chunk_for(32, 7392, True, cuda) == 512  # ltx: 960 at 512
+    assert P.stats_chunk_for(56, 30272, True, cuda) == 512
+    assert P.stats_chunk_for(6, 77, True, cuda) == 128  # never below 128
+    assert P.stats_chunk_for(24, 4608, False, cuda) == 512  # e4m3: not measured, unchanged
+    assert P.stats_chunk_for(24, 4608, True, "cpu") == 512
+    monkeypatch.setattr(P, "STATS_PROGRAMS_PER_SM", 0)
+    assert P.stats_chunk_for(24, 4608, True, cuda) == 512
+    monkeypatch.setattr(P, "STATS_PROGRAMS_PER_SM", 6)
+    q, k, v = (torch.empty((1, 4608, 24, 128), dtype=torch.bfloat16, device="meta") for _ in range(3))
+    assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 9  # not a GPU: STATS_CHUNK (4608 / 512)
+    monkeypatch.setattr(P, "stats_chunk_for", lambda BH, Sk, qk_int8, device: 256)  # what a 132-SM GPU picks
+    assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 18
+    assert P.PrepPlan(q, k, v, True, qk_int8=True, stats_chunk=512).nck == 9  # an explicit chunk wins

@@ -78,6 +78,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # Launch configuration (tunable; benchmarks/prep_check.py sweeps a few). QUANT_BLOCK must divide 128 and be a
 # multiple of 16 (whole key groups). STATS_R: rows per thread per stats iteration (16-byte loads in flight).
 STATS_CHUNK = 512
+# INT8 Q/K mode: halve the stats chunk (down to 128 rows) while the stats grid (K and V chunks of every (b, h)) has
+# fewer than this many programs per SM: each K program rotates its chunk serially, so a grid under a few waves is
+# latency-bound (H200, interleaved: flux 1x4608x24 0.143 -> 0.128 ms with 256-row chunks; ltx, cogvideox, h3 keep
+# 512, where smaller chunks measured 0-14 % slower; benchmarks/NOTES.md, session 11). 0: always STATS_CHUNK.
+STATS_PROGRAMS_PER_SM = 6
 STATS_R = 8
 STATS_WARPS = 4
 QUANT_BLOCK = 32
@@ -100,9 +105,6 @@ QK_STAGES = 1
 # QK_PREFETCH: the rotated loops load the next row block into registers before they rotate the current one.
 SPLIT_V = True
 QK_PREFETCH = True
-# ONE_LAUNCH: both passes in one launch (``_prep_kernel``: quantize programs wait on a per-(b, h) flag the stats
-# finalize raises), either format; replaces the two or three launches above (SPLIT_V then has no effect)
-ONE_LAUNCH = False
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
 
 _INT_MIN = tl.constexpr(-2147483648)
@@ -319,19 +321,20 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
 
 
 @triton.jit
-def _stats_program(
-    t, bh, q_ptr, k_ptr, v_ptr,
+def _stats_kernel(
+    q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr, ready_ptr,
+    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
     H, Sq, Sk, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, SIGNAL: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # stats chunk t of (b, h) = bh; SIGNAL: the finalize also raises the (b, h)'s ready flag (one-launch prep)
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
@@ -358,29 +361,6 @@ def _stats_program(
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
                      rot_ptr, kmr_ptr, n_keys, NCQ, NCK, D, CB, SMOOTH, QK_INT8)
         tl.store(count_ptr + bh64, 0)
-        if SIGNAL:
-            # every store of the finalize (one program) before the flag: the release publishes them
-            tl.debug_barrier()
-            tl.atomic_xchg(ready_ptr + bh64, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _stats_kernel(
-    q_ptr, k_ptr, v_ptr,
-    sqb, sqs, sqh, sqd,
-    skb, sks, skh, skd,
-    svb, svs, svh, svd,
-    qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
-    H, Sq, Sk, NCQ, NCK,
-    D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
-    CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    _stats_program(tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd,
-                   svb, svs, svh, svd, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr,
-                   flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr, count_ptr, H, Sq, Sk, NCQ, NCK, D, CHUNK, R, W,
-                   CB, SMOOTH, KLENS, QK_INT8, RT, F32DOT, QK_STAGES, PREFETCH, False)
 
 
 # ---------------------------------------------------------------- finalize
@@ -562,8 +542,8 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
 
 
 @triton.jit
-def _quant_program(
-    t, bh, q_ptr, k_ptr, v_ptr,
+def _quant_kernel(
+    q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
     skb, sks, skh, skd,
     svb, svs, svh, svd,
@@ -574,8 +554,9 @@ def _quant_program(
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
     DO_V: tl.constexpr,
 ):
-    # quantize program t of (b, h) = bh. DO_QK / DO_V: which operands the launch quantizes (SPLIT_V gives V a
-    # launch of its own: NQ = NK = 0)
+    # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
@@ -605,77 +586,31 @@ def _quant_program(
                  tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
 
 
-@triton.jit
-def _quant_kernel(
-    q_ptr, k_ptr, v_ptr,
-    sqb, sqs, sqh, sqd,
-    skb, sks, skh, skd,
-    svb, svs, svh, svd,
-    q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
-    H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
-    D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
-    FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
-    DO_V: tl.constexpr,
-):
-    _quant_program(tl.program_id(0), tl.program_id(1), q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd,
-                   svb, svs, svh, svd, q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
-                   H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK, D, BLOCK, SMOOTH, MANUAL_RNE, FAST, QK_INT8, QK_ROWS,
-                   QK_BLOCK, F32DOT, QK_STAGES, PREFETCH, DO_QK, DO_V)
-
-
-# ---------------------------------------------------------------- one launch
-
-@triton.jit
-def _prep_kernel(
-    q_ptr, k_ptr, v_ptr,
-    sqb, sqs, sqh, sqd,
-    skb, sks, skh, skd,
-    svb, svs, svh, svd,
-    qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
-    q8_ptr, k8_ptr, v8t_ptr, qmean_ptr, qs_ptr, ticket_ptr, ready_ptr,
-    H, Sq, Sk, Sq_pad, Sk_pad, NCQ, NCK, NQ, NK, NS, NT, TOTAL,
-    D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
-    CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr, QK_ROWS: tl.constexpr,
-    QK_BLOCK: tl.constexpr,
-):
-    # Both passes in one launch (``ONE_LAUNCH``). Each program draws a ticket from a counter: tickets
-    # [0, BH * NS) are stats programs ((b, h)-major, NS per (b, h)), the rest quantize programs (NT per (b, h)).
-    # A quantize program waits for its (b, h)'s ready flag, which the stats finalize raises. It only ever waits
-    # for programs that drew smaller tickets, which are already running and never wait themselves: no deadlock
-    # whatever the order the hardware starts programs in. The last program to finish sets the ticket counter,
-    # the finish counter and the ready flags back to 0 for the next launch (CUDA-graph replays included).
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
-    n_stats = NS * (TOTAL // (NS + NT))
-    if ticket < n_stats:
-        _stats_program(ticket % NS, ticket // NS, q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd,
-                       svb, svs, svh, svd, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr,
-                       flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr, ready_ptr, H, Sq, Sk, NCQ, NCK, D, CHUNK,
-                       R, W, CB, SMOOTH, KLENS, QK_INT8, RT, F32DOT, QK_STAGES, PREFETCH, True)
-    else:
-        u = ticket - n_stats
-        bh = u // NT
-        while tl.atomic_add(ready_ptr + bh, 0, sem="acquire", scope="gpu") == 0:
-            pass
-        _quant_program(u % NT, bh, q_ptr, k_ptr, v_ptr, sqb, sqs, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-                       q8_ptr, k8_ptr, v8t_ptr, qmean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr, H, Sq, Sk, Sq_pad,
-                       Sk_pad, NQ, NK, D, BLOCK, SMOOTH, MANUAL_RNE, FAST, QK_INT8, QK_ROWS, QK_BLOCK, F32DOT,
-                       QK_STAGES, PREFETCH, True, True)
-    tl.debug_barrier()
-    done = tl.atomic_add(ticket_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if done == TOTAL - 1:
-        tl.store(ticket_ptr, 0)
-        tl.store(ticket_ptr + 1, 0)
-        for i in range(0, TOTAL // (NS + NT), CB):
-            j = i + tl.arange(0, CB)
-            tl.store(ready_ptr + j, 0, mask=j < TOTAL // (NS + NT))
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device) -> int:
+    """Rows per stats program: STATS_CHUNK, or in INT8 Q/K mode on a GPU the largest of STATS_CHUNK, /2, ... (at
+    least 128) that gives the K and V stats grid STATS_PROGRAMS_PER_SM programs per SM."""
+    chunk = STATS_CHUNK
+    device = torch.device(device)
+    if not (qk_int8 and STATS_PROGRAMS_PER_SM and device.type == "cuda"):
+        return chunk
+    target = STATS_PROGRAMS_PER_SM * _sm_count(device.index)
+    while chunk > 128 and 2 * _cdiv(Sk, chunk) * BH < target:
+        chunk //= 2
+    return chunk
+
+
+_SMS: dict = {}
+
+
+def _sm_count(index) -> int:
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
 
 
 def stats_rows_per_warp(D: int) -> int:
@@ -755,7 +690,6 @@ class PrepPlan:
                  stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False):
         quant_block = quant_block or QUANT_BLOCK
         quant_warps = quant_warps or QUANT_WARPS
-        stats_chunk = stats_chunk or STATS_CHUNK
         stats_r = stats_r or STATS_R
         stats_warps = stats_warps or STATS_WARPS
         fast_div = FAST_DIV if fast_div is None else bool(fast_div)
@@ -764,7 +698,7 @@ class PrepPlan:
         for name, val in (("stats_r", stats_r), ("stats_warps", stats_warps)):
             if val < 1 or val & (val - 1):
                 raise ValueError(f"{name} must be a power of two, got {val}")
-        if stats_chunk < 1:
+        if stats_chunk is not None and stats_chunk < 1:
             raise ValueError(f"stats_chunk must be positive, got {stats_chunk}")
         B, Sq, H, D = q.shape
         Sk = k.shape[1]
@@ -778,6 +712,7 @@ class PrepPlan:
         if self.qk_int8 and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
             _device_rotation(D, q.dtype, q.device)  # made now, outside any graph capture
         BH = B * H
+        stats_chunk = stats_chunk or stats_chunk_for(BH, Sk, self.qk_int8, q.device)
         # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
         ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
         if self.qk_int8:
@@ -800,25 +735,12 @@ class PrepPlan:
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
-        stats_args = ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                      "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr")
+        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
+                             ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
+                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
         quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
                       "rot_ptr", "flags_ptr")
         warps = {"num_warps": quant_warps}
-        self.one_launch = bool(ONE_LAUNCH)
-        self.BH = BH
-        if self.one_launch:
-            # one program size for both passes: the larger of the two passes' warp counts
-            ns, nt = ncq + 2 * nck, nq + nk + nv
-            one = dict(stats, **{n: quant[n] for n in ("Sq_pad", "Sk_pad", "NQ", "NK", "BLOCK", "MANUAL_RNE", "FAST",
-                                                       "QK_ROWS", "QK_BLOCK")},
-                       NS=ns, NT=nt, TOTAL=BH * (ns + nt))
-            self.stats, self.quants = None, ()
-            self.launches = (_Launch(_prep_kernel, (BH * (ns + nt),), {"num_warps": max(stats_warps, quant_warps)},
-                                     one, stats_args + ("q8_ptr", "k8_ptr", "v8t_ptr", "qmean_ptr", "qs_ptr",
-                                                        "ticket_ptr", "ready_ptr")),)
-            return
-        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats, stats_args)
         if self.qk_int8 and SPLIT_V:
             self.quants = (
                 _Launch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
@@ -857,9 +779,6 @@ class PrepPlan:
                 "rot": _device_rotation(D, self.dtype, device),
                 "k_mean_rot": torch.empty((B, H, D) if self.smooth_k else (1,), dtype=torch.float32, device=device),
             }
-        # one zeroed allocation for every counter (each torch.zeros costs host time per call where workspaces are
-        # made per call)
-        counters = torch.zeros((2 * BH + 2,), dtype=torch.int32, device=device)
         return dict(
             q8=q8, k8=k8, v8t=v8t, scales=scales, **extra,
             # written by the finalize kernel when smoothing; otherwise never touched (a 1-element placeholder)
@@ -873,10 +792,7 @@ class PrepPlan:
             # sticky non-finite flags of q, k, v (the finalize kernel sets them; whoever reads them zeroes them)
             flags=torch.zeros((3,), dtype=torch.int32, device=device),
             # programs of each (b, h) that finished their stats (the last one resets it to 0)
-            count=counters[:BH],
-            # ONE_LAUNCH: the ticket and finish counters, and a ready flag per (b, h) (the launch leaves all at 0)
-            ticket=counters[BH:BH + 2],
-            ready=counters[BH + 2:],
+            count=torch.zeros((BH,), dtype=torch.int32, device=device),
         )
 
     def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
@@ -884,27 +800,16 @@ class PrepPlan:
         Triton's JIT path, which launches on the current stream). The current device must be the tensors'
         device."""
         stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
-        if self.one_launch:
-            b = bufs
-            self.launches[0](stats_args + (b["q8"], b["k8"], b["v8t"], quant_args[6], quant_args[8], b["ticket"],
-                                           b["ready"]), stream)
-            return
         self.stats(stats_args, stream)
         for launch in self.quants:
             launch(quant_args, stream)
 
-    def _two_pass(self) -> None:
-        if self.one_launch:
-            raise ValueError("this plan runs both passes in one launch (ONE_LAUNCH): they cannot run apart")
-
     def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The stats launch(es) alone (benchmarks time the two passes apart)."""
-        self._two_pass()
         self.stats(self._arguments(q, k, v, bufs, key_lens)[0], stream)
 
     def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
         """The quantize launch(es) alone: read what an earlier stats launch on ``bufs`` wrote."""
-        self._two_pass()
         quant_args = self._arguments(q, k, v, bufs, key_lens)[1]
         for quant in self.quants:
             quant(quant_args, stream)
@@ -989,8 +894,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         "qpart_ptr": "*i32", "vpart_ptr": "*i32", "ksum_ptr": "*fp64", "kmax_ptr": "*fp32", "kmin_ptr": "*fp32",
         "mean_ptr": "*fp32", "scales_ptr": "*fp32", "flags_ptr": "*i32", "count_ptr": "*i32", "klens_ptr": "*i32",
         "q8_ptr": qk, "k8_ptr": qk, "v8t_ptr": "*fp8e4nv",
-        "rot_ptr": elem, "kmr_ptr": "*fp32", "qs_ptr": "*fp32", "qmean_ptr": "*fp32", "ticket_ptr": "*i32",
-        "ready_ptr": "*i32",
+        "rot_ptr": elem, "kmr_ptr": "*fp32", "qs_ptr": "*fp32",
     }
 
     def build(fn, consts, num_warps):
@@ -1015,15 +919,12 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
              "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
              "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH}
     split = qk_int8 and SPLIT_V
-    stats = {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
-             "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB, "SMOOTH": smooth_k, "KLENS": False,
-             "QK_INT8": qk_int8, "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
-             "PREFETCH": QK_PREFETCH}
-    if ONE_LAUNCH:
-        one = dict(stats, **{n: quant[n] for n in ("BLOCK", "MANUAL_RNE", "FAST", "QK_ROWS", "QK_BLOCK")})
-        return {"one": build(_prep_kernel, one, max(sw, qw))}
     kernels = {
-        "stats": build(_stats_kernel, stats, sw),
+        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
+                                       "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
+                                       "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
+                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
+                                       "PREFETCH": QK_PREFETCH}, sw),
         "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
     }
     if split:
