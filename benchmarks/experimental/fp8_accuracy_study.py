@@ -84,11 +84,12 @@ class Variant:
     p_lo_min: float = 0.0  # hilo: the lo term only where P (relative to the running max) > p_lo_min
     p_lin_every: int = 1  # lin: every n-th key column's P byte from the linear exp (the others e4m3 as today)
     l_from: str = "p"
-    v: str = "e4m3"  # exact | e4m3 | int8 | e4m3_centered
+    v: str = "e4m3"  # exact | e4m3 | int8 | e4m3_centered | e4m3_blockN (a scale per N keys, over all channels)
+    k_mean: str = "full"  # the mean K is smoothed by: full (over all keys) | sampleN (N keys spread evenly)
     cost: str = ""
 
     def qk_key(self) -> tuple:
-        return (self.qk, self.q_gran, self.k_gran, self.rotate, self.strip)
+        return (self.qk, self.q_gran, self.k_gran, self.rotate, self.strip, self.k_mean)
 
 
 # kernel cost notes: the reasoning is in benchmarks/NOTES.md, "Session 8: FP8 accuracy on real activations"
@@ -145,6 +146,19 @@ VARIANTS = [
     # issue 20 lever 3, on the shipped numerics (rotated INT8 Q/K per token / per head, l = sum P8 as sm90)
     Variant("shipped: INT8 Q/K per token, l = sum P8", "P lin-exp", qk="int8", q_gran="token", rotate=True,
             strip=160, l_from="p8", cost="the default since session 10"),
+    # issue 20 lever 1: a prep without a stats pass needs K and V scales per kernel tile (160 keys) and a K mean
+    # that does not need all keys (any mean shared by all keys leaves the softmax exact)
+    *[Variant(name, "single-pass prep", qk="int8", q_gran="token", rotate=True, strip=160, l_from="p8",
+              k_gran=kg, k_mean=km, v=vm, cost=cost)
+      for name, kg, km, vm, cost in (
+          ("shipped + K scale per 160-key tile", "block160", "full", "e4m3", "kernel: +1 FMUL/row/tile"),
+          ("shipped + K mean of 64 sampled keys", "head", "sample64", "e4m3", "prep: 64 rows per K program"),
+          ("shipped + V scale per 160-key tile", "head", "full", "e4m3_block160",
+           "kernel: alpha x dv ratio per row/tile"),
+          ("single pass: K and V per tile, K mean of 64 keys", "block160", "sample64", "e4m3_block160",
+           "no stats pass: prep reads Q, K, V once"),
+          ("single pass, K mean of 16 keys", "block160", "sample16", "e4m3_block160", "as above"),
+      )],
     *[Variant(f"shipped + linear-exp P byte, 1 in {n} columns", "P lin-exp", qk="int8", q_gran="token", rotate=True,
               strip=160, l_from="p8", p="lin", p_lin_every=n,
               cost=f"{1 / n:.0%} of the exps on the FMA pipe (FFMA, FADD, FMNMX, PRMT) instead of MUFU")
@@ -273,6 +287,9 @@ def prepare_v(v: torch.Tensor, mode: str) -> tuple[torch.Tensor, Optional[torch.
     if mode == "int8":
         codes, scale = quantize(v, "int8", "head")
         return codes * scale, None
+    if mode.startswith("e4m3_block"):  # one scale per N consecutive keys (a kernel tile), over all channels
+        codes, scale = quantize(v, "e4m3", mode[len("e4m3_"):])
+        return codes * scale, None
     if mode == "e4m3_centered":  # V - mean over keys per channel; O = softmax @ (V - mean) + mean exactly
         mean = v.double().mean(dim=2, keepdim=True).float()
         codes, scale = quantize(v - mean, "e4m3", "head")
@@ -293,6 +310,20 @@ def _quantized_qk(qf: torch.Tensor, kf: torch.Tensor, var: Variant, softmax_scal
     if var.q_gran == "head" and var.k_gran == "head":
         return q8, k8, sq * sk * c, None
     return q8, k8, (sq * c).expand(*qf.shape[:3], 1), sk.transpose(-1, -2)
+
+
+def center_k(kf: torch.Tensor, how: str) -> torch.Tensor:
+    """K (B, H, Sk, D) minus a mean over keys: 'full' (all keys, the shipped prep's) or 'sampleN' (N keys spread
+    evenly over the sequence, key i * Sk // N: what a prep program could read for itself without a stats pass)."""
+    if how == "full":
+        return smooth_k(kf)[0]
+    m = re.fullmatch(r"sample(\d+)", how)
+    if not m:
+        raise ValueError(f"unknown K mean {how!r}")
+    Sk = kf.shape[2]
+    n = min(int(m.group(1)), Sk)
+    idx = torch.arange(n) * Sk // n
+    return kf - kf[:, :, idx].double().mean(dim=2, keepdim=True).float()
 
 
 def _softmax_state(s: torch.Tensor, strip: int):
@@ -326,7 +357,7 @@ def run_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, variants: li
         order.setdefault(var.qk_key(), []).append(var)
     for group in order.values():
         qf, kf = (qf0 @ rot, kf0 @ rot) if group[0].rotate else (qf0, kf0)
-        kf = smooth_k(kf)[0]  # K - mean over keys, every variant (k_bias needs it; the kernels always do it)
+        kf = center_k(kf, group[0].k_mean)  # every variant (k_bias needs it; the kernels always do it)
         q8, k8, row_scale, col_scale = _quantized_qk(qf, kf, group[0], scale)
         k8t = k8.transpose(-1, -2)
         for start in range(0, Sq, chunk):
