@@ -347,11 +347,12 @@ def plan_for(device, B: int, H: int, sq: int, sk: int, n_sms: int | None = None)
 
 def run_splitkv(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, key_lens=None,
                 q_scales=None, n_sms: int | None = None, plan: tuple[int, int, int] | None = None,
-                tvm_ffi: bool | None = None, cache: dict | None = None) -> tuple[int, int, int]:
+                tvm_ffi: bool | None = None, cache: dict | None = None, merge: bool = True) -> tuple[int, int, int]:
     """Kernel + merge on the current stream, on the shared prep's tensors (q8/k8 float8_e4m3fn, or int8 with
     ``q_scales`` (B,H,Sq_pad) fp32; v8t float8_e4m3fn; scales (B,H,3) fp32; out (B,Sq,H,D) bf16/fp16 contiguous;
     lse (B,H,Sq) fp32; key_lens (B,) int32 or None). ``plan``: (n_full, n_tail, splits) (default ``plan_for`` on
     ``n_sms`` or the device's SM count). ``cache``: a dict for the compiled kernels (default: this module's).
+    ``merge=False``: the kernel only (the tail rows are left unwritten; for timing the two launches apart).
     Returns the plan used."""
     import torch
 
@@ -398,7 +399,7 @@ def run_splitkv(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out
                     (q8, k8, v8t, scales, qs, lens, out, lse, o_part, lse_part), sizes, softmax_scale, n_full, splits,
                     DTYPE_NAMES[out.dtype], stream)
         LAUNCH_INFO["last_launch"] = "jit"
-    if n_tail:
+    if n_tail and merge:
         splitkv_merge(o_part, lse_part, out, lse, n_full, sq)
     return n_full, n_tail, splits
 
