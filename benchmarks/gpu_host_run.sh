@@ -190,6 +190,10 @@ session11d)  # next session: issue 20 lever 3 -- the linear-exp P byte variants 
   step sweep-linexp 400 python benchmarks/experimental/sm90_sweep.py --out "$out/sweep-linexp" --rounds 3 --iters 6 --variants default,linexp4,linexp2,linexp1
   step linexp-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_variants_gpu.py -k linexp
   ;;
+session12a)  # next session: the split-KV tail of fp8-sm90 (issue 17 short shapes, issue 20): GPU tests, then shipped vs split + merge
+  step splitkv-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_splitkv_gpu.py
+  step splitkv-bench 240 python benchmarks/experimental/splitkv_bench.py --rounds 15 --json "$out/splitkv-bench.json"
+  ;;
 session11e)  # session 11: the shipped schedule with 2 consumer warpgroups at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
