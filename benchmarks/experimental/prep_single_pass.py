@@ -622,7 +622,8 @@ def resource_usage(kernel) -> dict:
                               text=True).stdout
     fields = dict(item.split(":", 1) for line in text.splitlines() if "REG:" in line for item in line.split())
     return {"registers": int(fields["REG"]), "spill_bytes": int(fields["LOCAL"]),
-            "stack_bytes": int(fields["STACK"]), "shared_bytes": int(kernel.metadata.shared), "num_warps": int(kernel.metadata.num_warps)}
+            "stack_bytes": int(fields["STACK"]), "shared_bytes": int(kernel.metadata.shared),
+            "num_warps": int(kernel.metadata.num_warps)}
 
 
 OFFLINE_SETTINGS = {  # name: compile_offline keywords (the default first)
