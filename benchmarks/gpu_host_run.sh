@@ -194,6 +194,10 @@ session12a)  # next session: the split-KV tail of fp8-sm90 (issue 17 short shape
   step splitkv-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_splitkv_gpu.py
   step splitkv-bench 240 python benchmarks/experimental/splitkv_bench.py --rounds 15 --json "$out/splitkv-bench.json"
   ;;
+session12b)  # issue 20 lever 1: the experimental single-pass INT8 prep -- GPU tests (h3/flux/ltx vs the torch reference, knobs), then timed against the shipped preps
+  step single-pass-gpu-tests 420 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_prep_single_pass.py
+  step single-pass-bench 240 python benchmarks/experimental/prep_single_pass_bench.py --json "$out/prep-single-pass.json"
+  ;;
 session11e)  # session 11: the shipped schedule with 2 consumer warpgroups at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
