@@ -90,11 +90,14 @@ K_TILES = 4  # 160-key tiles per K program (the 64-row mean and the rotation mat
 # (72 KiB: two CTAs of 8 warps per SM; sm_90 numbers in benchmarks/NOTES.md, "Single-pass INT8 prep")
 K_STAGES = 1
 QK_WARPS = 8  # 8: a K tile's 5 x 32 x D fp32 in registers fit (80 per thread at D = 128)
-V_WARPS = 4
-# register caps (ptxas maxnreg; None: ptxas's choice, 166-170 for the Q/K programs at 8 warps = one CTA per SM, 215
-# for V at 4 warps): 128 fits two Q/K CTAs (16 warps) and four V CTAs per SM, with no spills at D = 128 (sm_90)
+# register cap of the Q/K programs (ptxas maxnreg; None: ptxas's choice). sm_90, bf16, D = 128: uncapped 167
+# registers (one 8-warp CTA per SM), capped at 128 two CTAs per SM with a 48-byte stack frame of spill slots in the
+# K tile path (D = 64: 127 registers, no spills). The benchmark times both (its "no_reg_cap" setting)
 QK_MAXNREG = 128
-V_MAXNREG = 128
+# V: 8 warps, uncapped: 124 registers at D = 128 (two CTAs, 16 warps per SM), no spills; at 4 warps ptxas takes 215
+# (capped at 128 it spills 280 bytes)
+V_WARPS = 8
+V_MAXNREG = None
 FAST_DIV = True
 
 OUTPUT_KEYS = ("q8", "k8", "v8t", "q_scales", "k_tile_scales", "v_tile_scales", "k_mean", "flags")
@@ -609,9 +612,10 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
 
 
 def resource_usage(kernel) -> dict:
-    """{registers, spill_bytes (local memory per thread), stack_bytes, shared_bytes, num_warps} of an
-    offline-compiled kernel: registers, local memory and stack from ``cuobjdump -res-usage`` of its cubin (the
-    wheel's cuobjdump), shared memory from Triton's metadata (the dynamic allocation)."""
+    """{registers, stack_bytes, spill_bytes, shared_bytes, num_warps} of an offline-compiled kernel: registers, the
+    per-thread stack frame (where ptxas puts spill slots: 0 for every uncapped build here) and other local memory
+    from ``cuobjdump -res-usage`` of its cubin (the wheel's cuobjdump), shared memory from Triton's metadata (the
+    dynamic allocation)."""
     from triton.backends.nvidia import compiler as nv
 
     tool = Path(nv.__file__).resolve().parent / "bin" / "cuobjdump"
@@ -631,6 +635,7 @@ OFFLINE_SETTINGS = {  # name: compile_offline keywords (the default first)
     "two_pass": {"two_pass": True},
     "pipelined": {"k_stages": None},
     "no_cap": {"maxnreg": None},
+    "v_4_warps_capped": {"v_warps": 4, "maxnreg": 128},
     "one_launch": {"split_v": False},
 }
 
@@ -651,8 +656,9 @@ def offline_table(arch: int = 90) -> list[dict]:
 def main() -> int:
     """Print the offline-compile numbers (sm_90, bf16) of each setting."""
     for r in offline_table():
-        print(f"D={r['head_dim']:<4} {r['setting']:11} {r['kernel']:4} regs {r['registers']:3}  spill "
-              f"{r['spill_bytes']:3} B  smem {r['shared_bytes'] / 1024:6.1f} KiB  warps {r['num_warps']}  {r['mma']}")
+        print(f"D={r['head_dim']:<4} {r['setting']:16} {r['kernel']:4} regs {r['registers']:3}  stack (spills) "
+              f"{r['stack_bytes']:4} B  local {r['spill_bytes']} B  smem {r['shared_bytes'] / 1024:6.1f} KiB  "
+              f"warps {r['num_warps']}  {r['mma']}")
     return 0
 
 
