@@ -35,10 +35,11 @@ VARIANTS = {
     "default": ({}, {}),
     "two_pass": ({"two_pass": True}, {}),
     "one_launch": ({"split_v": False}, {}),
+    "k_tiles_2": ({"k_tiles": 2}, {}),  # twice the K programs: a shorter tail at flux / ltx
     "pipelined": ({"k_stages": None}, {}),
     "no_reg_cap": ({}, {"QK_MAXNREG": None, "V_MAXNREG": None}),
 }
-DEFAULT_VARIANTS = "default,two_pass,one_launch"
+DEFAULT_VARIANTS = "default,two_pass,one_launch,k_tiles_2"
 
 
 def byte_floor_ms(B: int, S: int, H: int, D: int) -> float:
