@@ -550,12 +550,14 @@ def tile_scales_model(q8, q_scales, k8, k_tile_scales, v8t, v_tile_scales, softm
     sq = sq_pad if sq is None else sq
     sk = k8.shape[2] if sk is None else sk
     n_t = -(-sk // TILE_N)
+    dev = q8.device
     scale_log2 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)
+    scale_log2 = scale_log2.to(dev)
     s = _raw_scores(q8, k8, sk)
     v = torch.nn.functional.pad(_natural_v(v8t), (0, 0, 0, n_key_tiles(k8.shape[2]) * TILE_N - k8.shape[2]))
-    m = torch.full((B, H, sq_pad), float("-inf"))
-    lsum = torch.zeros((B, H, sq_pad))
-    o = torch.zeros((B, H, sq_pad, D))
+    m = torch.full((B, H, sq_pad), float("-inf"), device=dev)
+    lsum = torch.zeros((B, H, sq_pad), device=dev)
+    o = torch.zeros((B, H, sq_pad, D), device=dev)
     dv_prev = v_tile_scales[:, :, 0]
     for j in range(n_t):
         keys = slice(j * TILE_N, (j + 1) * TILE_N)
@@ -582,13 +584,15 @@ def shipped_int8_model(q8, q_scales, k8, dk: torch.Tensor, v8t, dv: torch.Tensor
     sq = sq_pad if sq is None else sq
     sk = k8.shape[2] if sk is None else sk
     n_t = -(-sk // TILE_N)
+    dev = q8.device
     scale_log2 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)
+    scale_log2 = scale_log2.to(dev)
     qk_scale = q_scales * (dk * scale_log2)[..., None]
     s = _raw_scores(q8, k8, sk)
     v = torch.nn.functional.pad(_natural_v(v8t), (0, 0, 0, n_key_tiles(k8.shape[2]) * TILE_N - k8.shape[2]))
-    m = torch.full((B, H, sq_pad), float("-inf"), dtype=torch.float64)  # raw biased units: integers, exact
-    lsum = torch.zeros((B, H, sq_pad))
-    o = torch.zeros((B, H, sq_pad, D))
+    m = torch.full((B, H, sq_pad), float("-inf"), dtype=torch.float64, device=dev)  # raw biased units: exact
+    lsum = torch.zeros((B, H, sq_pad), device=dev)
+    o = torch.zeros((B, H, sq_pad, D), device=dev)
     for j in range(n_t):
         keys = slice(j * TILE_N, (j + 1) * TILE_N)
         m_new = torch.maximum(m, s[..., keys].amax(dim=-1) + S_BIAS)
