@@ -202,6 +202,10 @@ session12c)  # issue 20 lever 1, kernel side: fp8-sm90 INT8 with per-160-key-til
   step tile-scales-gpu-tests 300 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_tile_scales_gpu.py
   step tile-scales-bench 200 python benchmarks/experimental/tile_scales_bench.py --rounds 15 --json "$out/tile-scales-bench.json"
   ;;
+session12d)  # issue 20 lever 1 end to end: the single-pass prep through the tile-scales kernel vs the shipped call
+  step single-pass-e2e-tests 300 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_single_pass_e2e.py
+  step single-pass-e2e 300 python benchmarks/experimental/single_pass_e2e.py --rounds 20 --json "$out/single-pass-e2e.json"
+  ;;
 session11e)  # session 11: the shipped schedule with 2 consumer warpgroups at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
