@@ -432,18 +432,6 @@ def run_tile_scales(q8, k8, v8t, q_scales, k_tile_scales, v_tile_scales, sq: int
 K_MEAN_KEYS = 64  # sampled keys of the single-pass prep's K mean (key i * Sk // n, n = min(64, Sk))
 
 
-def _tile_amax(x: torch.Tensor, n_t: int) -> torch.Tensor:
-    """(B, H, S, D) -> amax|x| per 160-key tile (B, H, n_t); keys past S count as 0."""
-    rows = x.abs().amax(dim=3)
-    rows = torch.nn.functional.pad(rows, (0, n_t * TILE_N - rows.shape[2]))
-    return rows.reshape(*rows.shape[:2], n_t, TILE_N).amax(dim=3)
-
-
-def _per_key(tile_values: torch.Tensor, s: int) -> torch.Tensor:
-    """(B, H, n_t) -> (B, H, s, 1): every key's tile value."""
-    return tile_values.repeat_interleave(TILE_N, dim=2)[:, :, :s, None]
-
-
 def sampled_k_mean_rotated(kh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, H, Sk, D) 16-bit K -> (mu, mu') fp32 (B, H, D): mu = fp32(float64 mean of the keys i * Sk // n,
     n = min(64, Sk)) in the original basis, mu' = fp32(float64 mu @ Rpm1) (a prep program can compute both for
@@ -464,6 +452,8 @@ def make_tile_scaled_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     (``sampled_k_mean_rotated``) with one descale amax/127 per 160-key tile (``k_tile_scales`` (B, H, n_t));
     v8t e4m3 (B, H, D, Sk_pad) in the shipped key order with one descale amax/448 per 160-key tile
     (``v_tile_scales``); ``k_mean`` = mu (original basis: the LSE correction softmax_scale * q . mu); sq, sk."""
+    from prep_single_pass import _per_key, _tile_amax  # the single-pass prep's per-tile amax / per-key broadcast
+
     from ditprof.kernels.key_order import key_order_for_positions
     from ditprof.kernels.prep import FP8_MAX, int8_descale, padded_lengths, quantize_int8, rotate_qk
 
@@ -517,6 +507,20 @@ def _raw_scores(q8: torch.Tensor, k8: torch.Tensor, sk: int) -> torch.Tensor:
     return s
 
 
+def _model_setup(q8, k8, v8t, softmax_scale: float, sq: int | None, sk: int | None):
+    """What both models start from: (sq (default the padded length), n_t key tiles of the true sk (default the
+    padded one), fp32(fp32(softmax_scale) * fp32(log2 e)) on the inputs' device, the raw scores
+    (``_raw_scores``), V (B, H, whole tiles, D) float64 in natural key order, zero past the padding)."""
+    sq = q8.shape[2] if sq is None else sq
+    sk = k8.shape[2] if sk is None else sk
+    n_t = -(-sk // TILE_N)
+    scale_log2 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)
+    scale_log2 = scale_log2.to(q8.device)
+    s = _raw_scores(q8, k8, sk)
+    v = torch.nn.functional.pad(_natural_v(v8t), (0, 0, 0, n_key_tiles(k8.shape[2]) * TILE_N - k8.shape[2]))
+    return sq, n_t, scale_log2, s, v
+
+
 def _p8_tile(s_tile: torch.Tensor, c: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """P8 = e4m3(exp2(FFMA(S_BIAS + S, c, -bias))) for one tile (float64 out, values exact)."""
     arg = _f32((s_tile + S_BIAS) * c.double()[..., None] - bias.double()[..., None])
@@ -547,14 +551,8 @@ def tile_scales_model(q8, q_scales, k8, k_tile_scales, v8t, v_tile_scales, softm
     O = O alpha dv_{j-1} / dv_j + P8 V8_j (O in the last tile's V units); epilogue O dv_last / l, LSE.
     Returns (O float32 (B, Sq, H, D) before the output cast, LSE float32 (B, H, Sq) of the centred scores)."""
     B, H, sq_pad, D = q8.shape
-    sq = sq_pad if sq is None else sq
-    sk = k8.shape[2] if sk is None else sk
-    n_t = -(-sk // TILE_N)
+    sq, n_t, scale_log2, s, v = _model_setup(q8, k8, v8t, softmax_scale, sq, sk)
     dev = q8.device
-    scale_log2 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)
-    scale_log2 = scale_log2.to(dev)
-    s = _raw_scores(q8, k8, sk)
-    v = torch.nn.functional.pad(_natural_v(v8t), (0, 0, 0, n_key_tiles(k8.shape[2]) * TILE_N - k8.shape[2]))
     m = torch.full((B, H, sq_pad), float("-inf"), device=dev)
     lsum = torch.zeros((B, H, sq_pad), device=dev)
     o = torch.zeros((B, H, sq_pad, D), device=dev)
@@ -581,15 +579,9 @@ def shipped_int8_model(q8, q_scales, k8, dk: torch.Tensor, v8t, dv: torch.Tensor
     O = O alpha + P8 V8, epilogue O dv / l, LSE = (fp32((m - S_BIAS) qk_scale) - 8 + log2 l) ln 2. Same returns as
     ``tile_scales_model``."""
     B, H, sq_pad, D = q8.shape
-    sq = sq_pad if sq is None else sq
-    sk = k8.shape[2] if sk is None else sk
-    n_t = -(-sk // TILE_N)
+    sq, n_t, scale_log2, s, v = _model_setup(q8, k8, v8t, softmax_scale, sq, sk)
     dev = q8.device
-    scale_log2 = torch.tensor(softmax_scale, dtype=torch.float32) * torch.tensor(LOG2E, dtype=torch.float32)
-    scale_log2 = scale_log2.to(dev)
     qk_scale = q_scales * (dk * scale_log2)[..., None]
-    s = _raw_scores(q8, k8, sk)
-    v = torch.nn.functional.pad(_natural_v(v8t), (0, 0, 0, n_key_tiles(k8.shape[2]) * TILE_N - k8.shape[2]))
     m = torch.full((B, H, sq_pad), float("-inf"), dtype=torch.float64, device=dev)  # raw biased units: exact
     lsum = torch.zeros((B, H, sq_pad), device=dev)
     o = torch.zeros((B, H, sq_pad, D), device=dev)

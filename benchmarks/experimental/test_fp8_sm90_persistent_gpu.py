@@ -16,11 +16,10 @@ a pipeline phase wrong across work tiles), not rounding.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from fp8_gpu_cases import gaussian_inputs, rel_rms
+from fp8_gpu_cases import rel_rms
+from sm90_gpu_cases import check_float64, gaussian_case, nan_outputs, need_sm90, run_shipped
 
 pytestmark = pytest.mark.gpu
 
@@ -35,91 +34,31 @@ SHAPES = {
 }
 
 
-def _need_sm90():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90 GPU (H100/H200)")
-
-
-def _outputs(prep, dtype=torch.bfloat16):
-    """NaN-poisoned out (B, Sq, H, D) and lse (B, H, Sq) for ``prep``."""
-    B, H, _, D = prep.q8.shape
-    o = torch.full((B, prep.sq, H, D), float("nan"), dtype=dtype, device="cuda")
-    lse = torch.full((B, H, prep.sq), float("nan"), dtype=torch.float32, device="cuda")
-    return o, lse
-
-
 def _run_persistent(prep, scale, key_lens=None, num_ctas=None, tvm_ffi=None):
     from fp8_fwd_sm90_persistent import run_persistent
 
-    o, lse = _outputs(prep)
+    B, H, _, D = prep.q8.shape
+    o, lse = nan_outputs(B, prep.sq, H, D)
     grid = run_persistent(prep.q8, prep.k8, prep.v8t, prep.scales, prep.sq, prep.sk, scale, o, lse,
                           key_lens=key_lens, num_ctas=num_ctas, tvm_ffi=tvm_ffi)
     torch.cuda.synchronize()
     return o, lse, grid
 
 
-def _run_shipped(prep, scale, key_lens=None):
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
-
-    B, H, _, D = prep.q8.shape
-    o, lse = _outputs(prep)
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, key_lens=key_lens is not None)
-    launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, None, key_lens, o, lse, B, H,
-                    prep.sq, prep.sk, scale, torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    return o, lse
-
-
-# the float64 check is a sanity bound here (the variant must equal the shipped kernel bit for bit): e4m3 Q/K gives
-# 5.2-5.6 % on Gaussian inputs at head_dim 64 (the shipped kernel: 5.51 % at the ltx shape, H200, 2026-12-02)
-FLOAT64_REL_RMS = 0.06
-
-
-def _case(shape, seed, lens=None):
-    """Fresh Gaussian q, k, v of ``shape``, their prep (smoothed K; descales over each item's first lens[b] keys)
-    and the softmax scale."""
-    from ditprof.kernels.prep import fp8_prepare
-
-    B, H, Sq, Sk, D = shape
-    q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=seed)
-    key_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device="cuda")
-    prep = fp8_prepare(q, k, v, smooth_k=True, key_lens=key_lens)
-    return q, k, v, key_lens, prep, 1.0 / math.sqrt(D)
-
-
-def _check_float64(o, lse, q, k, v, prep, scale, lens=None):
-    """Per batch item against float64 over its attended keys; the LSE after undoing K smoothing's per-row shift."""
-    from ditprof.kernels.reference import attention_reference
-
-    for b in range(q.shape[0]):
-        n = k.shape[1] if lens is None else lens[b]
-        ref, ref_lse = attention_reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale, return_lse=True)
-        err = rel_rms(o[b:b + 1], ref)
-        assert err <= FLOAT64_REL_RMS, (b, n, err)
-        shift = 0
-        if prep.k_mean is not None:
-            shift = scale * torch.einsum("shd,hd->hs", q[b].double(), prep.k_mean[b].double())
-        lse_err = (lse[b].double() + shift - ref_lse[0]).abs().max().item()
-        # e4m3 Q/K: a peaked row's LSE moves by its largest score's error, up to ~0.06 at head_dim 64
-        # (tests/test_fp8_key_lens_gpu.py), 0.05 at head_dim 128 as test_fp8_sm90_variants_gpu.py; with few keys
-        # more (the shipped kernel, bit for bit the same: 0.074 over 33 keys at head_dim 128, H200)
-        assert lse_err < (0.05 if q.shape[-1] == 128 and n >= 256 else 0.1), (b, n, lse_err)
-
-
 def _check(shape, seed, lens=None, num_ctas=None, expect_grid=None):
-    _need_sm90()
-    q, k, v, key_lens, prep, scale = _case(shape, seed, lens)
+    need_sm90()
+    q, k, v, key_lens, prep, scale = gaussian_case(shape, seed, lens)
     o, lse, grid = _run_persistent(prep, scale, key_lens, num_ctas)
     if expect_grid is not None:
         assert grid == expect_grid
     assert torch.isfinite(o).all(), "output not fully written (NaN poison left) or non-finite"
     assert torch.isfinite(lse).all(), "LSE not fully written"
-    o0, lse0 = _run_shipped(prep, scale, key_lens)
+    o0, lse0 = run_shipped(prep, scale, key_lens)
     assert torch.isfinite(o0).all() and torch.isfinite(lse0).all()
     assert torch.equal(o, o0) and torch.equal(lse, lse0), (
         "persistent != shipped", rel_rms(o, o0), (lse - lse0).abs().max().item(),
         (o != o0).any(-1).any(-1).nonzero()[:8].tolist())
-    _check_float64(o, lse, q, k, v, prep, scale, lens)
+    check_float64(o, lse, q, k, v, prep, scale, lens)
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -161,8 +100,8 @@ def test_persistent_key_lens(D, num_ctas):
 
 
 def test_persistent_deterministic():
-    _need_sm90()
-    _, _, _, _, prep, scale = _case((1, 24, 4608, 4608, 128), seed=5)
+    need_sm90()
+    _, _, _, _, prep, scale = gaussian_case((1, 24, 4608, 4608, 128), seed=5)
     o1, l1, _ = _run_persistent(prep, scale)
     o2, l2, _ = _run_persistent(prep, scale, num_ctas=97)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
@@ -170,8 +109,8 @@ def test_persistent_deterministic():
 
 def test_persistent_jit_launch_matches_default():
     """cute's JIT executor (the fallback when TVM-FFI is missing or fails) runs the same kernel: same bits."""
-    _need_sm90()
-    _, _, _, _, prep, scale = _case((2, 3, 1000, 777, 128), seed=6)
+    need_sm90()
+    _, _, _, _, prep, scale = gaussian_case((2, 3, 1000, 777, 128), seed=6)
     o1, l1, _ = _run_persistent(prep, scale)
     o2, l2, _ = _run_persistent(prep, scale, tvm_ffi=False)
     assert torch.isfinite(o2).all() and torch.equal(o1, o2) and torch.equal(l1, l2)

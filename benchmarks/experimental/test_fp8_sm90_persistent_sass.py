@@ -8,69 +8,33 @@ the shipped kernel's. The static schedule's coverage is checked in plain Python.
 
 from __future__ import annotations
 
-import glob
-import os
-import re
-import subprocess
-
 import pytest
 
 pytest.importorskip("cutlass")
 
 import fp8_fwd_sm90_persistent as P
+from sass_helpers import compile_sass, key_tile_loop
 
-from ditprof.errors import DitprofError
 from ditprof.kernels import fp8_fwd_sm90 as K
-from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_opcodes
 
 _CACHE: dict = {}
 CASES = [(128, False), (128, True), (64, False), (64, True)]
 
 
-def _nvdisasm() -> str:
-    try:
-        return find_nvdisasm()
-    except DitprofError as exc:
-        pytest.skip(str(exc))
-
-
 def _compiled(tmp_path_factory, compile_fn, head_dim: int, key_lens: bool) -> dict:
     key = (compile_fn.__module__, head_dim, key_lens)
     if key not in _CACHE:
-        nvdisasm = _nvdisasm()
-        d = str(tmp_path_factory.mktemp(f"pers_{head_dim}_{key_lens}"))
-        compile_fn(head_dim, "bfloat16", fake=True, key_lens=key_lens, options_extra=f"--keep-cubin --dump-dir {d}")
-        cubin = max(glob.glob(os.path.join(d, "*.cubin")), key=os.path.getmtime)
-        sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
-        base, _full = sass_opcodes(sass)
-        _CACHE[key] = {"sass": sass, "base": base, "res": cubin_resources(cubin)}
+        _CACHE[key] = compile_sass(
+            tmp_path_factory, f"pers_{head_dim}_{key_lens}",
+            lambda extra: compile_fn(head_dim, "bfloat16", fake=True, key_lens=key_lens, options_extra=extra))
     return _CACHE[key]
 
 
 def main_loop(sass: str) -> list[str]:
-    """The instructions of the key-tile loop: the smallest backward-branch range holding a Q K^T wgmma, >= 80 exps
-    (one 160-key tile's) and no global store (the work-tile loop and the mbarrier retry branches hold more)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line.strip())
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            labels.update({name: len(ins) for name in pending})
-            pending = []
-            ins.append(m.group(2).strip())
-    loops = []
-    for i, txt in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
-        if m and labels.get(m.group(1), i) < i:
-            body = ins[labels[m.group(1)]:i + 1]
-            if (any("QGMMA.64x160" in x for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
-                    and not any("STG" in x for x in body)):
-                loops.append(body)
-    assert loops, "no key-tile loop found"
-    return min(loops, key=len)
+    """The instructions of the key-tile loop: the smallest backward-branch range holding a Q K^T wgmma (QGMMA),
+    >= 80 exps (one 160-key tile's) and no global store (the work-tile loop and the mbarrier retry branches hold
+    more)."""
+    return key_tile_loop(sass, r"QGMMA\.64x160")
 
 
 @pytest.mark.parametrize("head_dim,key_lens", CASES, ids=[f"d{d}{'-key_lens' if k else ''}" for d, k in CASES])

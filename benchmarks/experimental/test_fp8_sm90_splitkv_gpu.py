@@ -21,11 +21,10 @@ always have a tail):
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from fp8_gpu_cases import gaussian_inputs, poisoned_outputs, rel_rms
+from fp8_gpu_cases import poisoned_outputs, rel_rms
+from sm90_gpu_cases import check_float64, gaussian_case, nan_outputs, need_sm90, run_shipped
 
 pytestmark = pytest.mark.gpu
 
@@ -40,37 +39,19 @@ SHAPES = {
     "b2-onetile": ((2, 10, 1200, 1500, 128), (132, 8, 10)),  # 10 key tiles, 10 parts: one key tile per part
 }
 FORMATS = ["e4m3", "int8"]
-FLOAT64_REL_RMS = 0.06  # the persistent / shipped tests' sanity bound (e4m3 Q/K on Gaussian inputs: ~5.5 %)
 EXACT_REL_RMS = 2e-3
 VS_SHIPPED_REL_RMS = 0.045
 
 
-def _need_sm90():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs an sm_90 GPU (H100/H200)")
-
-
 def _case(shape, fmt, seed, lens=None):
-    """Fresh Gaussian q, k, v, their prep (smoothed K; INT8 or e4m3 Q/K) and the softmax scale."""
-    from ditprof.kernels.prep import fp8_prepare
-
-    B, H, Sq, Sk, D = shape
-    q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=seed)
-    key_lens = None if lens is None else torch.tensor(lens, dtype=torch.int32, device="cuda")
-    prep = fp8_prepare(q, k, v, smooth_k=True, key_lens=key_lens, qk_int8=fmt == "int8")
-    return q, k, v, key_lens, prep, 1.0 / math.sqrt(D)
-
-
-def _nan_outputs(B, sq, H, D):
-    return (torch.full((B, sq, H, D), math.nan, dtype=torch.bfloat16, device="cuda"),
-            torch.full((B, H, sq), math.nan, dtype=torch.float32, device="cuda"))
+    return gaussian_case(shape, seed, lens, qk_int8=fmt == "int8")
 
 
 def _run_split(prep, scale, key_lens=None, plan=None):
     from fp8_fwd_sm90_splitkv import plan_for, run_splitkv
 
     B, H, _, D = prep.q8.shape
-    o, lse = _nan_outputs(B, prep.sq, H, D)
+    o, lse = nan_outputs(B, prep.sq, H, D)
     n_full, n_tail, splits = plan or plan_for(prep.q8.device, B, H, prep.sq, prep.sk, n_sms=SMS)
     ws = [((splits, n_tail, TILE_M, D), torch.bfloat16), ((splits, n_tail, TILE_M), torch.float32)]
     with poisoned_outputs(*ws) as hits:
@@ -79,21 +60,6 @@ def _run_split(prep, scale, key_lens=None, plan=None):
     torch.cuda.synchronize()
     assert used == (n_full, n_tail, splits)
     assert hits["n"] == (2 if n_tail else 0)  # the workspace was poisoned (and only then used)
-    return o, lse
-
-
-def _run_shipped(prep, scale, key_lens=None, k8=None, v8t=None, sk=None):
-    """The shipped kernel (optionally on a key slice: k8 / v8t / sk given)."""
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
-
-    B, H, _, D = prep.q8.shape
-    o, lse = _nan_outputs(B, prep.sq, H, D)
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, key_lens=key_lens is not None,
-                    qk_int8=prep.q_scales is not None)
-    launch_compiled(spec, compiled(spec), prep.q8, prep.k8 if k8 is None else k8,
-                    prep.v8t if v8t is None else v8t, prep.scales, prep.q_scales, key_lens, o, lse, B, H, prep.sq,
-                    prep.sk if sk is None else sk, scale, torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
     return o, lse
 
 
@@ -121,29 +87,13 @@ def _exact_split_model(prep, scale, plan):
     for p in range(splits):
         begin, end = part_range(p, splits, n_kt)
         lo, hi = begin * TILE_N, min(end * TILE_N, prep.k8.shape[2])
-        o, lse = _run_shipped(prep, scale, k8=prep.k8[:, :, lo:hi].contiguous(),
-                              v8t=prep.v8t[..., lo:hi].contiguous(), sk=min(prep.sk, end * TILE_N) - lo)
+        o, lse = run_shipped(prep, scale, k8=prep.k8[:, :, lo:hi].contiguous(),
+                             v8t=prep.v8t[..., lo:hi].contiguous(), sk=min(prep.sk, end * TILE_N) - lo)
         o_parts.append(o.double())
         lse_parts.append(lse.double())
     lse = torch.logsumexp(torch.stack(lse_parts), 0)
     w = [torch.exp(lp - lse).transpose(1, 2)[..., None] for lp in lse_parts]  # (B, Sq, H, 1)
     return sum(wi * oi for wi, oi in zip(w, o_parts)), lse
-
-
-def _check_float64(o, lse, q, k, v, prep, scale, lens=None):
-    """Per batch item against float64 over its attended keys; the LSE after undoing K smoothing's per-row shift."""
-    from ditprof.kernels.reference import attention_reference
-
-    for b in range(q.shape[0]):
-        n = k.shape[1] if lens is None else lens[b]
-        ref, ref_lse = attention_reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale, return_lse=True)
-        err = rel_rms(o[b:b + 1], ref)
-        assert err <= FLOAT64_REL_RMS, (b, n, err)
-        shift = 0
-        if prep.k_mean is not None:
-            shift = scale * torch.einsum("shd,hd->hs", q[b].double(), prep.k_mean[b].double())
-        lse_err = (lse[b].double() + shift - ref_lse[0]).abs().max().item()
-        assert lse_err < (0.05 if q.shape[-1] == 128 and n >= 256 else 0.1), (b, n, lse_err)
 
 
 def _check_tail_vs_shipped(o, lse, o0, lse0, tail):
@@ -157,7 +107,7 @@ def _check_tail_vs_shipped(o, lse, o0, lse0, tail):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_splitkv(name, fmt):
-    _need_sm90()
+    need_sm90()
     shape, expect_plan = SHAPES[name]
     B, H, Sq, Sk, D = shape
     q, k, v, _, prep, scale = _case(shape, fmt, seed=list(SHAPES).index(name) + 10 * FORMATS.index(fmt))
@@ -168,7 +118,7 @@ def test_splitkv(name, fmt):
     o, lse = _run_split(prep, scale)
     assert torch.isfinite(o).all(), "output not fully written (NaN poison left) or non-finite"
     assert torch.isfinite(lse).all(), "LSE not fully written"
-    o0, lse0 = _run_shipped(prep, scale)
+    o0, lse0 = run_shipped(prep, scale)
     tail = _tail_rows(B, H, Sq, plan)
     full = ~tail
     assert torch.equal(o[full], o0[full]), ("full tiles differ", rel_rms(o[full], o0[full]))
@@ -179,7 +129,7 @@ def test_splitkv(name, fmt):
     lse_err = (lse.transpose(1, 2)[tail].double() - lse_model.transpose(1, 2)[tail]).abs().max().item()
     assert lse_err < 1e-4, lse_err
     _check_tail_vs_shipped(o, lse, o0, lse0, tail)
-    _check_float64(o, lse, q, k, v, prep, scale)
+    check_float64(o, lse, q, k, v, prep, scale)
 
 
 # 1200 keys: all 8 key tiles; 321: 3 key tiles (5 of 8 parts empty), one key in the last; 33: one tile (7 empty)
@@ -191,46 +141,46 @@ KEY_LENS = [1200, 321, 33]
 def test_splitkv_key_lens_empty_parts(D, fmt):
     """Every work tile split in 8 parts (an explicit plan): items with fewer key tiles than parts get empty parts
     (LSE -inf, O 0 in the workspace) that must not poison the merge; per-part masking on each item's last tile."""
-    _need_sm90()
+    need_sm90()
     shape = (len(KEY_LENS), 4, 1000, 1200, D)
     q, k, v, key_lens, prep, scale = _case(shape, fmt, seed=40 + D, lens=KEY_LENS)
     n_tiles = -(-1000 // TILE_M) * 4 * len(KEY_LENS)
     o, lse = _run_split(prep, scale, key_lens, plan=(0, n_tiles, 8))
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    o0, lse0 = _run_shipped(prep, scale, key_lens)
+    o0, lse0 = run_shipped(prep, scale, key_lens)
     _check_tail_vs_shipped(o, lse, o0, lse0, torch.ones(o.shape[:3], dtype=torch.bool, device="cuda"))
-    _check_float64(o, lse, q, k, v, prep, scale, KEY_LENS)
+    check_float64(o, lse, q, k, v, prep, scale, KEY_LENS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_splitkv_key_lens_default_plan(fmt):
     """key_lens with the default plan (full tiles + a split tail): full tiles bit-identical to the shipped ones."""
-    _need_sm90()
+    need_sm90()
     lens = [4608, 3001]
     shape = (2, 12, 4608, 4608, 128)  # 576 tiles, the flux plan: the tail is batch item 1's last 48 tiles
     q, k, v, key_lens, prep, scale = _case(shape, fmt, seed=50, lens=lens)
     o, lse = _run_split(prep, scale, key_lens)
-    o0, lse0 = _run_shipped(prep, scale, key_lens)
+    o0, lse0 = run_shipped(prep, scale, key_lens)
     tail = _tail_rows(2, 12, 4608, (528, 48, 2))
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     assert torch.equal(o[~tail], o0[~tail])
     _check_tail_vs_shipped(o, lse, o0, lse0, tail)
-    _check_float64(o, lse, q, k, v, prep, scale, lens)
+    check_float64(o, lse, q, k, v, prep, scale, lens)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_splitkv_without_tail_is_the_shipped_kernel(fmt):
     """132 work tiles on 132 SMs: no split (the plain 1-D grid, no merge), every row bit-identical."""
-    _need_sm90()
+    need_sm90()
     shape = (1, 11, 2304, 2304, 64)  # 12 query blocks x 11 heads = 132 tiles
     _, _, _, _, prep, scale = _case(shape, fmt, seed=60)
     o, lse = _run_split(prep, scale)
-    o0, lse0 = _run_shipped(prep, scale)
+    o0, lse0 = run_shipped(prep, scale)
     assert torch.isfinite(o).all() and torch.equal(o, o0) and torch.equal(lse, lse0)
 
 
 def test_splitkv_deterministic():
-    _need_sm90()
+    need_sm90()
     _, _, _, _, prep, scale = _case((1, 24, 4608, 4608, 128), "int8", seed=70)
     o1, l1 = _run_split(prep, scale)
     o2, l2 = _run_split(prep, scale)

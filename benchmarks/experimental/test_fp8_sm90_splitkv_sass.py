@@ -13,22 +13,17 @@
 
 from __future__ import annotations
 
-import glob
 import math
-import os
-import re
-import subprocess
 
 import pytest
 
 pytest.importorskip("cutlass")
 
 import fp8_fwd_sm90_splitkv as S
+from sass_helpers import compile_sass, key_tile_loop
 from triton_interpreter import inner_only, run_under_interpreter
 
-from ditprof.errors import DitprofError
 from ditprof.kernels import fp8_fwd_sm90 as K
-from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_opcodes
 
 _CACHE: dict = {}
 # (head_dim, key_lens, qk_int8)
@@ -36,51 +31,20 @@ CASES = [(d, kl, i8) for i8 in (False, True) for d in (128, 64) for kl in (False
 IDS = [f"{'int8' if i8 else 'e4m3'}-d{d}{'-key_lens' if kl else ''}" for d, kl, i8 in CASES]
 
 
-def _nvdisasm() -> str:
-    try:
-        return find_nvdisasm()
-    except DitprofError as exc:
-        pytest.skip(str(exc))
-
-
 def _compiled(tmp_path_factory, compile_fn, head_dim: int, key_lens: bool, qk_int8: bool) -> dict:
     key = (compile_fn.__module__, head_dim, key_lens, qk_int8)
     if key not in _CACHE:
-        nvdisasm = _nvdisasm()
-        d = str(tmp_path_factory.mktemp(f"skv_{head_dim}_{key_lens}_{qk_int8}"))
-        compile_fn(head_dim, "bfloat16", fake=True, key_lens=key_lens, qk_int8=qk_int8,
-                   options_extra=f"--keep-cubin --dump-dir {d}")
-        cubin = max(glob.glob(os.path.join(d, "*.cubin")), key=os.path.getmtime)
-        sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
-        base, _full = sass_opcodes(sass)
-        _CACHE[key] = {"sass": sass, "base": base, "res": cubin_resources(cubin)}
+        _CACHE[key] = compile_sass(
+            tmp_path_factory, f"skv_{head_dim}_{key_lens}_{qk_int8}",
+            lambda extra: compile_fn(head_dim, "bfloat16", fake=True, key_lens=key_lens, qk_int8=qk_int8,
+                                     options_extra=extra))
     return _CACHE[key]
 
 
 def main_loop(sass: str) -> list[str]:
     """The key-tile loop: the smallest backward-branch range holding a 64x160 Q K^T wgmma (QGMMA or IGMMA), >= 80
     exps (one 160-key tile's) and no global store."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line.strip())
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            labels.update({name: len(ins) for name in pending})
-            pending = []
-            ins.append(m.group(2).strip())
-    loops = []
-    for i, txt in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
-        if m and labels.get(m.group(1), i) < i:
-            body = ins[labels[m.group(1)]:i + 1]
-            if (any(re.search(r"[QI]GMMA\.64x160", x) for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
-                    and not any("STG" in x for x in body)):
-                loops.append(body)
-    assert loops, "no key-tile loop found"
-    return min(loops, key=len)
+    return key_tile_loop(sass, r"[QI]GMMA\.64x160")
 
 
 # ---------------------------------------------------------------------- compile-only (CPU)

@@ -11,10 +11,8 @@
 
 from __future__ import annotations
 
-import glob
+import functools
 import math
-import os
-import subprocess
 
 import pytest
 import torch
@@ -23,12 +21,11 @@ pytest.importorskip("cutlass")
 
 import fp8_accuracy_study as study
 import fp8_fwd_sm90_tile_scales as TS
+from sass_helpers import compile_sass, key_tile_loop
 
-from ditprof.errors import DitprofError
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.accuracy import compare, make_inputs
 from ditprof.kernels.fp8_emulation import fp8_attention_emulated
-from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_opcodes
 from ditprof.kernels.prep import fp8_prepare_torch
 from ditprof.kernels.reference import attention_reference
 
@@ -39,49 +36,11 @@ _CACHE: dict = {}
 def _compiled(tmp_path_factory, which: str, head_dim: int) -> dict:
     key = (which, head_dim)
     if key not in _CACHE:
-        try:
-            nvdisasm = find_nvdisasm()
-        except DitprofError as exc:
-            pytest.skip(str(exc))
-        d = str(tmp_path_factory.mktemp(f"{which}_{head_dim}"))
-        extra = f"--keep-cubin --dump-dir {d}"
-        if which == "tile_scales":
-            TS.compile_tile_scales(head_dim, "bfloat16", fake=True, options_extra=extra)
-        else:
-            K.compile_sm90(head_dim, "bfloat16", fake=True, qk_int8=True, options_extra=extra)
-        cubin = max(glob.glob(os.path.join(d, "*.cubin")), key=os.path.getmtime)
-        sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
-        base, _full = sass_opcodes(sass)
-        _CACHE[key] = {"sass": sass, "base": base, "res": cubin_resources(cubin), "loop": int8_main_loop(sass)}
+        fn = TS.compile_tile_scales if which == "tile_scales" else functools.partial(K.compile_sm90, qk_int8=True)
+        r = compile_sass(tmp_path_factory, f"{which}_{head_dim}",
+                         lambda extra: fn(head_dim, "bfloat16", fake=True, options_extra=extra))
+        _CACHE[key] = {**r, "loop": key_tile_loop(r["sass"], r"IGMMA\.64x160")}  # the Q K^T on IGMMA
     return _CACHE[key]
-
-
-def int8_main_loop(sass: str) -> list[str]:
-    """The key-tile loop of an INT8 kernel: the persistent test's finder with the Q K^T on IGMMA (its own copy:
-    that one looks for QGMMA.64x160)."""
-    import re
-
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line.strip())
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            labels.update({name: len(ins) for name in pending})
-            pending = []
-            ins.append(m.group(2).strip())
-    loops = []
-    for i, txt in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
-        if m and labels.get(m.group(1), i) < i:
-            body = ins[labels[m.group(1)]:i + 1]
-            if (any("IGMMA.64x160" in x for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
-                    and not any("STG" in x for x in body)):
-                loops.append(body)
-    assert loops, "no key-tile loop found"
-    return min(loops, key=len)
 
 
 def _count(loop: list[str], op: str) -> int:

@@ -1,9 +1,7 @@
 """Compile-only checks of the Hopper (sm_90a) FP8 attention kernel: CPU is enough, CuTe DSL compiles for any arch."""
 
-import glob
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -12,7 +10,8 @@ pytest.importorskip("cutlass")
 import torch  # noqa: E402
 
 import fp8_fwd_sm90_variants as K  # noqa: E402
-from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_opcodes  # noqa: E402
+from ditprof.kernels.inspect_sass import find_nvdisasm  # noqa: E402
+from sass_helpers import compile_sass  # noqa: E402
 
 _CACHE = {}
 
@@ -20,16 +19,10 @@ _CACHE = {}
 def _compile(tmp_path_factory, head_dim=128, **cfg):
     key = (head_dim, tuple(sorted(cfg.items())))
     if key not in _CACHE:
-        d = str(tmp_path_factory.mktemp(f"sm90_{head_dim}"))
-        t0 = time.perf_counter()
-        K.compile_sm90(head_dim, "bfloat16", fake=True, options_extra=f"--keep-cubin --dump-dir {d}", **cfg)
-        dt = time.perf_counter() - t0
-        cubins = glob.glob(os.path.join(d, "*.cubin"))
-        assert cubins, "no cubin written"
-        cubin = max(cubins, key=os.path.getmtime)
-        sass = subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True, check=True).stdout
-        base, full = sass_opcodes(sass)
-        _CACHE[key] = dict(res=cubin_resources(cubin), base=base, full=full, compile_s=dt, sass=sass)
+        _CACHE[key] = compile_sass(
+            tmp_path_factory, f"sm90_{head_dim}",
+            lambda extra: K.compile_sm90(head_dim, "bfloat16", fake=True, options_extra=extra, **cfg),
+            nvdisasm=find_nvdisasm())  # (no skip: this test needs nvdisasm)
     return _CACHE[key]
 
 
@@ -83,7 +76,7 @@ def _key(cfg):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
 def test_sm90a_qgmma_no_spills(tmp_path_factory, cfg):
     r = _compile(tmp_path_factory, **cfg)
-    base, full, res = r["base"], r["full"], r["res"]
+    base, res = r["base"], r["res"]
     tile_n = K.options(**cfg)["tile_n"]
     split = K.options(**cfg)["pv_split"]
     # QK: D/32 k-blocks, PV: tile_n/32 k-blocks per head_dim slice; prologue QK + loop QK + loop PV + epilogue PV
