@@ -22,7 +22,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from common import environment, print_table, results_path, write_json
+from bench_helpers import (  # noqa: E402 -- after the path set-up
+    empty_outputs, gaussian_prep, shipped_launch, sleep_alternating, timing_fields, warm)
+from common import environment, print_table, results_path, write_json  # noqa: E402
 
 # name: (B, H, S, D), self-attention
 SHAPES = {
@@ -31,7 +33,6 @@ SHAPES = {
     "cogvideox": (1, 48, 17776, 64),
     "h3": (1, 56, 30272, 128),
 }
-SLEEP_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock: the next launch is queued before its start event runs
 
 
 def work_tiles(B: int, H: int, S: int) -> int:
@@ -42,38 +43,21 @@ def work_tiles(B: int, H: int, S: int) -> int:
 
 def make_runners(B: int, H: int, S: int, D: int, ctas: list[int], seed: int = 0):
     """({name: (out, lse)}, {name: launch callable}) on one prep of fresh Gaussian inputs of the shape."""
-    import torch
     from fp8_fwd_sm90_persistent import run_persistent
 
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
-    from ditprof.kernels.prep import fp8_prepare
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
-    prep = fp8_prepare(q, k, v, smooth_k=True)
-    del q, k, v
+    prep = gaussian_prep(B, H, S, D, seed=seed)
     scale = 1.0 / math.sqrt(D)
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True)
-    launcher = {"spec": spec, "fn": compiled(spec)}  # launch_compiled may fall back from TVM-FFI to the JIT path
-    outs = {}  # per kernel: its own out and lse, allocated once
-
-    def buffers(name):
-        outs[name] = (torch.empty((B, S, H, D), dtype=torch.bfloat16, device="cuda"),
-                      torch.empty((B, H, S), dtype=torch.float32, device="cuda"))
-        return outs[name]
-
-    def shipped(o, lse):
-        launcher["spec"], launcher["fn"] = launch_compiled(
-            launcher["spec"], launcher["fn"], prep.q8, prep.k8, prep.v8t, prep.scales, None, None, o, lse, B, H, S,
-            S, scale, torch.cuda.current_stream().cuda_stream)
+    shipped = shipped_launch(prep, B, H, S, D, scale)
+    outs = {"shipped": empty_outputs(B, S, H, D)}  # per kernel: its own out and lse, allocated once
 
     def persistent(n, o, lse):
         run_persistent(prep.q8, prep.k8, prep.v8t, prep.scales, S, S, scale, o, lse, num_ctas=n)
 
-    runners = {"shipped": functools.partial(shipped, *buffers("shipped"))}
+    runners = {"shipped": functools.partial(shipped, *outs["shipped"])}
     for n in ctas:
         name = f"persistent ({n} CTAs)"
-        runners[name] = functools.partial(persistent, n, *buffers(name))
+        outs[name] = empty_outputs(B, S, H, D)
+        runners[name] = functools.partial(persistent, n, *outs[name])
     return outs, runners
 
 
@@ -82,25 +66,13 @@ def time_shape(name: str, shape: tuple, ctas: list[int], rounds: int) -> list[di
 
     B, H, S, D = shape
     outs, runners = make_runners(B, H, S, D, ctas)
-    for fn in runners.values():  # compile + warm
-        fn()
-        fn()
-    torch.cuda.synchronize()
+    warm(runners)  # compile + warm
     ref_o, ref_lse = outs["shipped"]
     same = {}
     for kname in runners:
         o, lse = outs[kname]
         same[kname] = bool(torch.equal(o, ref_o) and torch.equal(lse, ref_lse))
-    times: dict = {kname: [] for kname in runners}
-    for _ in range(rounds):
-        for kname, fn in runners.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(SLEEP_CYCLES)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times[kname].append(a.elapsed_time(b))
+    times = sleep_alternating(runners, rounds)
     flops = 4.0 * B * H * S * S * D
     n_work = work_tiles(B, H, S)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -111,8 +83,7 @@ def time_shape(name: str, shape: tuple, ctas: list[int], rounds: int) -> list[di
         grid = n_work if kname == "shipped" else int(kname.split("(")[1].split()[0])
         rows.append({"shape": name, "B,H,S,D": shape, "kernel": kname, "grid": grid, "work_tiles": n_work,
                      "waves": n_work / min(grid, sms) if kname == "shipped" else n_work / grid,
-                     "median_ms": med, "min_ms": min(ts), "max_ms": max(ts), "all_ms": ts,
-                     "tflops": flops / med / 1e9, "saved_ms": base - med, "saved_pct": 100 * (base - med) / base,
+                     **timing_fields(ts, flops), "saved_ms": base - med, "saved_pct": 100 * (base - med) / base,
                      "bit_identical_to_shipped": same[kname]})
     return rows
 

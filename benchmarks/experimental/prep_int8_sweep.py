@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import itertools
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -59,17 +57,23 @@ def tiling_settings(best: dict) -> list[dict]:
 
 
 @contextlib.contextmanager
-def patched(setting: dict):
-    from ditprof.kernels import prep_triton as P
-
-    saved = {k: getattr(P, k) for k in setting}
-    for k, v in setting.items():
-        setattr(P, k, v)
+def patched_module(module, values: dict):
+    """``module``'s attributes set to ``values`` inside, restored after."""
+    saved = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
     try:
         yield
     finally:
         for k, v in saved.items():
-            setattr(P, k, v)
+            setattr(module, k, v)
+
+
+def patched(setting: dict):
+    """The prep module's knobs set to ``setting`` inside (a context manager)."""
+    from ditprof.kernels import prep_triton as P
+
+    return patched_module(P, setting)
 
 
 def time_passes(plan, q, k, v, iters: int) -> tuple[dict, dict]:
@@ -311,14 +315,9 @@ def main() -> int:
                     ms = r[part]["median_ms"]
                     console.print(f"{part:6s} {shape_name:6s} {name:22s} {ms:8.3f} ms  {100 * (ms / ref - 1):+6.2f} %")
     if args.json:
-        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
-                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape}
-        try:
-            import triton
+        from bench_helpers import run_meta
 
-            meta["triton"] = triton.__version__
-        except ImportError:
-            pass
+        meta = run_meta(shape=args.shape)
         Path(args.json).write_text(json.dumps({"meta": meta, **result}, indent=1, default=str))
     return 0
 

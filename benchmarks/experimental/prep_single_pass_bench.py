@@ -15,10 +15,7 @@ over 4.0 TB/s.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -52,24 +49,13 @@ def byte_floor_ms(B: int, S: int, H: int, D: int) -> float:
     return (read + written) / BYTES_PER_S * 1e3
 
 
-@contextlib.contextmanager
-def patched(module, values: dict):
-    saved = {k: getattr(module, k) for k in values}
-    for k, v in values.items():
-        setattr(module, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
-
-
 def prep_calls(q, k, v, variants: list[str]) -> dict:
     """{setting name: a function that runs that prep once on the current stream} (plans and buffers made here)."""
     import torch
 
     import prep_single_pass as SP
     from ditprof.kernels.prep_triton import PrepPlan
+    from prep_int8_sweep import patched_module
 
     stream = torch.cuda.current_stream().cuda_stream
     calls = {}
@@ -79,7 +65,7 @@ def prep_calls(q, k, v, variants: list[str]) -> dict:
         calls[name] = lambda plan=plan, bufs=bufs: plan.launch(q, k, v, bufs, stream)
     for var in variants:
         keywords, constants = VARIANTS[var]
-        with patched(SP, constants):
+        with patched_module(SP, constants):
             plan = SP.SinglePassPlan(q, k, v, **keywords)
         bufs = plan.buffers(q.device)
         calls[f"single pass {var}"] = lambda plan=plan, bufs=bufs: plan.launch(q, k, v, bufs, stream)
@@ -89,11 +75,11 @@ def prep_calls(q, k, v, variants: list[str]) -> dict:
 
 def run_shape(shape, variants: list[str], rounds: int) -> dict:
     import torch
+    from bench_helpers import gaussian_qkv
     from prep_int8_sweep import alternating
 
     B, S, H, D = shape
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+    q, k, v = gaussian_qkv(B, S, H, D, seed=0)
     calls = prep_calls(q, k, v, variants)
     for fn in calls.values():  # compile, warm
         for _ in range(3):
@@ -142,11 +128,9 @@ def main() -> int:
             table.add_row(name, setting, f"{ms:.3f}", f"{100 * (ms / base - 1):+.1f} %", f"{ms / floors[name]:.2f}")
     Console(width=140).print(table)
     if args.json:
-        import triton
+        from bench_helpers import run_meta
 
-        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
-                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                "triton": triton.__version__, "python": platform.python_version(), "rounds": args.rounds}
+        meta = run_meta(rounds=args.rounds)
         out = {"meta": meta, "shapes": {n: SHAPES[n] for n in shapes}, "byte_floor_ms": floors, "results": results}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -15,9 +15,7 @@ reference on a smaller shape per input kind (gaussian, k_bias, v_bias, peaky, ou
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -50,14 +48,14 @@ def single_pass_attention(q, k, v, scale: float, out=None, prepared=None):
 def timing(shapes: dict, rounds: int) -> dict:
     import torch
 
+    from bench_helpers import gaussian_qkv
     from ditprof.kernels import launch
     from prep_int8_sweep import alternating
     import prep_single_pass as P
 
     res = {}
     for name, (B, S, H, D) in shapes.items():
-        g = torch.Generator(device="cuda").manual_seed(3)
-        q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+        q, k, v = gaussian_qkv(B, S, H, D, seed=3)
         scale = D ** -0.5
         kernel = launch.kernel_name_for_arch(launch.arch_of(q.device.index))
         shipped = {fmt: launch.Fp8Launch(q, k, v, kernel, False, qk_int8=fmt == "int8") for fmt in ("int8", "e4m3")}
@@ -135,11 +133,9 @@ def main() -> int:
         a.add_row(kind, f"{r['shipped int8']:.4%}", f"{r['single pass']:.4%}")
     console.print(a)
     if args.json:
-        import triton
+        from bench_helpers import run_meta
 
-        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
-                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                "rounds": args.rounds}
+        meta = run_meta(rounds=args.rounds)
         Path(args.json).write_text(json.dumps({"meta": meta, "timing": times, "accuracy": acc}, indent=1))
     return 0
 

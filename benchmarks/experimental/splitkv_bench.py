@@ -22,6 +22,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+from bench_helpers import (  # noqa: E402 -- after the path set-up
+    empty_outputs, gaussian_prep, shipped_launch, sleep_alternating, timing_fields, warm)
 from common import environment, print_table, results_path, write_json  # noqa: E402 -- after the path set-up
 
 # name: (B, H, S, D), self-attention
@@ -32,7 +34,6 @@ SHAPES = {
     "h3": (1, 56, 30272, 128),
 }
 FORMATS = ("e4m3", "int8")
-SLEEP_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock: the next launch is queued before its start event runs
 
 
 def plan(B: int, H: int, S: int, n_sms: int) -> tuple[int, int, int]:
@@ -43,39 +44,22 @@ def plan(B: int, H: int, S: int, n_sms: int) -> tuple[int, int, int]:
 
 def make_runners(B: int, H: int, S: int, D: int, fmt: str, seed: int = 0):
     """({name: (out, lse)}, {name: launch callable}, plan) on one prep of fresh Gaussian inputs of the shape."""
-    import torch
     from fp8_fwd_sm90_splitkv import plan_for, run_splitkv
 
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
-    from ditprof.kernels.prep import fp8_prepare
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
-    prep = fp8_prepare(q, k, v, smooth_k=True, qk_int8=fmt == "int8")
-    del q, k, v
+    prep = gaussian_prep(B, H, S, D, qk_int8=fmt == "int8", seed=seed)
     scale = 1.0 / math.sqrt(D)
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=fmt == "int8")
-    launcher = {"spec": spec, "fn": compiled(spec)}  # launch_compiled may fall back from TVM-FFI to the JIT path
+    shipped = shipped_launch(prep, B, H, S, D, scale, qk_int8=fmt == "int8")
     the_plan = plan_for(prep.q8.device, B, H, S, S)
-    outs = {}
-
-    def buffers(name):
-        outs[name] = (torch.empty((B, S, H, D), dtype=torch.bfloat16, device="cuda"),
-                      torch.empty((B, H, S), dtype=torch.float32, device="cuda"))
-        return outs[name]
-
-    def shipped(o, lse):
-        launcher["spec"], launcher["fn"] = launch_compiled(
-            launcher["spec"], launcher["fn"], prep.q8, prep.k8, prep.v8t, prep.scales, prep.q_scales, None, o, lse,
-            B, H, S, S, scale, torch.cuda.current_stream().cuda_stream)
+    names = ("shipped", "split-KV + merge", "split-KV kernel only")
+    outs = {name: empty_outputs(B, S, H, D) for name in names}
 
     def split(merge, o, lse):
         run_splitkv(prep.q8, prep.k8, prep.v8t, prep.scales, S, S, scale, o, lse, q_scales=prep.q_scales,
                     plan=the_plan, merge=merge)
 
-    runners = {"shipped": functools.partial(shipped, *buffers("shipped")),
-               "split-KV + merge": functools.partial(split, True, *buffers("split-KV + merge")),
-               "split-KV kernel only": functools.partial(split, False, *buffers("split-KV kernel only"))}
+    runners = {"shipped": functools.partial(shipped, *outs["shipped"]),
+               "split-KV + merge": functools.partial(split, True, *outs["split-KV + merge"]),
+               "split-KV kernel only": functools.partial(split, False, *outs["split-KV kernel only"])}
     return outs, runners, the_plan
 
 
@@ -111,25 +95,11 @@ def compare(outs, B, H, S, the_plan) -> dict:
 
 
 def time_case(name: str, shape: tuple, fmt: str, rounds: int) -> list[dict]:
-    import torch
-
     B, H, S, D = shape
     outs, runners, the_plan = make_runners(B, H, S, D, fmt)
-    for fn in runners.values():  # compile + warm
-        fn()
-        fn()
-    torch.cuda.synchronize()
+    warm(runners)  # compile + warm
     check = compare(outs, B, H, S, the_plan)
-    times: dict = {kname: [] for kname in runners}
-    for _ in range(rounds):
-        for kname, fn in runners.items():  # settings alternate call by call
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(SLEEP_CYCLES)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times[kname].append(a.elapsed_time(b))
+    times = sleep_alternating(runners, rounds)  # settings alternate call by call
     flops = 4.0 * B * H * S * S * D
     base = statistics.median(times["shipped"])
     n_full, n_tail, splits = the_plan
@@ -139,8 +109,7 @@ def time_case(name: str, shape: tuple, fmt: str, rounds: int) -> list[dict]:
         rows.append({"shape": name, "B,H,S,D": shape, "format": fmt, "kernel": kname,
                      "plan": {"n_full": n_full, "n_tail": n_tail, "splits": splits},
                      "ctas": n_full + n_tail * splits if kname != "shipped" else n_full + n_tail,
-                     "median_ms": med, "min_ms": min(ts), "max_ms": max(ts), "all_ms": ts,
-                     "tflops": flops / med / 1e9, "saved_ms": base - med, "saved_pct": 100 * (base - med) / base,
+                     **timing_fields(ts, flops), "saved_ms": base - med, "saved_pct": 100 * (base - med) / base,
                      **check})
     return rows
 

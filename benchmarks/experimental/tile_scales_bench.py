@@ -12,6 +12,7 @@ the rounds. Prints a table and writes JSON (machine, date, torch / CUTLASS DSL v
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -20,45 +21,31 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+from bench_helpers import (  # noqa: E402 -- after the path set-up
+    empty_outputs, gaussian_prep, shipped_launch, sleep_alternating, timing_fields, warm)
 from common import environment, print_table, results_path, write_json  # noqa: E402
 
 # name: (B, H, S, D), self-attention
 SHAPES = {"h3": (1, 56, 30272, 128), "flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64)}
-SLEEP_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock: the next launch is queued before its start event runs
 
 
 def make_runners(B: int, H: int, S: int, D: int, seed: int = 0):
     """({name: (out, lse)}, {name: launch callable}) on one INT8 prep of fresh Gaussian inputs of the shape."""
-    import torch
     from fp8_fwd_sm90_tile_scales import n_key_tiles, run_tile_scales
 
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
-    from ditprof.kernels.prep import fp8_prepare
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
-    prep = fp8_prepare(q, k, v, smooth_k=True, qk_int8=True)
-    del q, k, v
+    prep = gaussian_prep(B, H, S, D, qk_int8=True, seed=seed)
     scale = 1.0 / math.sqrt(D)
     n_t = n_key_tiles(prep.k8.shape[2])
     kts = prep.scales[..., 1:2].expand(B, H, n_t).contiguous()
     vts = prep.scales[..., 2:3].expand(B, H, n_t).contiguous()
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=True)
-    launcher = {"spec": spec, "fn": compiled(spec)}  # launch_compiled may fall back from TVM-FFI to the JIT path
-    outs = {name: (torch.empty((B, S, H, D), dtype=torch.bfloat16, device="cuda"),
-                   torch.empty((B, H, S), dtype=torch.float32, device="cuda")) for name in ("shipped", "tile scales")}
-
-    def shipped():
-        o, lse = outs["shipped"]
-        launcher["spec"], launcher["fn"] = launch_compiled(
-            launcher["spec"], launcher["fn"], prep.q8, prep.k8, prep.v8t, prep.scales, prep.q_scales, None, o, lse,
-            B, H, S, S, scale, torch.cuda.current_stream().cuda_stream)
+    shipped = shipped_launch(prep, B, H, S, D, scale, qk_int8=True)
+    outs = {name: empty_outputs(B, S, H, D) for name in ("shipped", "tile scales")}
 
     def variant():
         o, lse = outs["tile scales"]
         run_tile_scales(prep.q8, prep.k8, prep.v8t, prep.q_scales, kts, vts, S, S, scale, o, lse)
 
-    return outs, {"shipped": shipped, "tile scales": variant}
+    return outs, {"shipped": functools.partial(shipped, *outs["shipped"]), "tile scales": variant}
 
 
 def agreement(outs: dict) -> dict:
@@ -71,32 +58,17 @@ def agreement(outs: dict) -> dict:
 
 
 def time_shape(name: str, shape: tuple, rounds: int) -> list[dict]:
-    import torch
-
     B, H, S, D = shape
     outs, runners = make_runners(B, H, S, D)
-    for fn in runners.values():  # compile + warm
-        fn()
-        fn()
-    torch.cuda.synchronize()
+    warm(runners)  # compile + warm
     agree = agreement(outs)
-    times: dict = {kname: [] for kname in runners}
-    for _ in range(rounds):
-        for kname, fn in runners.items():  # alternating call by call
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(SLEEP_CYCLES)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times[kname].append(a.elapsed_time(b))
+    times = sleep_alternating(runners, rounds)  # alternating call by call
     flops = 4.0 * B * H * S * S * D
     base = statistics.median(times["shipped"])
     rows = []
     for kname, ts in times.items():
         med = statistics.median(ts)
-        rows.append({"shape": name, "B,H,S,D": shape, "kernel": kname, "median_ms": med, "min_ms": min(ts),
-                     "max_ms": max(ts), "all_ms": ts, "tflops": flops / med / 1e9,
+        rows.append({"shape": name, "B,H,S,D": shape, "kernel": kname, **timing_fields(ts, flops),
                      "change_pct": 100 * (med - base) / base, **({} if kname == "shipped" else agree)})
     return rows
 

@@ -1,0 +1,111 @@
+"""What the experimental GPU benches share: the shared prep of fresh Gaussian inputs, the shipped fp8-sm90 kernel as
+a launch callable, per-call GPU timing behind a sleep with the settings alternating call by call, the per-row timing
+fields and the JSON meta (machine, date, versions). torch is imported inside (``--help`` and ``--list`` run without
+it). Benches import this with their own folder on ``sys.path``.
+
+(``prep_int8_sweep.alternating`` is the other alternating timer: calls back to back without a sleep or a sync
+between them, for the prep and whole-call timings.)"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+
+SLEEP_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock: the next launch is queued before its start event runs
+
+
+def gaussian_qkv(B: int, S: int, H: int, D: int, seed: int = 0):
+    """Fresh Gaussian (B, S, H, D) bf16 q, k, v on the GPU (self-attention), drawn from one seeded generator."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+
+
+def gaussian_prep(B: int, H: int, S: int, D: int, qk_int8: bool = False, seed: int = 0):
+    """The shipped prep (``fp8_prepare``, smoothed K; INT8 or e4m3 Q/K) of ``gaussian_qkv``; the inputs are
+    freed."""
+    from ditprof.kernels.prep import fp8_prepare
+
+    q, k, v = gaussian_qkv(B, S, H, D, seed)
+    prep = fp8_prepare(q, k, v, smooth_k=True, qk_int8=qk_int8)
+    del q, k, v
+    return prep
+
+
+def empty_outputs(B: int, S: int, H: int, D: int):
+    """An uninitialized bf16 out (B, S, H, D) and fp32 lse (B, H, S) on the GPU."""
+    import torch
+
+    return (torch.empty((B, S, H, D), dtype=torch.bfloat16, device="cuda"),
+            torch.empty((B, H, S), dtype=torch.float32, device="cuda"))
+
+
+def shipped_launch(prep, B: int, H: int, S: int, D: int, scale: float, qk_int8: bool = False):
+    """``launch(o, lse)``: the shipped fp8-sm90 kernel on ``prep`` (self-attention, no key lengths) on the current
+    stream, through ``launch_compiled`` (which may fall back from TVM-FFI to the JIT path: the launcher it returns
+    is kept for the next call)."""
+    import torch
+
+    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
+
+    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=qk_int8)
+    launcher = {"spec": spec, "fn": compiled(spec)}
+
+    def launch(o, lse):
+        launcher["spec"], launcher["fn"] = launch_compiled(
+            launcher["spec"], launcher["fn"], prep.q8, prep.k8, prep.v8t, prep.scales, prep.q_scales, None, o, lse,
+            B, H, S, S, scale, torch.cuda.current_stream().cuda_stream)
+
+    return launch
+
+
+def warm(runners: dict, calls: int = 2) -> None:
+    """Each runner ``calls`` times (compiles, warms), then a sync."""
+    import torch
+
+    for fn in runners.values():
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+
+
+def sleep_alternating(runners: dict, rounds: int, sleep_cycles: int = SLEEP_CYCLES) -> dict:
+    """{name: ms per call}: ``rounds`` rounds, the runners alternating call by call; each call between its own pair
+    of CUDA events behind a ``torch.cuda._sleep`` (host launch overhead never shows in the GPU interval), synced."""
+    import torch
+
+    times: dict = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, fn in runners.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(sleep_cycles)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b))
+    return times
+
+
+def timing_fields(ts: list, flops: float) -> dict:
+    """A result row's timing fields: median / min / max / all ms and TFLOP/s at the median."""
+    med = statistics.median(ts)
+    return {"median_ms": med, "min_ms": min(ts), "max_ms": max(ts), "all_ms": ts, "tflops": flops / med / 1e9}
+
+
+def run_meta(**extra) -> dict:
+    """A JSON result's meta: date, machine, GPU, torch / CUDA / Triton / Python versions, then ``extra``."""
+    import torch
+
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.node(),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    meta["python"] = platform.python_version()
+    return {**meta, **extra}
