@@ -1,0 +1,270 @@
+"""The kernels of ``cta_timeline.py`` (see its docstring for the stamp slots and why they sit where they do): the
+shipped fp8-sm90 kernel and the persistent variant with ``%globaltimer`` stamps per CTA / work tile in an extra
+int64 table. A module of its own because the DSL resolves the kernels' annotations in their module's globals, and
+the analysis in ``cta_timeline.py`` must import without cutlass (the CPU analysis tests, the plots)."""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+from cutlass import Float32, Int32, Int64, cute, pipeline
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+import fp8_fwd_sm90_persistent as P
+from cta_timeline import EPI_DONE, FIRST_K, FIRST_S, LAST_MERGE, SLOTS, SMID, START
+from ditprof.kernels import fp8_fwd_sm90 as K
+from ditprof.kernels.fp8_fwd_sm90 import LOG2E, REGS_PRODUCER, TILE_M_WG, Sm90Fp8Attention
+
+
+def _asm(ty, text, constraint, loc, ip):
+    # side effects: LLVM neither hoists, sinks, merges nor drops it, so the read happens where it is written
+    return llvm.inline_asm(ty, [], text, constraint, has_side_effects=True, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def globaltimer(*, loc=None, ip=None) -> Int64:
+    """%globaltimer: the GPU's ns clock, one clock for every SM (unlike %clock64)."""
+    return Int64(_asm(T.i64(), "mov.u64 $0, %globaltimer;", "=l", loc, ip))
+
+
+@dsl_user_op
+def smid(*, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), "mov.u32 $0, %smid;", "=r", loc, ip))
+
+
+@dsl_user_op
+def cta_linear(*, loc=None, ip=None) -> Int32:
+    """blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), read at the point of use (a fresh asm:
+    nothing is kept live across the consumers' loop for it)."""
+    text = ("{ .reg .u32 x, y, z, nx, ny, t; mov.u32 x, %ctaid.x; mov.u32 y, %ctaid.y; mov.u32 z, %ctaid.z; "
+            "mov.u32 nx, %nctaid.x; mov.u32 ny, %nctaid.y; mad.lo.u32 t, z, ny, y; mad.lo.u32 $0, t, nx, x; }")
+    return Int32(_asm(T.i32(), text, "=r", loc, ip))
+
+
+@dsl_user_op
+def tid_x(*, loc=None, ip=None) -> Int32:
+    """threadIdx.x read again at the point of use (same reason as ``cta_linear``)."""
+    return Int32(_asm(T.i32(), "mov.u32 $0, %tid.x;", "=r", loc, ip))
+
+
+class StampMixin:
+    """The stamp sites shared by both kernels. ``self._row`` (set while tracing the kernel) gives the stamp
+    table's row at the point of use; ``self._first_s`` is the trace-time flag of the FIRST_S site."""
+
+    @cute.jit
+    def _stamp(self, mStamps: cute.Tensor, row: Int32, slot, pred):
+        if pred:
+            mStamps[row, slot] = globaltimer()
+
+    @cute.jit
+    def load_kv(self, k_pipe, v_pipe, kv_state, n_tiles: Int32, tma_k: cute.CopyAtom, tKgK: cute.Tensor,
+                tKsK: cute.Tensor, tma_v: cute.CopyAtom, tVgV: cute.Tensor, tVsV: cute.Tensor, head: Int32,
+                bat: Int32):
+        # the shipped load_kv plus FIRST_K after tile 0's K copy (producer warp only: the consumers' loop is
+        # untouched)
+        for j in cutlass.range(n_tiles, unroll=1):
+            k_pipe.producer_acquire(kv_state)
+            cute.copy(tma_k, tKgK[(None, j, 0, head, bat)], tKsK[(None, kv_state.index)],
+                      tma_bar_ptr=k_pipe.producer_get_barrier(kv_state))
+            if j == 0:
+                self._stamp(self._mStamps, self._row(), FIRST_K, cute.arch.lane_idx() == 0)
+            v_pipe.producer_acquire(kv_state)
+            cute.copy(tma_v, tVgV[(None, 0, j, head, bat)], tVsV[(None, kv_state.index)],
+                      tma_bar_ptr=v_pipe.producer_get_barrier(kv_state))
+            kv_state.advance()
+        return kv_state
+
+    def softmax_stats(self, acc_S, row_max, row_sum, qk_scale):
+        # the first call traced is attend's prologue (S_0 waited and K_0 released just before); the loop
+        # body's call is traced later and gets no stamp
+        if self._first_s:
+            self._first_s = False
+            self._stamp(self._mStamps, self._row(), FIRST_S, tid_x() == 128)
+        return super().softmax_stats(acc_S, row_max, row_sum, qk_scale)
+
+    def epilogue(self, acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq, row0, head, bat, wg_tidx):
+        # attend has returned: every P V of the tile is merged into O
+        self._stamp(self._mStamps, self._row(), LAST_MERGE, tid_x() == 128)
+        super().epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq, row0, head, bat, wg_tidx)
+        self._epi_done()
+
+    def _set_row(self, t):
+        self._row = lambda: t
+
+    def _epi_done(self):
+        # each consumer warpgroup's first thread: slot EPI_DONE + (its index among the consumers)
+        t = tid_x()
+        self._stamp(self._mStamps, self._row(), EPI_DONE - 1 + t // 128, t % 128 == 0)
+
+
+class TimelineAttention(StampMixin, Sm90Fp8Attention):
+    """The shipped kernel with the stamps: arguments are the shipped ones, then the int64 stamp table's pointer
+    ((grid CTAs, SLOTS), zeroed by the caller), then the stream."""
+
+    @cute.jit
+    def __call__(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer, pScales: cute.Pointer,
+                 pQScales: cute.Pointer, pKeyLens: cute.Pointer, pO: cute.Pointer, pLSE: cute.Pointer,
+                 batch: Int32, heads: Int32, sq: Int32, sk: Int32, sq_pad: Int32, sk_pad: Int32,
+                 softmax_scale: Float32, pStamps: cute.Pointer, stream: cuda.CUstream):
+        args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
+                                         sq_pad, sk_pad)
+        n_m = cute.ceil_div(sq, self.tile_m)
+        mStamps = cute.make_tensor(pStamps, cute.make_layout((n_m * heads * batch, SLOTS), stride=(SLOTS, 1)))
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, mStamps).launch(
+            grid=(n_m, heads, batch), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, qk_mma: cute.TiledMma, qk_mma_zero: cute.TiledMma, pv_mma: cute.TiledMma,
+               pv_mma_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, pv_mma_h_zero: cute.TiledMma,
+               sum_mma: cute.TiledMma, sum_mma_zero: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
+               tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mScales: cute.Tensor,
+               mQScales: cute.Tensor | None, mO: cute.Tensor, mLSE: cute.Tensor, mKeyLens: cute.Tensor | None,
+               sq: Int32, sk: Int32, scale_log2: Float32, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sOnes_layout: cute.ComposedLayout,
+               mStamps: cute.Tensor):
+        # START first, before anything else of the CTA (thread 0 is the producer warp's lane 0)
+        t_start = globaltimer()
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            mStamps[cta_linear(), START] = t_start
+            mStamps[cta_linear(), SMID] = Int64(smid())
+        self._mStamps, self._row, self._first_s = mStamps, cta_linear, True
+        # from here on: the shipped kernel's body (Sm90Fp8Attention.kernel), the stamp sites are the overrides
+        m_block, head, bat = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
+        n_tiles = self.key_tiles(mKeyLens, bat, sk)
+        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            if warp_idx == 0:
+                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK,
+                                                                         sV)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat)
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+                self.load_kv(k_pipe, v_pipe, kv_state, n_tiles, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
+        else:
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
+                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
+            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
+            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
+            row_max = cute.make_rmem_tensor((2,), Float32)
+            row_sum = cute.make_rmem_tensor((2,), Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg, n_tiles, qk_scale, row_max, row_sum,
+                        mKeyLens, bat, sk, sPin, warp_idx, bias_ptr)
+            self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
+                          row0, head, bat, f.wg_tidx)
+
+
+class PersistentTimelineAttention(StampMixin, P.Sm90Fp8PersistentAttention):
+    """The persistent variant with the stamps, one row per work tile: arguments are the persistent ones
+    (num_ctas last), then the stamp table's pointer ((work tiles, SLOTS), zeroed), then the stream."""
+
+    @cute.jit
+    def __call__(self, pQ: cute.Pointer, pK: cute.Pointer, pV: cute.Pointer, pScales: cute.Pointer,
+                 pQScales: cute.Pointer, pKeyLens: cute.Pointer, pO: cute.Pointer, pLSE: cute.Pointer,
+                 batch: Int32, heads: Int32, sq: Int32, sk: Int32, sq_pad: Int32, sk_pad: Int32,
+                 softmax_scale: Float32, num_ctas: Int32, pStamps: cute.Pointer, stream: cuda.CUstream):
+        args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
+                                         sq_pad, sk_pad)
+        n_m = cute.ceil_div(sq, self.tile_m)
+        n_work = n_m * heads * batch
+        mStamps = cute.make_tensor(pStamps, cute.make_layout((n_work, SLOTS), stride=(SLOTS, 1)))
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, n_m, heads, n_work, mStamps).launch(
+            grid=(num_ctas, 1, 1), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, qk_mma: cute.TiledMma, qk_mma_zero: cute.TiledMma, pv_mma: cute.TiledMma,
+               pv_mma_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, pv_mma_h_zero: cute.TiledMma,
+               sum_mma: cute.TiledMma, sum_mma_zero: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
+               tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mScales: cute.Tensor,
+               mQScales: cute.Tensor | None, mO: cute.Tensor, mLSE: cute.Tensor, mKeyLens: cute.Tensor | None,
+               sq: Int32, sk: Int32, scale_log2: Float32, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sOnes_layout: cute.ComposedLayout,
+               n_m: Int32, heads: Int32, n_work: Int32, mStamps: cute.Tensor):
+        # the persistent variant's body (Sm90Fp8PersistentAttention.kernel) with a per-work-tile row: the
+        # work tile index t, which both roles keep live anyway (their loop variable)
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        n_ctas, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        self._mStamps, self._first_s = mStamps, True
+        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
+        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            if warp_idx == 0:
+                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK,
+                                                                         sV)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_STAGES)
+                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+                for t in cutlass.range(cta, n_work, n_ctas, unroll=1):
+                    self._set_row(t)  # a call, not an assignment: the DSL would carry self through the loop
+                    m_block, head, bat = self.work_coords(t, n_m, heads)
+                    self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat,
+                                q_state.index * self.num_wg)
+                    q_state.advance()
+                    kv_state = self.load_kv(k_pipe, v_pipe, kv_state, self.key_tiles(mKeyLens, bat, sk), tma_k,
+                                            tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
+        else:
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
+                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
+            row_max = cute.make_rmem_tensor((2,), Float32)
+            row_sum = cute.make_rmem_tensor((2,), Float32)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_STAGES)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+            for t in cutlass.range(cta, n_work, n_ctas, unroll=1):
+                self._set_row(t)  # a call, not an assignment: the DSL would carry self through the loop
+                if tid_x() == 128:  # START of this work tile: consumer warpgroup 0 about to wait for its Q
+                    mStamps[t, START] = globaltimer()
+                    mStamps[t, SMID] = Int64(smid()) | (Int64(cta) << 32)
+                m_block, head, bat = self.work_coords(t, n_m, heads)
+                row0 = m_block * self.tile_m + f.wg * TILE_M_WG
+                qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
+                row_max.fill(-Float32.inf)
+                row_sum.fill(0.0)
+                f.acc_O.fill(0.0)
+                v_state = self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state,
+                                      f.wg + q_state.index * self.num_wg, self.key_tiles(mKeyLens, bat, sk),
+                                      qk_scale, row_max, row_sum, mKeyLens, bat, sk, sPin, warp_idx, bias_ptr)
+                q_state.advance()
+                v_state.advance()
+                kv_state = v_state
+                self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
+                              row0, head, bat, f.wg_tidx)
+
+
+def compile_timeline(head_dim: int = 128, dtype_out="bfloat16", *, fake: bool, persistent: bool = False,
+                     qk_int8: bool = False, arch: str = "sm_90a", options_extra: str = ""):
+    """Compile the traced kernel (JIT launch path: call with cute pointers). Arguments: the shipped kernel's up to
+    softmax_scale, [num_ctas (Int32) if persistent], the stamp table's pointer (Int64), the stream."""
+    from cutlass.cute.runtime import make_ptr
+
+    from ditprof.kernels.cute_arch import cute_dsl_arch
+
+    dtype_out = K._out_dtype(dtype_out)
+    config = K.config_for(arch, head_dim)
+    kern = (PersistentTimelineAttention if persistent else TimelineAttention)(head_dim, dtype_out, config,
+                                                                              qk_int8=qk_int8)
+    if fake:
+        stream = cute.runtime.make_fake_stream()
+    else:
+        import torch
+
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    extra = (Int32(1),) if persistent else ()
+    stamps = make_ptr(Int64, 0, cute.AddressSpace.gmem, assumed_align=8)
+    with cute_dsl_arch(arch):
+        return cute.compile(kern, *K._compile_args(dtype_out), *extra, stamps, stream,
+                            options=f"--gpu-arch {arch} {options_extra}".strip())
