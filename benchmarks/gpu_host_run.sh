@@ -206,6 +206,16 @@ session12d)  # issue 20 lever 1 end to end: the single-pass prep through the til
   step single-pass-e2e-tests 300 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_single_pass_e2e.py
   step single-pass-e2e 300 python benchmarks/experimental/single_pass_e2e.py --rounds 20 --json "$out/single-pass-e2e.json"
   ;;
+session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs partial last round vs loop rate), SM clock / power beside it
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 50 > "$out/smi.csv" 2>&1 &
+  smi=$!
+  step ctl-flux-int8 110 python benchmarks/experimental/cta_timeline.py --shape 1,24,4608,128 --format int8 --check --json "$out/ctl-flux-int8.json" --plot "$out/ctl-flux-int8.png"
+  step ctl-flux-e4m3 110 python benchmarks/experimental/cta_timeline.py --shape 1,24,4608,128 --format e4m3 --check --json "$out/ctl-flux-e4m3.json" --plot "$out/ctl-flux-e4m3.png"
+  step ctl-flux-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,24,4608,128 --format e4m3 --persistent --check --json "$out/ctl-flux-pers.json" --plot "$out/ctl-flux-pers.png"
+  step ctl-h3-int8 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format int8 --runs 5 --json "$out/ctl-h3-int8.json" --plot "$out/ctl-h3-int8.png"
+  step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
+  kill "$smi"
+  ;;
 session11e)  # session 11: the shipped schedule with 2 consumer warpgroups at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4

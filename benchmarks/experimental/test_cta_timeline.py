@@ -145,7 +145,13 @@ def test_traced_key_loop_is_the_untraced_one(tmp_path_factory, traced, base, qk_
     for op in ("QGMMA", "IGMMA", "MUFU.EX2", "FFMA", "FMNMX", "F2FP", "SYNCS", "STG", "LDG"):
         assert sum(op in x for x in lt) == sum(op in x for x in lb), op
     assert not any("GLOBALTIMER" in x for x in lt)  # no stamp inside the loop
-    assert abs(len(lt) - len(lb)) <= 2, (len(lt), len(lb))
+    # every opcode but the register moves is the same number of times; the moves follow ptxas's register
+    # allocation of the whole kernel, which any stamp outside the loop perturbs (measured, sm_90a, this CUDA:
+    # INT8 649 vs 651 (2 IMAD.MOV fewer), e4m3 630 vs 633 (3 UMOV fewer), persistent 632 vs 632; a stamp inside
+    # the producer's load_kv loop gave e4m3 +7 UMOV, so FIRST_K sits before it)
+    moves = {"UMOV", "IMAD.MOV.U32", "MOV", "IMAD.MOV"}
+    assert {k: v for k, v in ot.items() if k not in moves} == {k: v for k, v in ob.items() if k not in moves}
+    assert abs(len(lt) - len(lb)) <= (3 if traced == "traced" and not qk_int8 else 2), (len(lt), len(lb))
     for r in (rt, rb):
         assert r["res"]["stack_frame_bytes"] == 0 and r["res"]["stack_bytes"] == 0, r["res"]  # ptxas spilled nothing
         assert r["base"].get("STL", 0) == 0 and r["base"].get("LDL", 0) == 0
