@@ -216,6 +216,10 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session12f)  # issue 17: flux eager, interleaved per block (sdpa vs fp8 INT8 default), beside compare's sequential eager
+  step eager-diag-flux 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag-flux.json"
+  step compare-flux 150 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  ;;
 session11e)  # session 11: the shipped schedule with 2 consumer warpgroups at the short shapes (issue 17: flux, ltx)
   step sweep-flux 280 python benchmarks/experimental/sm90_sweep.py --shape 1,24,4608,4608,128 --out "$out/sweep-flux" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
   step sweep-ltx 280 python benchmarks/experimental/sm90_sweep.py --shape 1,32,7392,7392,64 --out "$out/sweep-ltx" --rounds 3 --iters 10 --variants default,wg2,wg2-n128,wg2-n192,v4
