@@ -6,15 +6,14 @@ the analysis in ``cta_timeline.py`` must import without cutlass (the CPU analysi
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-import cutlass
-from cutlass import Float32, Int32, Int64, cute, pipeline
+from cutlass import Float32, Int32, Int64, cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 import fp8_fwd_sm90_persistent as P
 from cta_timeline import EPI_DONE, FIRST_K, FIRST_S, LAST_MERGE, SLOTS, SMID, START
 from ditprof.kernels import fp8_fwd_sm90 as K
-from ditprof.kernels.fp8_fwd_sm90 import LOG2E, REGS_PRODUCER, TILE_M_WG, Sm90Fp8Attention
+from ditprof.kernels.fp8_fwd_sm90 import LOG2E, Sm90Fp8Attention
 
 
 def _asm(ty, text, constraint, loc, ip):
@@ -65,6 +64,10 @@ class StampMixin:
         # kernel: 7 more UMOVs in the consumers' e4m3 key loop (640 vs 633 instructions)
         self._stamp(self._mStamps, self._row(), FIRST_K, cute.arch.lane_idx() == 0)
 
+    def load_kv(self, *args):
+        self.stamp_first_k()
+        return super().load_kv(*args)
+
     def softmax_stats(self, acc_S, row_max, row_sum, qk_scale):
         # the first call traced is attend's prologue (S_0 waited and K_0 released just before); the loop
         # body's call is traced later and gets no stamp
@@ -101,58 +104,21 @@ class TimelineAttention(StampMixin, Sm90Fp8Attention):
                                          sq_pad, sk_pad)
         n_m = cute.ceil_div(sq, self.tile_m)
         mStamps = cute.make_tensor(pStamps, cute.make_layout((n_m * heads * batch, SLOTS), stride=(SLOTS, 1)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, mStamps).launch(
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (mStamps,)).launch(
             grid=(n_m, heads, batch), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
-    @cute.kernel
-    def kernel(self, qk_mma: cute.TiledMma, qk_mma_zero: cute.TiledMma, pv_mma: cute.TiledMma,
-               pv_mma_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, pv_mma_h_zero: cute.TiledMma,
-               sum_mma: cute.TiledMma, sum_mma_zero: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
-               tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mScales: cute.Tensor,
-               mQScales: cute.Tensor | None, mO: cute.Tensor, mLSE: cute.Tensor, mKeyLens: cute.Tensor | None,
-               sq: Int32, sk: Int32, scale_log2: Float32, sQ_layout: cute.ComposedLayout,
-               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sOnes_layout: cute.ComposedLayout,
-               mStamps: cute.Tensor):
+    @cute.jit
+    def kernel_body(self, k):
         # START first, before anything else of the CTA (thread 0 is the producer warp's lane 0)
+        (mStamps,) = k.extra
         t_start = globaltimer()
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
             mStamps[cta_linear(), START] = t_start
             mStamps[cta_linear(), SMID] = Int64(smid())
         self._mStamps, self._row, self._first_s = mStamps, cta_linear, True
-        # from here on: the shipped kernel's body (Sm90Fp8Attention.kernel), the stamp sites are the overrides
-        m_block, head, bat = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
-        n_tiles = self.key_tiles(mKeyLens, bat, sk)
-        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
-        if wg_idx == 0:
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-            if warp_idx == 0:
-                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK,
-                                                                         sV)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                self.stamp_first_k()
-                self.load_kv(k_pipe, v_pipe, kv_state, n_tiles, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
-        else:
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
-                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
-            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg, n_tiles, qk_scale, row_max, row_sum,
-                        mKeyLens, bat, sk, sPin, warp_idx, bias_ptr)
-            self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                          row0, head, bat, f.wg_tidx)
+        # from here on: the shipped kernel's body, the stamp sites are the overrides
+        Sm90Fp8Attention.kernel_body(self, k)
 
 
 class PersistentTimelineAttention(StampMixin, P.Sm90Fp8PersistentAttention):
@@ -169,71 +135,27 @@ class PersistentTimelineAttention(StampMixin, P.Sm90Fp8PersistentAttention):
         n_m = cute.ceil_div(sq, self.tile_m)
         n_work = n_m * heads * batch
         mStamps = cute.make_tensor(pStamps, cute.make_layout((n_work, SLOTS), stride=(SLOTS, 1)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, n_m, heads, n_work, mStamps).launch(
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (n_m, heads, n_work, mStamps)).launch(
             grid=(num_ctas, 1, 1), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
-    @cute.kernel
-    def kernel(self, qk_mma: cute.TiledMma, qk_mma_zero: cute.TiledMma, pv_mma: cute.TiledMma,
-               pv_mma_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, pv_mma_h_zero: cute.TiledMma,
-               sum_mma: cute.TiledMma, sum_mma_zero: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
-               tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mScales: cute.Tensor,
-               mQScales: cute.Tensor | None, mO: cute.Tensor, mLSE: cute.Tensor, mKeyLens: cute.Tensor | None,
-               sq: Int32, sk: Int32, scale_log2: Float32, sQ_layout: cute.ComposedLayout,
-               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sOnes_layout: cute.ComposedLayout,
-               n_m: Int32, heads: Int32, n_work: Int32, mStamps: cute.Tensor):
-        # the persistent variant's body (Sm90Fp8PersistentAttention.kernel) with a per-work-tile row: the
-        # work tile index t, which both roles keep live anyway (their loop variable)
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        n_ctas, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        self._mStamps, self._first_s = mStamps, True
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
-        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
-        if wg_idx == 0:
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-            if warp_idx == 0:
-                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK,
-                                                                         sV)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_STAGES)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                for t in cutlass.range(cta, n_work, n_ctas, unroll=1):
-                    self._set_row(t)  # a call, not an assignment: the DSL would carry self through the loop
-                    m_block, head, bat = self.work_coords(t, n_m, heads)
-                    self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat,
-                                q_state.index * self.num_wg)
-                    q_state.advance()
-                    self.stamp_first_k()
-                    kv_state = self.load_kv(k_pipe, v_pipe, kv_state, self.key_tiles(mKeyLens, bat, sk), tma_k,
-                                            tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
-        else:
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
-                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_STAGES)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            for t in cutlass.range(cta, n_work, n_ctas, unroll=1):
-                self._set_row(t)  # a call, not an assignment: the DSL would carry self through the loop
-                if tid_x() == 128:  # START of this work tile: consumer warpgroup 0 about to wait for its Q
-                    mStamps[t, START] = globaltimer()
-                    mStamps[t, SMID] = Int64(smid()) | (Int64(cta) << 32)
-                m_block, head, bat = self.work_coords(t, n_m, heads)
-                row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-                qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
-                f.acc_O.fill(0.0)
-                v_state = self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state,
-                                      f.wg + q_state.index * self.num_wg, self.key_tiles(mKeyLens, bat, sk),
-                                      qk_scale, row_max, row_sum, mKeyLens, bat, sk, sPin, warp_idx, bias_ptr)
-                q_state.advance()
-                v_state.advance()
-                kv_state = v_state
-                self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                              row0, head, bat, f.wg_tidx)
+    def kernel_body(self, k):
+        # the persistent variant's body with a per-work-tile row: the work tile index t, which both roles keep
+        # live anyway (their loop variable)
+        self._mStamps, self._first_s = k.extra[3], True
+        super().kernel_body(k)
+
+    def work_coords(self, t, n_m, heads):
+        self._set_row(t)  # a call, not an assignment: the DSL would carry self through the loop
+        return super().work_coords(t, n_m, heads)
+
+    def tile_start(self, k, w, t):
+        self._tile_stamps(self._mStamps, t, w.cta)
+
+    @cute.jit
+    def _tile_stamps(self, mStamps: cute.Tensor, t: Int32, cta: Int32):
+        if tid_x() == 128:  # START of this work tile: consumer warpgroup 0 about to wait for its Q
+            mStamps[t, START] = globaltimer()
+            mStamps[t, SMID] = Int64(smid()) | (Int64(cta) << 32)
 
 
 def compile_timeline(head_dim: int = 128, dtype_out="bfloat16", *, fake: bool, persistent: bool = False,

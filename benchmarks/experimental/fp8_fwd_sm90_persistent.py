@@ -30,6 +30,8 @@ softmax_scale), then ``num_ctas`` (Int32, the grid size: any value >= 1 is corre
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import BFloat16, Float32, Int32, cute, pipeline
@@ -37,7 +39,6 @@ from cutlass import BFloat16, Float32, Int32, cute, pipeline
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import (
     LOG2E,
-    REGS_PRODUCER,
     TILE_M_WG,
     Sm90Config,
     Sm90Fp8Attention,
@@ -80,90 +81,66 @@ class Sm90Fp8PersistentAttention(Sm90Fp8Attention):
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
         n_m = cute.ceil_div(sq, self.tile_m)
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, n_m, heads, n_m * heads * batch).launch(
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (n_m, heads, n_m * heads * batch)).launch(
             grid=(num_ctas, 1, 1), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
-    @cute.kernel
-    def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        qk_mma_zero: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        pv_mma_zero: cute.TiledMma,
-        pv_mma_h: cute.TiledMma,
-        pv_mma_h_zero: cute.TiledMma,
-        sum_mma: cute.TiledMma,
-        sum_mma_zero: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        mScales: cute.Tensor,
-        mQScales: cute.Tensor | None,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mKeyLens: cute.Tensor | None,
-        sq: Int32,
-        sk: Int32,
-        scale_log2: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        sOnes_layout: cute.ComposedLayout,
-        n_m: Int32,
-        heads: Int32,
-        n_work: Int32,
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
+    # ------------------------------------------------------------------ the shipped kernel's sections, overridden
+    # (kernel arguments: the shipped ones, extra = (n_m, heads, n_work))
+    def work_tile(self, k):
+        """This CTA's first work tile and the stride: (blockIdx.x, gridDim.x); the tiles come in the roles' loops."""
         cta, _, _ = cute.arch.block_idx()
         n_ctas, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        return SimpleNamespace(cta=cta, n_ctas=n_ctas)
 
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
-        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
+    def smem_setup(self, k, w, tidx):
+        """The shipped one without the key tiles (per work tile here)."""
+        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(k.sQ_layout, k.sK_layout, k.sV_layout)
+        bias_ptr = self.shared_constants(storage, k.sOnes_layout, sPin, tidx)
+        return SimpleNamespace(storage=storage, q_pipe=q_pipe, k_pipe=k_pipe, v_pipe=v_pipe, sQ=sQ, sK=sK, sV=sV,
+                               sPin=sPin, bias_ptr=bias_ptr)
 
-        if wg_idx == 0:
-            # ======================= producer warpgroup =======================
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-            if warp_idx == 0:
-                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_STAGES)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                for t in cutlass.range(cta, n_work, n_ctas, unroll=1):
-                    m_block, head, bat = self.work_coords(t, n_m, heads)
-                    # Q of work tile t into its buffer: issued right after the previous tile's last V, long before
-                    # the consumers get to it
-                    self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat, q_state.index * self.num_wg)
-                    q_state.advance()
-                    kv_state = self.load_kv(k_pipe, v_pipe, kv_state, self.key_tiles(mKeyLens, bat, sk), tma_k, tKgK,
-                                            tKsK, tma_v, tVgV, tVsV, head, bat)
-        else:
-            # ======================= consumer warpgroups =======================
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
-                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_STAGES)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            for t in cutlass.range(cta, n_work, n_ctas, unroll=1):
-                m_block, head, bat = self.work_coords(t, n_m, heads)
-                row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-                qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
-                f.acc_O.fill(0.0)
-                v_state = self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg + q_state.index * self.num_wg,
-                                      self.key_tiles(mKeyLens, bat, sk), qk_scale, row_max, row_sum, mKeyLens, bat,
-                                      sk, sPin, warp_idx, bias_ptr)
-                q_state.advance()
-                v_state.advance()  # the next work tile's first K/V slot
-                kv_state = v_state
-                self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                              row0, head, bat, f.wg_tidx)
+    @cute.jit
+    def producer(self, k, w, s):
+        n_m, heads, n_work = k.extra[:3]  # a subclass may add arguments after them
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV, s.sQ,
+                                                                 s.sK, s.sV)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_STAGES)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        for t in cutlass.range(w.cta, n_work, w.n_ctas, unroll=1):
+            m_block, head, bat = self.work_coords(t, n_m, heads)
+            # Q of work tile t into its buffer: issued right after the previous tile's last V, long before
+            # the consumers get to it
+            self.load_q(s.q_pipe, q_state, k.tma_q, tQgQ, tQsQ, m_block, head, bat, q_state.index * self.num_wg)
+            q_state.advance()
+            kv_state = self.load_kv(s.k_pipe, s.v_pipe, kv_state, self.key_tiles(k.mKeyLens, bat, k.sk), k.tma_k,
+                                    tKgK, tKsK, k.tma_v, tVgV, tVsV, head, bat)
+
+    @cute.jit
+    def consumer(self, k, w, s, f, warp_idx):
+        n_m, heads, n_work = k.extra[:3]  # a subclass may add arguments after them
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_STAGES)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        for t in cutlass.range(w.cta, n_work, w.n_ctas, unroll=1):
+            self.tile_start(k, w, t)
+            m_block, head, bat = self.work_coords(t, n_m, heads)
+            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
+            qk_scale = self.tile_qk_scale(k.mScales, k.mQScales, k.scale_log2, row0, head, bat, k.sq, f.wg_tidx)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            f.acc_O.fill(0.0)
+            v_state = self.attend(f, s.q_pipe, q_state, s.k_pipe, s.v_pipe, kv_state,
+                                  f.wg + q_state.index * self.num_wg, self.key_tiles(k.mKeyLens, bat, k.sk), qk_scale,
+                                  row_max, row_sum, k.mKeyLens, bat, k.sk, s.sPin, warp_idx, s.bias_ptr)
+            q_state.advance()
+            v_state.advance()  # the next work tile's first K/V slot
+            kv_state = v_state
+            self.epilogue(f.acc_O, row_max, row_sum, qk_scale, k.mScales[2, head, bat], k.mO, k.mLSE, k.sq,
+                          row0, head, bat, f.wg_tidx)
+
+    def tile_start(self, k, w, t):
+        """A consumer's start of work tile t, before anything of it (nothing here; the timeline's stamps)."""
 
     def work_coords(self, t, n_m, heads):
         """(m_block, head, batch) of work tile t: m_block fastest, then head (CTAs running together share K/V)."""

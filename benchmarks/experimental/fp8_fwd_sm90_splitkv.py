@@ -35,6 +35,8 @@ work tile count: the plain grid, the workspace is not touched), then the stream.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import Float32, Int32, const_expr, cute, pipeline
@@ -42,7 +44,6 @@ from cutlass import Float32, Int32, const_expr, cute, pipeline
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import (
     LOG2E,
-    REGS_PRODUCER,
     TILE_M_WG,
     Sm90Config,
     Sm90Fp8Attention,
@@ -126,89 +127,32 @@ class Sm90Fp8SplitKVAttention(Sm90Fp8Attention):
             (self.tile_m, D, n_tail, splits), stride=(D, 1, self.tile_m * D, n_tail * self.tile_m * D)))
         mLSEPart = cute.make_tensor(pLSEPart, cute.make_layout(
             (self.tile_m, n_tail, splits), stride=(1, self.tile_m, n_tail * self.tile_m)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, mOPart, mLSEPart, n_m, heads, n_full,
-                    splits).launch(grid=(n_full + n_tail * splits, 1, 1), block=[self.threads, 1, 1],
-                                   stream=stream, min_blocks_per_mp=1)
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (mOPart, mLSEPart, n_m, heads, n_full,
+                    splits)).launch(grid=(n_full + n_tail * splits, 1, 1), block=[self.threads, 1, 1],
+                                    stream=stream, min_blocks_per_mp=1)
 
-    @cute.kernel
-    def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        qk_mma_zero: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        pv_mma_zero: cute.TiledMma,
-        pv_mma_h: cute.TiledMma,
-        pv_mma_h_zero: cute.TiledMma,
-        sum_mma: cute.TiledMma,
-        sum_mma_zero: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        mScales: cute.Tensor,
-        mQScales: cute.Tensor | None,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mKeyLens: cute.Tensor | None,
-        sq: Int32,
-        sk: Int32,
-        scale_log2: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        sOnes_layout: cute.ComposedLayout,
-        mOPart: cute.Tensor,
-        mLSEPart: cute.Tensor,
-        n_m: Int32,
-        heads: Int32,
-        n_full: Int32,
-        splits: Int32,
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
+    # ------------------------------------------------------------------ the shipped kernel's sections, overridden
+    # (kernel arguments: the shipped ones, extra = (mOPart, mLSEPart, n_m, heads, n_full, splits))
+    def work_tile(self, k):
         cta, _, _ = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        return SimpleNamespace(cta=cta)
+
+    def smem_setup(self, k, w, tidx):
+        """The CTA's (work tile, part) and its key tiles [begin, end), then the shipped set-up."""
+        mOPart, mLSEPart, n_m, heads, n_full, splits = k.extra
         # kernel parameters (constant bank): ``mask_tile`` reads them on the last key tile, no register kept
         self.split_params = (n_full, splits)
+        w.t, w.part, w.parts = cta_work(w.cta, n_full, splits, cutlass.min, cutlass.max)
+        w.m_block, w.head, w.bat = work_coords(w.t, n_m, heads)
+        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(k.sQ_layout, k.sK_layout, k.sV_layout)
+        w.begin, w.end = part_range(w.part, w.parts, self.key_tiles(k.mKeyLens, w.bat, k.sk))
+        bias_ptr = self.shared_constants(storage, k.sOnes_layout, sPin, tidx)
+        return SimpleNamespace(storage=storage, q_pipe=q_pipe, k_pipe=k_pipe, v_pipe=v_pipe, sQ=sQ, sK=sK, sV=sV,
+                               sPin=sPin, bias_ptr=bias_ptr)
 
-        t, part, parts = cta_work(cta, n_full, splits, cutlass.min, cutlass.max)
-        m_block, head, bat = work_coords(t, n_m, heads)
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
-        begin, end = part_range(part, parts, self.key_tiles(mKeyLens, bat, sk))
-        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
-
-        if wg_idx == 0:
-            # ======================= producer warpgroup =======================
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-            if warp_idx == 0:
-                self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, m_block, head,
-                             bat, begin, end)
-        else:
-            # ======================= consumer warpgroups =======================
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
-                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
-            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-            if const_expr(self.key_lens):
-                # only with key_lens can a part get no key tile (an item with fewer key tiles than parts)
-                if end > begin:
-                    self.consume(f, q_pipe, k_pipe, v_pipe, end - begin, qk_scale, row_max, row_sum, mKeyLens, bat,
-                                 sk, sPin, warp_idx, bias_ptr, mScales, mO, mLSE, mOPart, mLSEPart, sq, row0,
-                                 m_block, head, t - n_full, part, parts)
-                else:
-                    self.empty_part(mOPart, mLSEPart, sq - m_block * self.tile_m, f.wg * TILE_M_WG, t - n_full,
-                                    part, f.wg_tidx)
-            else:
-                self.consume(f, q_pipe, k_pipe, v_pipe, end - begin, qk_scale, row_max, row_sum, mKeyLens, bat,
-                             sk, sPin, warp_idx, bias_ptr, mScales, mO, mLSE, mOPart, mLSEPart, sq, row0, m_block,
-                             head, t - n_full, part, parts)
+    def producer(self, k, w, s):
+        self.produce(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV, s.sQ, s.sK, s.sV, s.q_pipe, s.k_pipe, s.v_pipe,
+                     w.m_block, w.head, w.bat, w.begin, w.end)
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, m_block, head, bat,
@@ -228,6 +172,29 @@ class Sm90Fp8SplitKVAttention(Sm90Fp8Attention):
                 cute.copy(tma_v, tVgV[(None, 0, j, head, bat)], tVsV[(None, kv_state.index)],
                           tma_bar_ptr=v_pipe.producer_get_barrier(kv_state))
                 kv_state.advance()
+
+    @cute.jit
+    def consumer(self, k, w, s, f, warp_idx):
+        mOPart, mLSEPart, n_m, heads, n_full, splits = k.extra
+        row0 = w.m_block * self.tile_m + f.wg * TILE_M_WG
+        qk_scale = self.tile_qk_scale(k.mScales, k.mQScales, k.scale_log2, row0, w.head, w.bat, k.sq, f.wg_tidx)
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        if const_expr(self.key_lens):
+            # only with key_lens can a part get no key tile (an item with fewer key tiles than parts)
+            if w.end > w.begin:
+                self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, w.end - w.begin, qk_scale, row_max, row_sum,
+                             k.mKeyLens, w.bat, k.sk, s.sPin, warp_idx, s.bias_ptr, k.mScales, k.mO, k.mLSE, mOPart,
+                             mLSEPart, k.sq, row0, w.m_block, w.head, w.t - n_full, w.part, w.parts)
+            else:
+                self.empty_part(mOPart, mLSEPart, k.sq - w.m_block * self.tile_m, f.wg * TILE_M_WG, w.t - n_full,
+                                w.part, f.wg_tidx)
+        else:
+            self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, w.end - w.begin, qk_scale, row_max, row_sum, k.mKeyLens,
+                         w.bat, k.sk, s.sPin, warp_idx, s.bias_ptr, k.mScales, k.mO, k.mLSE, mOPart, mLSEPart, k.sq,
+                         row0, w.m_block, w.head, w.t - n_full, w.part, w.parts)
 
     @cute.jit
     def consume(self, f, q_pipe, k_pipe, v_pipe, n_tiles, qk_scale, row_max, row_sum, mKeyLens, bat, sk, sPin,

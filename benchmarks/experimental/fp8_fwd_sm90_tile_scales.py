@@ -43,7 +43,6 @@ from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import (
     LN2,
     LOG2E,
-    REGS_PRODUCER,
     S_BIAS,
     TILE_M_WG,
     Sm90Config,
@@ -95,78 +94,27 @@ class Sm90Fp8TileScalesAttention(Sm90Fp8Attention):
         mKT = cute.make_tensor(pKTileScales, tile_layout)
         mVT = cute.make_tensor(pVTileScales, tile_layout)
         grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
-        self.kernel(*args, mKT, mVT, sq, sk, softmax_scale * LOG2E, *layouts).launch(
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (mKT, mVT)).launch(
             grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
-    @cute.kernel
-    def kernel(
-        self,
-        qk_mma: cute.TiledMma,
-        qk_mma_zero: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        pv_mma_zero: cute.TiledMma,
-        pv_mma_h: cute.TiledMma,
-        pv_mma_h_zero: cute.TiledMma,
-        sum_mma: cute.TiledMma,
-        sum_mma_zero: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        mScales: cute.Tensor,
-        mQScales: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        mKeyLens: cute.Tensor | None,
-        mKT: cute.Tensor,
-        mVT: cute.Tensor,
-        sq: Int32,
-        sk: Int32,
-        scale_log2: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        sOnes_layout: cute.ComposedLayout,
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, bat = cute.arch.block_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+    # ------------------------------------------------------------------ the shipped kernel's sections, overridden
+    # (kernel arguments: the shipped ones, extra = (mKT, mVT)); the producer is the shipped one
+    def consumer(self, k, w, s, f, warp_idx):
+        mKT, mVT = k.extra
+        row0 = w.m_block * self.tile_m + f.wg * TILE_M_WG
+        q_rows = self.row_q_scales(k.mQScales, row0, w.head, w.bat, k.sq, f.wg_tidx)
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
 
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
-        n_tiles = self.key_tiles(None, bat, sk)
-        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
-
-        if wg_idx == 0:
-            # ======================= producer warpgroup (the shipped one) =======================
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
-            if warp_idx == 0:
-                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                self.load_kv(k_pipe, v_pipe, kv_state, n_tiles, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
-        else:
-            # ======================= consumer warpgroups =======================
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
-                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
-            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            q_rows = self.row_q_scales(mQScales, row0, head, bat, sq, f.wg_tidx)
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            self.attend_tiles(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg, n_tiles, q_rows, scale_log2,
-                              row_max, row_sum, mKT, mVT, head, bat, sk, sPin, bias_ptr)
-            # the last tile's V descale: acc_O is in its units
-            self.epilogue(f.acc_O, row_max, row_sum, None, mVT[n_tiles - 1, head, bat], mO, mLSE, sq,
-                          row0, head, bat, f.wg_tidx)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        self.attend_tiles(f, s.q_pipe, q_state, s.k_pipe, s.v_pipe, kv_state, f.wg, s.n_tiles, q_rows, k.scale_log2,
+                          row_max, row_sum, mKT, mVT, w.head, w.bat, k.sk, s.sPin, s.bias_ptr)
+        # the last tile's V descale: acc_O is in its units
+        self.epilogue(f.acc_O, row_max, row_sum, None, mVT[s.n_tiles - 1, w.head, w.bat], k.mO, k.mLSE, k.sq,
+                      row0, w.head, w.bat, f.wg_tidx)
 
     # ------------------------------------------------------------------ consumer sections
     @cute.jit

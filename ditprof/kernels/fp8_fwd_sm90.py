@@ -220,7 +220,7 @@ class Sm90Fp8Attention:
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
         grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts).launch(
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, ()).launch(
             grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     Q_STAGES = 1  # Q buffers in shared memory (each one box of 64 rows per consumer warpgroup)
@@ -331,45 +331,77 @@ class Sm90Fp8Attention:
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sOnes_layout: cute.ComposedLayout,
+        extra,
     ):
+        """The typed entry: every argument into one namespace for the sections below (``extra``: a subclass's
+        additional kernel arguments as one tuple, () here; a subclass overrides sections, not this entry)."""
+        k = SimpleNamespace(**locals())
+        self.kernel_body(k)
+
+    @cute.jit
+    def kernel_body(self, k: SimpleNamespace):
+        """The CTA: its work tile, the shared set-up, then the producer warp and the consumer warpgroups. The
+        sections (``work_tile``, ``smem_setup``, ``producer``, ``consumer``) take the namespaces k (arguments),
+        w (work tile), s (smem, pipelines). An override with a dynamic ``if`` of its own reads what it needs out of
+        them into plain locals (or arguments of a helper) first: a namespace's value used inside a staged branch
+        and again elsewhere fails IR verification ("does not dominate this use")."""
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, bat = cute.arch.block_idx()
+        w = self.work_tile(k)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(sQ_layout, sK_layout, sV_layout)
-        n_tiles = self.key_tiles(mKeyLens, bat, sk)
-        bias_ptr = self.shared_constants(storage, sOnes_layout, sPin, tidx)
-
+        s = self.smem_setup(k, w, tidx)
         if wg_idx == 0:
             # ======================= producer warpgroup =======================
             cute.arch.setmaxregister_decrease(REGS_PRODUCER)
             if warp_idx == 0:
-                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV)
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-                self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat)
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                self.load_kv(k_pipe, v_pipe, kv_state, n_tiles, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
+                self.producer(k, w, s)
         else:
             # ======================= consumer warpgroups =======================
             cute.arch.setmaxregister_increase(self.regs_consumer)
-            f = self.consumer_setup(qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma,
-                                    sum_mma_zero, sQ, sK, sV, storage, sOnes_layout, wg_idx, tidx)
-            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
-            row_max = cute.make_rmem_tensor((2,), Float32)
-            row_sum = cute.make_rmem_tensor((2,), Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
+            f = self.consumer_setup(k.qk_mma, k.qk_mma_zero, k.pv_mma, k.pv_mma_zero, k.pv_mma_h, k.pv_mma_h_zero,
+                                    k.sum_mma, k.sum_mma_zero, s.sQ, s.sK, s.sV, s.storage, k.sOnes_layout, wg_idx,
+                                    tidx)
+            self.consumer(k, w, s, f, warp_idx)
 
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg, n_tiles, qk_scale, row_max, row_sum,
-                        mKeyLens, bat, sk, sPin, warp_idx, bias_ptr)
+    def work_tile(self, k: SimpleNamespace) -> SimpleNamespace:
+        """The CTA's work tile: (query block, head, batch) = blockIdx."""
+        m_block, head, bat = cute.arch.block_idx()
+        return SimpleNamespace(m_block=m_block, head=head, bat=bat)
 
-            # read only now: one register less across the main loop
-            self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq,
-                          row0, head, bat, f.wg_tidx)
+    def smem_setup(self, k: SimpleNamespace, w: SimpleNamespace, tidx) -> SimpleNamespace:
+        """``shared_setup``, the work tile's key tiles and ``shared_constants`` (every thread, before the roles)."""
+        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(k.sQ_layout, k.sK_layout, k.sV_layout)
+        n_tiles = self.key_tiles(k.mKeyLens, w.bat, k.sk)
+        bias_ptr = self.shared_constants(storage, k.sOnes_layout, sPin, tidx)
+        return SimpleNamespace(storage=storage, q_pipe=q_pipe, k_pipe=k_pipe, v_pipe=v_pipe, sQ=sQ, sK=sK, sV=sV,
+                               sPin=sPin, n_tiles=n_tiles, bias_ptr=bias_ptr)
+
+    def producer(self, k: SimpleNamespace, w: SimpleNamespace, s: SimpleNamespace):
+        """The producer warp: Q of the work tile, then its K/V tiles."""
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV, s.sQ,
+                                                                 s.sK, s.sV)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        self.load_q(s.q_pipe, q_state, k.tma_q, tQgQ, tQsQ, w.m_block, w.head, w.bat)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        self.load_kv(s.k_pipe, s.v_pipe, kv_state, s.n_tiles, k.tma_k, tKgK, tKsK, k.tma_v, tVgV, tVsV, w.head, w.bat)
+
+    def consumer(self, k: SimpleNamespace, w: SimpleNamespace, s: SimpleNamespace, f: SimpleNamespace, warp_idx):
+        """A consumer warpgroup on the work tile: the key loop (``attend``), then the epilogue."""
+        row0 = w.m_block * self.tile_m + f.wg * TILE_M_WG
+        qk_scale = self.tile_qk_scale(k.mScales, k.mQScales, k.scale_log2, row0, w.head, w.bat, k.sq, f.wg_tidx)
+        row_max = cute.make_rmem_tensor((2,), Float32)
+        row_sum = cute.make_rmem_tensor((2,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        self.attend(f, s.q_pipe, q_state, s.k_pipe, s.v_pipe, kv_state, f.wg, s.n_tiles, qk_scale, row_max, row_sum,
+                    k.mKeyLens, w.bat, k.sk, s.sPin, warp_idx, s.bias_ptr)
+
+        # read only now: one register less across the main loop
+        self.epilogue(f.acc_O, row_max, row_sum, qk_scale, k.mScales[2, w.head, w.bat], k.mO, k.mLSE, k.sq,
+                      row0, w.head, w.bat, f.wg_tidx)
 
     # ------------------------------------------------------------------ kernel sections (the persistent variant
     # in benchmarks/experimental/fp8_fwd_sm90_persistent.py runs them per work tile)
