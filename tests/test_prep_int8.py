@@ -469,7 +469,6 @@ def test_stats_chunk_rule(monkeypatch):
     assert P.stats_chunk_for(24, 4608, True, "cpu") == 512
     monkeypatch.setattr(P, "STATS_PROGRAMS_PER_SM", 0)
     assert P.stats_chunk_for(24, 4608, True, cuda) == 512
-    monkeypatch.setattr(P, "STATS_PROGRAMS_PER_SM", 6)
     q, k, v = (torch.empty((1, 4608, 24, 128), dtype=torch.bfloat16, device="meta") for _ in range(3))
     assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 9  # not a GPU: STATS_CHUNK (4608 / 512)
     monkeypatch.setattr(P, "stats_chunk_for", lambda BH, Sk, qk_int8, device: 256)  # what a 132-SM GPU picks
