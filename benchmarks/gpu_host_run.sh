@@ -216,6 +216,12 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session12g)  # session 12: the wide-store epilogue (b32 / b128) -- GPU tests (bit for bit vs shipped), kernel-only timing
+  step store-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_store_gpu.py
+  step store-bench 300 python benchmarks/experimental/store_bench.py --rounds 15 --json "$out/store-bench.json"
+  step tile-scales-gpu-tests 120 python -m pytest -q -rf -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_tile_scales_gpu.py
+  step single-pass-gpu-tests 120 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_prep_single_pass.py -k gpu_knobs
+  ;;
 session12f)  # issue 17: flux eager, interleaved per block (sdpa vs fp8 INT8 default), beside compare's sequential eager
   step eager-diag-flux 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag-flux.json"
   step compare-flux 150 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
@@ -330,5 +336,5 @@ issue6)
 esac
 # at most 8 files come back: pack the folders and the logs
 ( cd "$out" && for d in */; do [ -d "$d" ] && tar czf "${d%/}.tgz" "$d" && rm -rf "$d"; done
-  tar czf logs.tgz ./*.log gpu.txt 2>/dev/null && rm -f ./*.log )
+  tar czf "logs-${1:-main}.tgz" ./*.log gpu.txt 2>/dev/null && rm -f ./*.log )
 cat "$out/summary.txt"

@@ -140,7 +140,7 @@ def check_nonfinite_flags(P, device):
             {"q": qq, "k": kk, "v": vv}[which][0, 170 if which != "q" else 30, 1, 9] = bad
             res = P.prepare_single_pass(qq, kk, vv)
             assert res["flags"].tolist() == [int(j == i) for j in range(3)], (which, bad)
-            assert torch.equal(res["flags"].cpu(), P.prepare_single_pass_torch(qq, kk, vv)["flags"])
+            assert torch.equal(res["flags"].cpu(), P.prepare_single_pass_torch(qq, kk, vv)["flags"].cpu())
     # sticky: a clean call does not clear a set flag (whoever reads the flags zeroes them)
     flags = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
     res = P.prepare_single_pass(q, k, v, out={"flags": flags})

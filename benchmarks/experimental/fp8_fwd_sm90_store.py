@@ -1,0 +1,188 @@
+"""The shipped Hopper FP8 attention kernel with a wider O store in its epilogue, as an experiment:
+``ditprof/kernels/fp8_fwd_sm90.py`` is unchanged, this module subclasses it and overrides ``epilogue`` only.
+
+Why: the per-CTA timeline (``cta_timeline.py``, H200, session 12) puts consumer warpgroup 0's epilogue at a median
+4.0 µs (flux int8, 3.2 µs at p10) of a 70 µs CTA, and the three warpgroups' ends 6 µs apart; at flux (4.36 waves of
+CTAs) that fixed cost is 14 % of the SM-time. The shipped epilogue stores O one bf16 at a time: 64 ``STG.E.U16``
+per thread at head_dim 128, each warp instruction writing 2 bytes into each of 4 places of 8 rows (8 partial
+sectors), the column pair (col, col + 1) twice into the same sector.
+
+``store``:
+* ``"b32"``: the pair packed by one ``cvt.rn.bf16x2.f32`` (round to nearest even, as the shipped ``.to``) and stored
+  as one 32-bit word: 32 ``STG.E`` per thread, half the instructions and sector writes.
+* ``"b128"``: in each group of 4 column blocks (32 columns) the quad's 4 x 4 words are transposed across the quad's
+  lanes with 4 butterfly shuffles (two stages: lane bit 0, then bit 1), so each lane holds 8 consecutive columns
+  and stores them as one 16-byte word: 8 ``STG.E.128`` per thread (head_dim 128), every sector written whole,
+  at the price of 32 ``SHFL.BFLY`` and their selects. Needs O 16-byte aligned (checked by ``run_store``).
+
+The values stored are the shipped kernel's bit for bit (same products, same rounding); only the store width
+changes. The LSE store is the shipped one. All lanes run the shuffles; only the stores are predicated on row < sq.
+
+``compile_store(head_dim, dtype_out, store=..., fake=..., ...)`` has ``K.compile_sm90``'s contract;
+``run_store(prep, scale, out, lse, store)`` launches it (JIT path) on a shipped prep.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+from cutlass import BFloat16, Float32, Int32, const_expr, cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from ditprof.kernels import fp8_fwd_sm90 as K
+from ditprof.kernels.fp8_fwd_sm90 import LN2, S_BIAS, Sm90Config, Sm90Fp8Attention
+
+STORES = ("u16", "b32", "b128")  # "u16": the shipped epilogue (this class then adds nothing)
+
+
+@dsl_user_op
+def pack2(lo: Float32, hi: Float32, half: bool, *, loc=None, ip=None) -> Int32:
+    """Two fp32 values rounded to nearest even into one 32-bit word of two 16-bit floats (lo in the low half, at
+    the lower address): one ``cvt.rn.{bf16,f16}x2.f32``."""
+    ty = "f16x2" if half else "bf16x2"
+    res = llvm.inline_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+                          f"cvt.rn.{ty}.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def st_global_b32(ptr: cute.Pointer, w: Int32, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Int32(w).ir_value(loc=loc, ip=ip)],
+                    "st.global.b32 [$0], $1;", "l,r,~{memory}", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def st_global_v4_b32(ptr: cute.Pointer, w0: Int32, w1: Int32, w2: Int32, w3: Int32, *, loc=None, ip=None) -> None:
+    ops = [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)] + [Int32(w).ir_value(loc=loc, ip=ip)
+                                                                   for w in (w0, w1, w2, w3)]
+    llvm.inline_asm(None, ops, "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def quad_transpose(x: list, quad) -> list:
+    """x[p] (p = 0..3) of each lane q of a quad -> y[p] = the x[q] of lane p: two butterfly stages (lane bit 0,
+    then bit 1), each exchanging the two words whose index bit differs from the lane's bit."""
+    x = list(x)
+    for bit in (1, 2):
+        mine = (quad & bit) != 0
+        for other in range(2):  # the index bit not exchanged in this stage
+            lo = other if bit == 2 else 2 * other        # index with the stage's bit clear
+            hi = lo + bit                                # index with the stage's bit set
+            send = cutlass.select_(mine, x[lo], x[hi])   # the word whose bit differs from the lane's
+            recv = cute.arch.shuffle_sync_bfly(send, offset=bit)
+            x[lo] = cutlass.select_(mine, recv, x[lo])
+            x[hi] = cutlass.select_(mine, x[hi], recv)
+    return x
+
+
+class Sm90Fp8StoreAttention(Sm90Fp8Attention):
+    """The shipped kernel with the ``store`` epilogue (module docstring)."""
+
+    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None,
+                 key_lens: bool = False, qk_int8: bool = False, store: str = "b128"):
+        if store not in STORES:
+            raise ValueError(f"store must be one of {STORES}, got {store!r}")
+        super().__init__(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
+        self.store = store
+
+    @cute.jit
+    def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale,
+                 o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
+                 head: Int32, bat: Int32, wg_tidx: Int32):
+        if const_expr(self.store == "u16"):
+            super().epilogue(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq, row0, head, bat, wg_tidx)
+        else:
+            self.epilogue_wide(acc_O, row_max, row_sum, qk_scale, o_scale, mO, mLSE, sq, row0, head, bat, wg_tidx)
+
+    @cute.jit
+    def epilogue_wide(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale,
+                      o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
+                      head: Int32, bat: Int32, wg_tidx: Int32):
+        warp = wg_tidx // 32
+        lane = wg_tidx % 32
+        quad = lane % 4
+        half = const_expr(self.dtype_out != BFloat16)
+        for r in cutlass.range_constexpr(2):
+            lsum = row_sum[r]
+            row = self.thread_row(row0, warp, lane, r)
+            inv = o_scale * cute.arch.rcp_approx(lsum)
+            if row < sq:
+                if quad == 0:
+                    m = row_max[r]
+                    if const_expr(self.qk_int8):
+                        m = m - S_BIAS
+                    mLSE[row, head, bat] = (m * self.row_scale(qk_scale, r) - 8.0
+                                            + cute.math.log2(lsum, fastmath=True)) * LN2
+            words = [pack2(acc_O[2 * r + 4 * j] * inv, acc_O[1 + 2 * r + 4 * j] * inv, half)
+                     for j in range(self.head_dim // 8)]
+            if const_expr(self.store == "b32"):
+                if row < sq:
+                    for j in cutlass.range_constexpr(self.head_dim // 8):
+                        st_global_b32(mO.iterator + cute.crd2idx((row, 8 * j + 2 * quad, head, bat), mO.layout),
+                                      words[j])
+            else:
+                for g in cutlass.range_constexpr(self.head_dim // 32):
+                    y = quad_transpose(words[4 * g:4 * g + 4], quad)
+                    if row < sq:
+                        col = 32 * g + 8 * quad
+                        st_global_v4_b32(mO.iterator + cute.crd2idx((row, col, head, bat), mO.layout),
+                                         y[0], y[1], y[2], y[3])
+
+
+def compile_store(head_dim: int, dtype_out, *, store: str, fake: bool, arch: str = "sm_90a",
+                  options_extra: str = "", config: Sm90Config | None = None, key_lens: bool = False,
+                  qk_int8: bool = False):
+    """``K.compile_sm90``'s contract (no TVM-FFI) for the ``store`` epilogue."""
+    from ditprof.kernels.cute_arch import cute_dsl_arch
+
+    dtype_out = K._out_dtype(dtype_out)
+    config = config or K.config_for(arch, head_dim)
+    kern = Sm90Fp8StoreAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8, store=store)
+    if fake:
+        stream = cute.runtime.make_fake_stream()
+    else:
+        import torch
+
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    with cute_dsl_arch(arch):
+        fn = cute.compile(kern, *K._compile_args(dtype_out), stream,
+                          options=f"--gpu-arch {arch} {options_extra}".strip())
+    if kern.smem_bytes != K.smem_bytes(head_dim, config):
+        raise AssertionError(f"smem_bytes {kern.smem_bytes} != the shipped {K.smem_bytes(head_dim, config)}")
+    return fn
+
+
+_CACHE: dict = {}
+
+
+def run_store(prep, scale: float, out, lse, store: str, key_lens=None, sk: int | None = None) -> None:
+    """The variant on a shipped prep (``fp8_prepare``; INT8 Q/K when it has Q scales), JIT launch on the current
+    stream: out (B, Sq, H, D) bf16/fp16 contiguous, 16-byte aligned; lse (B, H, Sq) fp32."""
+    import torch
+    from cutlass.cute.runtime import make_ptr
+
+    B, H, sq_pad, D = prep.q8.shape
+    if tuple(out.shape) != (B, prep.sq, H, D) or not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError("out must be a contiguous, 16-byte aligned (B, Sq, H, D) tensor")
+    qk_int8 = prep.q_scales is not None
+    key = (D, out.dtype, store, key_lens is not None, qk_int8)
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = _CACHE[key] = compile_store(D, str(out.dtype), store=store, fake=False, key_lens=key_lens is not None,
+                                         qk_int8=qk_int8)
+    gm = cute.AddressSpace.gmem
+
+    def ptr(ty, t, align):
+        return make_ptr(ty, t.data_ptr(), gm, assumed_align=align)
+
+    qk8 = cutlass.Int8 if qk_int8 else cutlass.Float8E4M3FN
+    f32 = prep.scales
+    sizes = (B, H, prep.sq, prep.sk if sk is None else sk, sq_pad, prep.k8.shape[2])
+    fn(ptr(qk8, prep.q8, 16), ptr(qk8, prep.k8, 16), ptr(cutlass.Float8E4M3FN, prep.v8t, 16),
+       ptr(Float32, prep.scales, 4), ptr(Float32, prep.q_scales if qk_int8 else f32, 4),
+       ptr(Int32, key_lens if key_lens is not None else f32, 4),
+       ptr(K._out_dtype(str(out.dtype)), out, 16), ptr(Float32, lse, 4),
+       *(Int32(x) for x in sizes), Float32(scale), cuda.CUstream(torch.cuda.current_stream().cuda_stream))
