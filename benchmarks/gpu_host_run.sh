@@ -216,6 +216,14 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session12h)  # session 12: the shipped kernel with 16-byte O stores -- every sm90 GPU test, peers at flux/ltx, compares, store widths
+  step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  step attention-peers 150 python benchmarks/attention.py --shapes flux,ltx --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,prep-triton --json "$out/attention-peers.json"
+  step compare-flux 90 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  step store-bench 90 python benchmarks/experimental/store_bench.py --rounds 15 --json "$out/store-bench.json"
+  step compare-h3 120 python -m ditprof compare --iters 5 --out "$out/compare-h3"
+  step store-gpu-tests 100 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_store_gpu.py
+  ;;
 session12g)  # session 12: the wide-store epilogue (b32 / b128) -- GPU tests (bit for bit vs shipped), kernel-only timing
   step store-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_store_gpu.py
   step store-bench 300 python benchmarks/experimental/store_bench.py --rounds 15 --json "$out/store-bench.json"

@@ -1,10 +1,11 @@
-"""CPU checks of the wide-store epilogue variant of fp8-sm90 (``fp8_fwd_sm90_store.py``):
+"""CPU checks of the O store in fp8-sm90's epilogue (the shipped 16-byte stores; ``fp8_fwd_sm90_store.py``'s
+``u16`` and ``b32`` for comparison):
 
 - the quad transpose, simulated on four lanes (select and butterfly shuffle replaced by numpy): lane q ends with
   the words of column block q of every lane, in lane order;
-- compile-only (sm_90a; INT8 and e4m3 Q/K; head_dim 128 and 64): ``store="u16"`` is the shipped kernel byte for
-  byte; ``b32`` / ``b128`` store O with head_dim / 4 32-bit / head_dim / 16 128-bit stores (no 16-bit store left),
-  the key-tile loop has the shipped opcode counts (b32: the shipped loop verbatim), no local memory.
+- compile-only (sm_90a; INT8 and e4m3 Q/K; head_dim 128 and 64): ``store="b128"`` is the shipped kernel byte for
+  byte, which stores O in head_dim / 16 ``STG.E.128`` per thread; ``u16`` / ``b32`` in head_dim / 2 16-bit /
+  head_dim / 4 32-bit stores; the key-tile loop has the same opcodes as often, no local memory.
 
     python -m pytest -q benchmarks/experimental/test_fp8_sm90_store_sass.py
 """
@@ -32,9 +33,9 @@ def test_quad_transpose_simulated(monkeypatch):
     lanes = np.arange(4)
     rng = np.random.default_rng(0)
     x = [rng.integers(0, 2**31, size=4) for _ in range(4)]  # x[p][q]: word p of lane q
-    monkeypatch.setattr(ST.cutlass, "select_", lambda c, a, b: np.where(c, a, b))
-    monkeypatch.setattr(ST.cute.arch, "shuffle_sync_bfly", lambda v, offset: v[lanes ^ offset])
-    y = ST.quad_transpose(x, lanes)
+    monkeypatch.setattr(K.cutlass, "select_", lambda c, a, b: np.where(c, a, b))
+    monkeypatch.setattr(K.cute.arch, "shuffle_sync_bfly", lambda v, offset: v[lanes ^ offset])
+    y = K.quad_transpose(x, lanes)
     for p in range(4):
         for q in range(4):
             assert y[p][q] == x[q][p], (p, q)
@@ -59,29 +60,35 @@ def _code(sass: str) -> list[str]:
 
 
 @pytest.mark.parametrize("qk_int8", [True, False], ids=["int8", "e4m3"])
-def test_u16_is_the_shipped_kernel(tmp_path_factory, qk_int8):
-    a = _compiled(tmp_path_factory, "u16", qk_int8, 128)
+def test_b128_is_the_shipped_kernel(tmp_path_factory, qk_int8):
+    a = _compiled(tmp_path_factory, "b128", qk_int8, 128)
     b = _compiled(tmp_path_factory, "shipped", qk_int8, 128)
     assert _code(a["sass"]) == _code(b["sass"])
 
 
 @pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("qk_int8", [True, False], ids=["int8", "e4m3"])
-@pytest.mark.parametrize("store", ["b32", "b128"])
-def test_wide_store_sass(tmp_path_factory, store, qk_int8, head_dim):
+def test_shipped_stores_o_in_16_bytes(tmp_path_factory, qk_int8, head_dim):
+    r = _compiled(tmp_path_factory, "shipped", qk_int8, head_dim)
+    full, res = r["full"], r["res"]
+    assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res
+    assert full.get("STG.E.128", 0) == head_dim // 16, full
+    assert full.get("STG.E.U16", 0) == 0 and full.get("STG.E", 0) == 2, full  # 2: the LSE stores (2 rows)
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+@pytest.mark.parametrize("qk_int8", [True, False], ids=["int8", "e4m3"])
+@pytest.mark.parametrize("store", ["u16", "b32"])
+def test_narrow_store_sass(tmp_path_factory, store, qk_int8, head_dim):
     r = _compiled(tmp_path_factory, store, qk_int8, head_dim)
     shipped = _compiled(tmp_path_factory, "shipped", qk_int8, head_dim)
     full, res = r["full"], r["res"]
     assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res
-    assert full.get("STG.E.U16", 0) == 0, full
-    assert shipped["full"].get("STG.E.U16", 0) == head_dim // 2  # the shipped epilogue: one bf16 per store
-    if store == "b32":
-        assert full.get("STG.E", 0) == shipped["full"].get("STG.E", 0) + head_dim // 4, full
+    assert full.get("STG.E.128", 0) == 0, full
+    if store == "u16":
+        assert full.get("STG.E.U16", 0) == head_dim // 2 and full.get("STG.E", 0) == 2, full
     else:
-        assert full.get("STG.E.128", 0) == head_dim // 16, full
-        assert full.get("STG.E", 0) == shipped["full"].get("STG.E", 0), full  # the LSE stores
-    # the key loop: the shipped opcodes, each as often (b128's epilogue moves the register allocation and, at
-    # some configurations, the order of a few instructions)
+        assert full.get("STG.E.U16", 0) == 0 and full.get("STG.E", 0) == 2 + head_dim // 4, full
+    # the key loop: the same opcodes, each as often (the epilogue moves the register allocation and, at some
+    # configurations, the order of a few instructions)
     assert Counter(x.split()[0] for x in r["loop"]) == Counter(x.split()[0] for x in shipped["loop"])
-    if store == "b32":
-        assert r["loop"] == shipped["loop"]  # instruction for instruction

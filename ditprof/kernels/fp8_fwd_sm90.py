@@ -114,6 +114,42 @@ def ld_shared_v4_volatile(ptr: cute.Pointer, *, loc=None, ip=None) -> tuple:
     return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
+@dsl_user_op
+def pack2(lo: Float32, hi: Float32, half: bool, *, loc=None, ip=None) -> Int32:
+    """Two fp32 values rounded to nearest even into one 32-bit word of two 16-bit floats, lo in the low half (the
+    lower address): one ``cvt.rn.{bf16,f16}x2.f32``, the rounding of ``.to(BFloat16 / Float16)``."""
+    ty = "f16x2" if half else "bf16x2"
+    res = llvm.inline_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+                          f"cvt.rn.{ty}.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                          is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def st_global_v4_b32(ptr: cute.Pointer, w0: Int32, w1: Int32, w2: Int32, w3: Int32, *, loc=None, ip=None) -> None:
+    """One 16-byte global store of four 32-bit words (``ptr`` 16-byte aligned)."""
+    ops = [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)] + [Int32(w).ir_value(loc=loc, ip=ip)
+                                                                   for w in (w0, w1, w2, w3)]
+    llvm.inline_asm(None, ops, "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def quad_transpose(x: list, quad) -> list:
+    """x[p] (p = 0..3) of each lane q of a quad -> y[p] = the x[q] of lane p: two butterfly stages (lane bit 0,
+    then bit 1), each exchanging the two words whose index bit differs from the lane's bit."""
+    x = list(x)
+    for bit in (1, 2):
+        mine = (quad & bit) != 0
+        for other in range(2):  # the index bit not exchanged in this stage
+            lo = other if bit == 2 else 2 * other  # index with the stage's bit clear
+            hi = lo + bit  # index with the stage's bit set
+            send = cutlass.select_(mine, x[lo], x[hi])  # the word whose bit differs from the lane's
+            recv = cute.arch.shuffle_sync_bfly(send, offset=bit)
+            x[lo] = cutlass.select_(mine, recv, x[lo])
+            x[hi] = cutlass.select_(mine, x[hi], recv)
+    return x
+
+
 # the mma.sync kernel's permutation also fits wgmma's accumulator -> e4m3 A-operand registers (module docstring)
 sm90_key_order_for_positions = key_order_for_positions
 
@@ -772,24 +808,34 @@ class Sm90Fp8Attention:
     def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale,
                  o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
                  head: Int32, bat: Int32, wg_tidx: Int32):
+        """O = acc_O / l and the LSE. O leaves in 16-byte stores: a thread holds column pairs 8j + 2 quad, so in
+        each group of 32 columns the quad's words are transposed across its lanes (``quad_transpose``) until each
+        lane holds 8 consecutive columns. One bf16 per store instead cost 4 us of a 70 us CTA at Flux's shape
+        (partial sectors, 8 rows per instruction): -12 % kernel time there, -2.7 % at h3 (benchmarks/NOTES.md).
+        Every lane runs the shuffles; only the stores are predicated on row < sq. O must be 16-byte aligned."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
         quad = lane % 4
+        half = const_expr(self.dtype_out != BFloat16)
         for r in cutlass.range_constexpr(2):
-            l = row_sum[r]  # every thread of the quad already holds its row's whole sum (the tensor-core sums)
+            lsum = row_sum[r]  # every thread of the quad already holds its row's whole sum (the tensor-core sums)
             row = self.thread_row(row0, warp, lane, r)
-            inv = o_scale * cute.arch.rcp_approx(l)
+            inv = o_scale * cute.arch.rcp_approx(lsum)
             if row < sq:
                 if quad == 0:
                     m = row_max[r]
                     if const_expr(self.qk_int8):
                         m = m - S_BIAS  # exact: both are integers below 2**24
                     mLSE[row, head, bat] = (m * self.row_scale(qk_scale, r) - 8.0
-                                            + cute.math.log2(l, fastmath=True)) * LN2
-                for j in cutlass.range_constexpr(self.head_dim // 8):
-                    col = 8 * j + 2 * quad
-                    mO[row, col, head, bat] = (acc_O[2 * r + 4 * j] * inv).to(self.dtype_out)
-                    mO[row, col + 1, head, bat] = (acc_O[1 + 2 * r + 4 * j] * inv).to(self.dtype_out)
+                                            + cute.math.log2(lsum, fastmath=True)) * LN2
+            words = [pack2(acc_O[2 * r + 4 * j] * inv, acc_O[1 + 2 * r + 4 * j] * inv, half)
+                     for j in range(self.head_dim // 8)]
+            for g in cutlass.range_constexpr(self.head_dim // 32):
+                y = quad_transpose(words[4 * g:4 * g + 4], quad)
+                if row < sq:
+                    col = 32 * g + 8 * quad
+                    st_global_v4_b32(mO.iterator + cute.crd2idx((row, col, head, bat), mO.layout),
+                                     y[0], y[1], y[2], y[3])
 
 
 # ---------------------------------------------------------------------- compile / run API

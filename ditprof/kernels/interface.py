@@ -117,8 +117,8 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
                     qk_int8=q_scales is not None)
     stream = torch.cuda.current_stream(out.device).cuda_stream
     if name == "fp8-sm90":
-        # writes a contiguous (B,Sq,H,D) output and always an LSE
-        direct = layout == "BSHD" and out.is_contiguous()
+        # writes a contiguous, 16-byte aligned (B,Sq,H,D) output (16-byte stores) and always an LSE
+        direct = layout == "BSHD" and out.is_contiguous() and out.data_ptr() % 16 == 0
         o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
         lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
             (B, H, Sq), dtype=torch.float32, device=out.device)

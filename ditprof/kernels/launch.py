@@ -409,6 +409,9 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     sq_pad, sk_pad = q8.shape[2], k8.shape[2]
     if spec.qk_int8 != (q_scales is not None):
         raise DitprofError("int8 Q/K kernels take per-row Q descales (q_scales), e4m3 ones do not")
+    if spec.kernel == "fp8-sm90" and out.data_ptr() % 16:
+        raise DitprofError(f"fp8-sm90 stores O in 16-byte words: out must be 16-byte aligned "
+                           f"(data_ptr {out.data_ptr():#x})")
     lens_ptr = key_lens.data_ptr() if key_lens is not None else scales.data_ptr()  # not read unless key_lens
     qs_ptr = q_scales.data_ptr() if q_scales is not None else scales.data_ptr()  # not read unless qk_int8
     if spec.tvm_ffi:
