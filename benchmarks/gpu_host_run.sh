@@ -216,6 +216,12 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session12i)  # session 12, last: head_dim 64 with 192-key tiles (issue 20), the flux timeline with the 16-byte stores, split-KV with them
+  step tile-n-bench 110 python benchmarks/experimental/tile_n_bench.py --rounds 15 --json "$out/tile-n-bench.json"
+  step ctl-flux-int8 40 python benchmarks/experimental/cta_timeline.py --shape 1,24,4608,128 --format int8 --check --json "$out/ctl-flux-int8.json" --plot "$out/ctl-flux-int8.png"
+  step tile192-gpu-tests 90 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_tile192_gpu.py
+  step splitkv-bench 50 python benchmarks/experimental/splitkv_bench.py --shapes flux,ltx --rounds 15 --json "$out/splitkv-bench.json"
+  ;;
 session12h)  # session 12: the shipped kernel with 16-byte O stores -- every sm90 GPU test, peers at flux/ltx, compares, store widths
   step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step attention-peers 150 python benchmarks/attention.py --shapes flux,ltx --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,prep-triton --json "$out/attention-peers.json"
