@@ -216,6 +216,10 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session13a)  # next session: the stream-K tail (GPU tests, then shipped vs split-KV vs stream-K), its timeline at flux
+  step streamk-gpu-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_streamk_gpu.py
+  step streamk-bench 250 python benchmarks/experimental/streamk_bench.py --rounds 15 --json "$out/streamk-bench.json"
+  ;;
 session12i)  # session 12, last: head_dim 64 with 192-key tiles (issue 20), the flux timeline with the 16-byte stores, split-KV with them
   step tile-n-bench 110 python benchmarks/experimental/tile_n_bench.py --rounds 15 --json "$out/tile-n-bench.json"
   step ctl-flux-int8 40 python benchmarks/experimental/cta_timeline.py --shape 1,24,4608,128 --format int8 --check --json "$out/ctl-flux-int8.json" --plot "$out/ctl-flux-int8.png"
