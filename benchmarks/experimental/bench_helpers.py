@@ -109,3 +109,41 @@ def run_meta(**extra) -> dict:
         pass
     meta["python"] = platform.python_version()
     return {**meta, **extra}
+
+
+def shape_format_main(description: str, shapes: dict, time_shape, title: str, columns: list, row_cells,
+                      json_name: str, ok=lambda rows: True) -> int:
+    """The command line of a kernel bench over (shape, Q/K format): ``--shapes`` (names of ``shapes``),
+    ``--formats`` (int8, e4m3), ``--rounds``, ``--json``; rows from ``time_shape(name, shape, qk_int8, rounds)``,
+    a table (``title`` with ``{rounds}``; ``row_cells(row)`` per row), JSON with the environment. Exit status 0
+    when ``ok(rows)``, 1 otherwise, 2 without an sm_90 GPU. (The caller put ``benchmarks/`` on ``sys.path``.)"""
+    import argparse
+    from pathlib import Path
+
+    from common import environment, print_table, results_path, write_json
+
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(shapes), help=f"comma list of {', '.join(shapes)}")
+    ap.add_argument("--formats", default="int8,e4m3", help="comma list of int8, e4m3")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--json", default=None, help=f"output path (default benchmarks/results/{json_name}-DATE.json)")
+    args = ap.parse_args()
+    names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    formats = [s.strip() for s in args.formats.split(",") if s.strip()]
+    if [n for n in names if n not in shapes] or [f for f in formats if f not in ("int8", "e4m3")]:
+        ap.error(f"shapes from {list(shapes)}, formats from int8, e4m3")
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("needs an sm_90 GPU (H100/H200)")
+        return 2
+    rows = []
+    for n in names:
+        for f in formats:
+            print(f"{n} {shapes[n]} {f} ...", flush=True)
+            rows += time_shape(n, shapes[n], f == "int8", args.rounds)
+    print_table(title.format(rounds=args.rounds), columns, [row_cells(r) for r in rows])
+    path = Path(args.json) if args.json else results_path(json_name)
+    write_json({"environment": environment(), "args": vars(args), "rows": rows}, path)
+    print(f"wrote {path}")
+    return 0 if ok(rows) else 1

@@ -42,10 +42,10 @@ def compile_sass(tmp_path_factory, dirname: str, compile_call, nvdisasm: str | N
     return {"sass": sass, "base": base, "full": full, "res": cubin_resources(cubin), "compile_s": dt}
 
 
-def key_tile_loop(sass: str, qk_wgmma: str = r"[QI]GMMA\.64x160") -> list[str]:
-    """The instructions of the key-tile loop: the smallest backward-branch range holding a Q K^T wgmma (an
-    instruction matching the regex ``qk_wgmma``), >= 80 exps (one 160-key tile's) and no global store (the
-    work-tile loop and the mbarrier retry branches hold more)."""
+def key_tile_loops(sass: str, qk_wgmma: str = r"[QI]GMMA\.64x160") -> list[list[str]]:
+    """Every key-tile loop: a backward-branch range holding a Q K^T wgmma (an instruction matching the regex
+    ``qk_wgmma``), >= 80 exps (one 160-key tile's) and no global store (the work-tile loop and the mbarrier retry
+    branches hold more)."""
     ins, labels, pending = [], {}, []
     for line in sass.splitlines():
         lm = re.match(r"^(\.L_x_\d+):", line.strip())
@@ -65,5 +65,11 @@ def key_tile_loop(sass: str, qk_wgmma: str = r"[QI]GMMA\.64x160") -> list[str]:
             if (any(re.search(qk_wgmma, x) for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
                     and not any("STG" in x for x in body)):
                 loops.append(body)
+    return loops
+
+
+def key_tile_loop(sass: str, qk_wgmma: str = r"[QI]GMMA\.64x160") -> list[str]:
+    """The instructions of the key-tile loop: the smallest of ``key_tile_loops``."""
+    loops = key_tile_loops(sass, qk_wgmma)
     assert loops, "no key-tile loop found"
     return min(loops, key=len)

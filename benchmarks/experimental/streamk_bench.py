@@ -8,7 +8,6 @@ call by call behind a sleep, median of the rounds. Prints a table and writes JSO
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import statistics
@@ -19,8 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from bench_helpers import (  # noqa: E402 -- after the path set-up
-    empty_outputs, gaussian_prep, shipped_launch, sleep_alternating, timing_fields, warm)
-from common import environment, print_table, results_path, write_json  # noqa: E402
+    empty_outputs, gaussian_prep, shape_format_main, shipped_launch, sleep_alternating, timing_fields, warm)
 
 SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "h3": (1, 56, 30272, 128)}
 
@@ -56,34 +54,13 @@ def time_shape(name: str, shape: tuple, qk_int8: bool, rounds: int) -> list[dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
-    ap.add_argument("--formats", default="int8,e4m3")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--json", default=None, help="output path (default benchmarks/results/streamk-bench-DATE.json)")
-    args = ap.parse_args()
-    names = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    formats = [s.strip() for s in args.formats.split(",") if s.strip()]
-    if [n for n in names if n not in SHAPES] or [f for f in formats if f not in ("int8", "e4m3")]:
-        ap.error(f"shapes from {list(SHAPES)}, formats from int8, e4m3")
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        print("needs an sm_90 GPU (H100/H200)")
-        return 2
-    rows = []
-    for n in names:
-        for f in formats:
-            print(f"{n} {SHAPES[n]} {f} ...", flush=True)
-            rows += time_shape(n, SHAPES[n], f == "int8", args.rounds)
-    print_table(f"fp8-sm90 kernel only: shipped vs split-KV vs stream-K tail (median of {args.rounds}, ms)",
-                ["shape", "format", "kernel", "median ms", "min ms", "TFLOP/s", "change %", "rel-RMS vs shipped"],
-                [[r["shape"], r["format"], r["kernel"], r["median_ms"], r["min_ms"], r["tflops"], r["change_pct"],
-                  "" if r["rel_rms_vs_shipped"] is None else r["rel_rms_vs_shipped"]] for r in rows])
-    path = Path(args.json) if args.json else results_path("streamk-bench")
-    write_json({"environment": environment(), "args": vars(args), "rows": rows}, path)
-    print(f"wrote {path}")
-    return 0
+    return shape_format_main(
+        __doc__, SHAPES, time_shape,
+        "fp8-sm90 kernel only: shipped vs split-KV vs stream-K tail (median of {rounds}, ms)",
+        ["shape", "format", "kernel", "median ms", "min ms", "TFLOP/s", "change %", "rel-RMS vs shipped"],
+        lambda r: [r["shape"], r["format"], r["kernel"], r["median_ms"], r["min_ms"], r["tflops"], r["change_pct"],
+                       "" if r["rel_rms_vs_shipped"] is None else r["rel_rms_vs_shipped"]],
+        "streamk-bench", ok=lambda rows: True)
 
 
 if __name__ == "__main__":

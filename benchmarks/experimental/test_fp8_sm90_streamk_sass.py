@@ -14,14 +14,13 @@
 from __future__ import annotations
 
 import functools
-import re
 
 import pytest
 
 pytest.importorskip("cutlass")
 
 import fp8_fwd_sm90_streamk as SK
-from sass_helpers import compile_sass
+from sass_helpers import compile_sass, key_tile_loops
 
 from ditprof.kernels import fp8_fwd_sm90 as K
 
@@ -67,27 +66,7 @@ def test_schedule_covers_the_tail_once(n_tiles, n_sms, n_kt):
 
 
 def _loops(sass: str) -> list[int]:
-    """Sizes of the key-tile loops (the sass_helpers rule, every match instead of the smallest)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line.strip())
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            labels.update({n: len(ins) for n in pending})
-            pending = []
-            ins.append(m.group(2).strip())
-    out = []
-    for i, txt in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
-        if m and labels.get(m.group(1), i) < i:
-            body = ins[labels[m.group(1)]:i + 1]
-            if (any(re.search(r"[QI]GMMA\.64x160", x) for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
-                    and not any("STG" in x for x in body)):
-                out.append(len(body))
-    return sorted(out)
+    return sorted(len(x) for x in key_tile_loops(sass))
 
 
 @pytest.mark.parametrize("head_dim", [128, 64])
