@@ -257,9 +257,12 @@ class Sm90Fp8Attention:
                                          sq_pad, sk_pad)
         grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
         self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, ()).launch(
-            grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+            grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1, use_pdl=self.USE_PDL)
 
     Q_STAGES = 1  # Q buffers in shared memory (each one box of 64 rows per consumer warpgroup)
+    # programmatic dependent launch (a launch attribute, host side only; a subclass that sets it must wait on
+    # the previous grid before reading its outputs: benchmarks/experimental/fp8_fwd_sm90_pdl.py)
+    USE_PDL = False
 
     def kernel_args(self, pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk, sq_pad, sk_pad):
         """The kernel's arguments before (sq, sk, scale_log2) and its smem layouts after them (traced in
