@@ -113,7 +113,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ditprof.kernels.cute_arch import cute_dsl_arch
-from ditprof.kernels.fp8_fwd_sm90 import pack2, quad_transpose, set_accumulate, st_global_v4_b32, tma_views
+from ditprof.kernels.fp8_fwd_sm90 import set_accumulate, store_o_row, tma_views
 from ditprof.kernels.key_order import key_order_for_positions
 # the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
 # this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
@@ -1061,14 +1061,8 @@ class Sm90Fp8Attention:
             if row < sq:
                 if quad == 0 and const_expr(write_lse):
                     mLSE[row, head, bat] = (row_max[r] * qk_scale - 8.0 + cute.math.log2(l, fastmath=True)) * LN2
-            # O in 16-byte stores after a transpose across the quad, as the shipped epilogue (session 12)
-            words = [pack2(acc_O[2 * r + 4 * j] * inv, acc_O[1 + 2 * r + 4 * j] * inv,
-                           const_expr(self.dtype_out != BFloat16)) for j in range(self.head_dim // 8)]
-            for g in cutlass.range_constexpr(self.head_dim // 32):
-                y = quad_transpose(words[4 * g:4 * g + 4], quad)
-                if row < sq:
-                    st_global_v4_b32(mO.iterator + cute.crd2idx((row, 32 * g + 8 * quad, head, bat), mO.layout),
-                                     y[0], y[1], y[2], y[3])
+            store_o_row(mO, acc_O, r, inv, row, sq, head, bat, quad, self.head_dim,
+                        const_expr(self.dtype_out != BFloat16))  # the shipped epilogue's 16-byte stores
 
 
 # ---------------------------------------------------------------------- compile / run API

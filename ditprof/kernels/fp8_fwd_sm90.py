@@ -150,6 +150,21 @@ def quad_transpose(x: list, quad) -> list:
     return x
 
 
+@cute.jit
+def store_o_row(mO: cute.Tensor, acc_O: cute.Tensor, r: cutlass.Constexpr, inv: Float32, row: Int32, sq: Int32,
+                head: Int32, bat: Int32, quad: Int32, head_dim: cutlass.Constexpr, half: cutlass.Constexpr):
+    """Accumulator row r (0 or 1) of a consumer thread, times ``inv``, into mO[row, :, head, bat] in 16-byte
+    stores: the thread holds column pairs 8j + 2 quad, so per 32 columns the quad's words are transposed across its
+    lanes (``quad_transpose``) until each lane holds 8 consecutive columns. Every lane runs the shuffles; only the
+    stores are predicated on row < sq. mO must be 16-byte aligned."""
+    words = [pack2(acc_O[2 * r + 4 * j] * inv, acc_O[1 + 2 * r + 4 * j] * inv, half) for j in range(head_dim // 8)]
+    for g in cutlass.range_constexpr(head_dim // 32):
+        y = quad_transpose(words[4 * g:4 * g + 4], quad)
+        if row < sq:
+            st_global_v4_b32(mO.iterator + cute.crd2idx((row, 32 * g + 8 * quad, head, bat), mO.layout),
+                             y[0], y[1], y[2], y[3])
+
+
 # the mma.sync kernel's permutation also fits wgmma's accumulator -> e4m3 A-operand registers (module docstring)
 sm90_key_order_for_positions = key_order_for_positions
 
@@ -811,11 +826,9 @@ class Sm90Fp8Attention:
     def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale,
                  o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
                  head: Int32, bat: Int32, wg_tidx: Int32):
-        """O = acc_O / l and the LSE. O leaves in 16-byte stores: a thread holds column pairs 8j + 2 quad, so in
-        each group of 32 columns the quad's words are transposed across its lanes (``quad_transpose``) until each
-        lane holds 8 consecutive columns. One bf16 per store instead cost 4 us of a 70 us CTA at Flux's shape
-        (partial sectors, 8 rows per instruction): -12 % kernel time there, -2.7 % at h3 (benchmarks/NOTES.md).
-        Every lane runs the shuffles; only the stores are predicated on row < sq. O must be 16-byte aligned."""
+        """O = acc_O / l and the LSE. O leaves in 16-byte stores (``store_o_row``); one bf16 per store instead cost
+        4 us of a 70 us CTA at Flux's shape (partial sectors, 8 rows per instruction): -12 % kernel time there,
+        -1.7 to -2.7 % at h3 (benchmarks/NOTES.md)."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
         quad = lane % 4
@@ -831,14 +844,7 @@ class Sm90Fp8Attention:
                         m = m - S_BIAS  # exact: both are integers below 2**24
                     mLSE[row, head, bat] = (m * self.row_scale(qk_scale, r) - 8.0
                                             + cute.math.log2(lsum, fastmath=True)) * LN2
-            words = [pack2(acc_O[2 * r + 4 * j] * inv, acc_O[1 + 2 * r + 4 * j] * inv, half)
-                     for j in range(self.head_dim // 8)]
-            for g in cutlass.range_constexpr(self.head_dim // 32):
-                y = quad_transpose(words[4 * g:4 * g + 4], quad)
-                if row < sq:
-                    col = 32 * g + 8 * quad
-                    st_global_v4_b32(mO.iterator + cute.crd2idx((row, col, head, bat), mO.layout),
-                                     y[0], y[1], y[2], y[3])
+            store_o_row(mO, acc_O, r, inv, row, sq, head, bat, quad, self.head_dim, half)
 
 
 # ---------------------------------------------------------------------- compile / run API
