@@ -164,20 +164,11 @@ def compile_timeline(head_dim: int = 128, dtype_out="bfloat16", *, fake: bool, p
     softmax_scale, [num_ctas (Int32) if persistent], the stamp table's pointer (Int64), the stream."""
     from cutlass.cute.runtime import make_ptr
 
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = K._out_dtype(dtype_out)
     config = K.config_for(arch, head_dim)
     kern = (PersistentTimelineAttention if persistent else TimelineAttention)(head_dim, dtype_out, config,
                                                                               qk_int8=qk_int8)
-    if fake:
-        stream = cute.runtime.make_fake_stream()
-    else:
-        import torch
-
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     extra = (Int32(1),) if persistent else ()
     stamps = make_ptr(Int64, 0, cute.AddressSpace.gmem, assumed_align=8)
-    with cute_dsl_arch(arch):
-        return cute.compile(kern, *K._compile_args(dtype_out), *extra, stamps, stream,
-                            options=f"--gpu-arch {arch} {options_extra}".strip())
+    return K.compile_kernel(kern, (*K._compile_args(dtype_out), *extra, stamps), fake=fake, arch=arch,
+                            options_extra=options_extra)

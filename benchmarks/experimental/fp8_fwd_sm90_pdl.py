@@ -15,7 +15,6 @@ stand in for the shipped kernel in a launch record (``pdl_bench.py`` swaps ``rec
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 from cutlass import BFloat16, cute
 
 from ditprof.kernels import fp8_fwd_sm90 as K
@@ -41,20 +40,11 @@ def compile_pdl(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", o
                 tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
                 qk_int8: bool = False):
     """``K.compile_sm90``'s contract for the PDL build."""
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8PdlAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
-    if fake:
-        stream = cute.runtime.make_fake_stream()
-    else:
-        import torch
-
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compile_options = f"--gpu-arch {arch} {options_extra}".strip() + (" --enable-tvm-ffi" if tvm_ffi else "")
-    with cute_dsl_arch(arch):
-        return cute.compile(kern, *K._compile_args(dtype_out), stream, options=compile_options)
+    return K.compile_kernel(kern, K._compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config))
 
 
 def compile_for_spec(spec):

@@ -169,23 +169,11 @@ def compile_persistent(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_
                        tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
                        qk_int8: bool = False):
     """``K.compile_sm90``'s contract with one more argument before the stream: ``num_ctas`` (Int32, the grid)."""
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8PersistentAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
-    if fake:
-        stream = cute.runtime.make_fake_stream()
-    else:
-        import torch
-
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compile_options = f"--gpu-arch {arch} {options_extra}".strip() + (" --enable-tvm-ffi" if tvm_ffi else "")
-    with cute_dsl_arch(arch):
-        fn = cute.compile(kern, *K._compile_args(dtype_out), Int32(1), stream, options=compile_options)
-    if kern.smem_bytes != smem_bytes(head_dim, config):
-        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, config)} != {kern.smem_bytes}")
-    return fn
+    return K.compile_kernel(kern, (*K._compile_args(dtype_out), Int32(1)), fake=fake, arch=arch,
+                            options_extra=options_extra, tvm_ffi=tvm_ffi, smem=smem_bytes(head_dim, config))
 
 
 _CACHE: dict = {}

@@ -270,23 +270,11 @@ def compile_splitkv(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a
                     qk_int8: bool = False):
     """``K.compile_sm90``'s contract with o_part, lse_part after the shipped pointers and n_full, splits before the
     stream (see the module docstring)."""
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8SplitKVAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
-    if fake:
-        stream = cute.runtime.make_fake_stream()
-    else:
-        import torch
-
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compile_options = f"--gpu-arch {arch} {options_extra}".strip() + (" --enable-tvm-ffi" if tvm_ffi else "")
-    with cute_dsl_arch(arch):
-        fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=compile_options)
-    if kern.smem_bytes != K.smem_bytes(head_dim, config):  # the shipped kernel's shared memory, nothing more
-        raise AssertionError(f"smem {kern.smem_bytes} != shipped {K.smem_bytes(head_dim, config)}")
-    return fn
+    return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config))  # the shipped shared memory
 
 
 _CACHE: dict = {}

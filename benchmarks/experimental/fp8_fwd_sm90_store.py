@@ -100,23 +100,11 @@ def compile_store(head_dim: int, dtype_out, *, store: str, fake: bool, arch: str
                   options_extra: str = "", config: Sm90Config | None = None, key_lens: bool = False,
                   qk_int8: bool = False):
     """``K.compile_sm90``'s contract (no TVM-FFI) for the ``store`` epilogue."""
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8StoreAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8, store=store)
-    if fake:
-        stream = cute.runtime.make_fake_stream()
-    else:
-        import torch
-
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    with cute_dsl_arch(arch):
-        fn = cute.compile(kern, *K._compile_args(dtype_out), stream,
-                          options=f"--gpu-arch {arch} {options_extra}".strip())
-    if kern.smem_bytes != K.smem_bytes(head_dim, config):
-        raise AssertionError(f"smem_bytes {kern.smem_bytes} != the shipped {K.smem_bytes(head_dim, config)}")
-    return fn
+    return K.compile_kernel(kern, K._compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                            smem=K.smem_bytes(head_dim, config))
 
 
 _CACHE: dict = {}

@@ -339,24 +339,12 @@ def compile_streamk(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a
                     config: Sm90Config | None = None, qk_int8: bool = False):
     """``K.compile_sm90``'s contract (no key_lens, no TVM-FFI) with the workspace pointers after ``lse`` and
     (n_full, n_tail, T) before the stream."""
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, qk_int8=qk_int8)
-    if fake:
-        stream = cute.runtime.make_fake_stream()
-    else:
-        import torch
-
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    with cute_dsl_arch(arch):
-        fn = cute.compile(kern, *_compile_args(dtype_out), stream,
-                          options=f"--gpu-arch {arch} {options_extra}".strip())
-    expect = K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim  # the second Q box
-    if kern.smem_bytes != expect:
-        raise AssertionError(f"smem_bytes {kern.smem_bytes} != {expect}")
-    return fn
+    smem = K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim  # the second Q box
+    return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                            smem=smem)
 
 
 _FNS: dict = {}

@@ -926,11 +926,20 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     Arguments: q8, k8, v8t, scales, q_scales, key_lens, out, lse, B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale,
     stream.
     """
-    from ditprof.kernels.cute_arch import cute_dsl_arch
-
     dtype_out = _out_dtype(dtype_out)
     config = config or config_for(arch, head_dim)
     kern = Sm90Fp8Attention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
+    return compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                          tvm_ffi=tvm_ffi, smem=smem_bytes(head_dim, config))
+
+
+def compile_kernel(kern, args: tuple, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
+                   tvm_ffi: bool = False, smem: int | None = None):
+    """``cute.compile`` of a built kernel object (this class or a subclass) on ``args`` (everything before the
+    stream) and a stream (faked with ``fake=True``, else the current one), with ``CUTE_DSL_ARCH`` set for the
+    trace. ``smem``: the shared-memory bytes the caller's formula expects (checked after the trace)."""
+    from ditprof.kernels.cute_arch import cute_dsl_arch
+
     if fake:
         stream = cute.runtime.make_fake_stream()
     else:
@@ -939,11 +948,11 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
         stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     compile_options = f"--gpu-arch {arch} {options_extra}".strip() + (" --enable-tvm-ffi" if tvm_ffi else "")
     with cute_dsl_arch(arch):  # ops that check the arch read it at trace time
-        fn = cute.compile(kern, *_compile_args(dtype_out), stream, options=compile_options)
-    if kern.smem_bytes != smem_bytes(head_dim, config):  # keep the formula honest
-        raise AssertionError(f"smem_bytes formula {smem_bytes(head_dim, config)} != {kern.smem_bytes}")
+        fn = cute.compile(kern, *args, stream, options=compile_options)
+    if smem is not None and kern.smem_bytes != smem:  # keep the formula honest
+        raise AssertionError(f"smem_bytes formula {smem} != {kern.smem_bytes}")
     return fn
 
 
-__all__ = ["Sm90Config", "Sm90Fp8Attention", "compile_sm90", "config_for", "smem_bytes",
+__all__ = ["Sm90Config", "Sm90Fp8Attention", "compile_kernel", "compile_sm90", "config_for", "smem_bytes",
            "sm90_key_order_for_positions"]
