@@ -13,7 +13,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 import fp8_fwd_sm90_persistent as P
 from cta_timeline import EPI_DONE, FIRST_K, FIRST_S, LAST_MERGE, SLOTS, SMID, START
 from ditprof.kernels import fp8_fwd_sm90 as K
-from ditprof.kernels.fp8_fwd_sm90 import LOG2E, Sm90Fp8Attention
+from ditprof.kernels.fp8_fwd_sm90 import Sm90Fp8Attention
 
 
 def _asm(ty, text, constraint, loc, ip):
@@ -104,8 +104,7 @@ class TimelineAttention(StampMixin, Sm90Fp8Attention):
                                          sq_pad, sk_pad)
         n_m = cute.ceil_div(sq, self.tile_m)
         mStamps = cute.make_tensor(pStamps, cute.make_layout((n_m * heads * batch, SLOTS), stride=(SLOTS, 1)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (mStamps,)).launch(
-            grid=(n_m, heads, batch), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale, (mStamps,), (n_m, heads, batch), stream)
 
     @cute.jit
     def kernel_body(self, k):
@@ -135,8 +134,8 @@ class PersistentTimelineAttention(StampMixin, P.Sm90Fp8PersistentAttention):
         n_m = cute.ceil_div(sq, self.tile_m)
         n_work = n_m * heads * batch
         mStamps = cute.make_tensor(pStamps, cute.make_layout((n_work, SLOTS), stride=(SLOTS, 1)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (n_m, heads, n_work, mStamps)).launch(
-            grid=(num_ctas, 1, 1), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale, (n_m, heads, n_work, mStamps), (num_ctas, 1, 1),
+                           stream)
 
     def kernel_body(self, k):
         # the persistent variant's body with a per-work-tile row: the work tile index t, which both roles keep

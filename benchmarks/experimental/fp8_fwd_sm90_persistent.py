@@ -38,7 +38,6 @@ from cutlass import BFloat16, Float32, Int32, cute, pipeline
 
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import (
-    LOG2E,
     TILE_M_WG,
     Sm90Config,
     Sm90Fp8Attention,
@@ -81,8 +80,8 @@ class Sm90Fp8PersistentAttention(Sm90Fp8Attention):
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
         n_m = cute.ceil_div(sq, self.tile_m)
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (n_m, heads, n_m * heads * batch)).launch(
-            grid=(num_ctas, 1, 1), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale, (n_m, heads, n_m * heads * batch),
+                           (num_ctas, 1, 1), stream)
 
     # ------------------------------------------------------------------ the shipped kernel's sections, overridden
     # (kernel arguments: the shipped ones, extra = (n_m, heads, n_work))

@@ -43,7 +43,6 @@ from cutlass import Float32, Int32, const_expr, cute, pipeline
 
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import (
-    LOG2E,
     TILE_M_WG,
     Sm90Config,
     Sm90Fp8Attention,
@@ -127,9 +126,8 @@ class Sm90Fp8SplitKVAttention(Sm90Fp8Attention):
             (self.tile_m, D, n_tail, splits), stride=(D, 1, self.tile_m * D, n_tail * self.tile_m * D)))
         mLSEPart = cute.make_tensor(pLSEPart, cute.make_layout(
             (self.tile_m, n_tail, splits), stride=(1, self.tile_m, n_tail * self.tile_m)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (mOPart, mLSEPart, n_m, heads, n_full,
-                    splits)).launch(grid=(n_full + n_tail * splits, 1, 1), block=[self.threads, 1, 1],
-                                    stream=stream, min_blocks_per_mp=1)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale, (mOPart, mLSEPart, n_m, heads, n_full, splits),
+                           (n_full + n_tail * splits, 1, 1), stream)
 
     # ------------------------------------------------------------------ the shipped kernel's sections, overridden
     # (kernel arguments: the shipped ones, extra = (mOPart, mLSEPart, n_m, heads, n_full, splits))

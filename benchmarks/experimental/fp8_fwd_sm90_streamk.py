@@ -48,7 +48,7 @@ import triton.language as tl
 from cutlass import BFloat16, Float32, Int32, cute, pipeline
 
 from ditprof.kernels import fp8_fwd_sm90 as K
-from ditprof.kernels.fp8_fwd_sm90 import LOG2E, TILE_M_WG, Sm90Config, Sm90Fp8Attention
+from ditprof.kernels.fp8_fwd_sm90 import TILE_M_WG, Sm90Config, Sm90Fp8Attention
 
 TILE_M = 192  # query rows per work tile (3 consumer warpgroups x 64)
 
@@ -154,9 +154,9 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
             (self.tile_m, D, slots, 1), stride=(D, 1, self.tile_m * D, slots * self.tile_m * D)))
         mLSEPart = cute.make_tensor(pLSEPart, cute.make_layout(
             (self.tile_m, slots, 1), stride=(1, self.tile_m, slots * self.tile_m)))
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts,
-                    (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail)).launch(
-            grid=(n_full + n_ctas_tail, 1, 1), block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale,
+                           (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail), (n_full + n_ctas_tail, 1, 1),
+                           stream)
 
     # ------------------------------------------------------------------ the shipped kernel's sections, overridden
     # (kernel arguments: the shipped ones, extra = (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail))

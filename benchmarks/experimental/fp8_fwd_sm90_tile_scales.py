@@ -93,9 +93,8 @@ class Sm90Fp8TileScalesAttention(Sm90Fp8Attention):
         tile_layout = cute.make_layout((n_t, heads, batch), stride=(1, n_t, heads * n_t))
         mKT = cute.make_tensor(pKTileScales, tile_layout)
         mVT = cute.make_tensor(pVTileScales, tile_layout)
-        grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, (mKT, mVT)).launch(
-            grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale, (mKT, mVT),
+                           (cute.ceil_div(sq, self.tile_m), heads, batch), stream)
 
     # ------------------------------------------------------------------ the shipped kernel's sections, overridden
     # (kernel arguments: the shipped ones, extra = (mKT, mVT)); the producer is the shipped one

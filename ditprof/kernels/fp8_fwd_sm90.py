@@ -270,8 +270,13 @@ class Sm90Fp8Attention:
     ):
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
-        grid = (cute.ceil_div(sq, self.tile_m), heads, batch)
-        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, ()).launch(
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale, (), (cute.ceil_div(sq, self.tile_m), heads, batch),
+                           stream)
+
+    def launch_kernel(self, args, layouts, sq, sk, softmax_scale, extra, grid, stream):
+        """The launch every host entry shares (traced in ``__call__``; a subclass passes its ``extra`` kernel
+        arguments and its grid)."""
+        self.kernel(*args, sq, sk, softmax_scale * LOG2E, *layouts, extra).launch(
             grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1, use_pdl=self.USE_PDL)
 
     Q_STAGES = 1  # Q buffers in shared memory (each one box of 64 rows per consumer warpgroup)
