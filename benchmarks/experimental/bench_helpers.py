@@ -61,6 +61,21 @@ def shipped_launch(prep, B: int, H: int, S: int, D: int, scale: float, qk_int8: 
     return launch
 
 
+def launch_build(fn, prep, scale: float, out, lse, key_lens=None, sk=None) -> None:
+    """``fn``, a build with the shipped fp8-sm90 kernel's arguments (a subclass's compile, cute's JIT calling
+    convention), on ``prep`` (INT8 Q/K when it has Q scales) through ``launch_compiled``'s JIT path, on the current
+    stream; ``sk``: a key count other than the prep's."""
+    import torch
+
+    from ditprof.kernels.launch import DTYPE_NAMES, KernelSpec, launch_compiled
+
+    B, H, _, D = prep.q8.shape
+    spec = KernelSpec("fp8-sm90", "sm_90a", D, DTYPE_NAMES[out.dtype], True, key_lens is not None, False,
+                      prep.q_scales is not None)
+    launch_compiled(spec, fn, prep.q8, prep.k8, prep.v8t, prep.scales, prep.q_scales, key_lens, out, lse, B, H,
+                    prep.sq, prep.sk if sk is None else sk, scale, torch.cuda.current_stream().cuda_stream)
+
+
 def warm(runners: dict, calls: int = 2) -> None:
     """Each runner ``calls`` times (compiles, warms), then a sync."""
     import torch

@@ -348,17 +348,18 @@ def run_splitkv(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out
         except Exception as exc:  # noqa: BLE001 -- argument conversion fails before anything is launched
             LAUNCH_INFO["tvm_ffi_error"] = f"{type(exc).__name__}: {exc}"[:500]
     if not launched:
-        _launch_jit(compiled(D, DTYPE_NAMES[out.dtype], key_lens is not None, qk_int8, False, cache),
-                    (q8, k8, v8t, scales, qs, lens, out, lse, o_part, lse_part), sizes, softmax_scale, n_full, splits,
-                    DTYPE_NAMES[out.dtype], stream)
+        launch_jit_with_workspace(compiled(D, DTYPE_NAMES[out.dtype], key_lens is not None, qk_int8, False, cache),
+                                  (q8, k8, v8t, scales, qs, lens, out, lse, o_part, lse_part), sizes, softmax_scale,
+                                  (n_full, splits), DTYPE_NAMES[out.dtype], stream)
         LAUNCH_INFO["last_launch"] = "jit"
     if n_tail and merge:
         splitkv_merge(o_part, lse_part, out, lse, n_full, sq)
     return n_full, n_tail, splits
 
 
-def _launch_jit(fn, tensors, sizes, softmax_scale, n_full, splits, out_dtype: str, stream) -> None:
-    """cute's JIT path: typed pointers for the 10 tensors (the shipped kernel's 8, then the workspace)."""
+def launch_jit_with_workspace(fn, tensors, sizes, softmax_scale, trailing: tuple, out_dtype: str, stream) -> None:
+    """cute's JIT path of a build with the shipped kernel's 8 tensors, then a workspace's O and LSE, the sizes and
+    the softmax scale, then the Int32s ``trailing`` (split-KV: n_full, splits; stream-K: n_full, n_tail, T)."""
     from cutlass.cute.runtime import make_ptr
 
     gm = cute.AddressSpace.gmem
@@ -367,8 +368,9 @@ def _launch_jit(fn, tensors, sizes, softmax_scale, n_full, splits, out_dtype: st
     types = ((u8, 16), (u8, 16), (u8, 16), (Float32, 4), (Float32, 4), (Int32, 4), (out_t, 16), (Float32, 4),
              (out_t, 16), (Float32, 4))
     ptrs = [make_ptr(ty, t.data_ptr(), gm, assumed_align=a) for (ty, a), t in zip(types, tensors)]
-    fn(*ptrs, *(Int32(x) for x in sizes), Float32(softmax_scale), Int32(n_full), Int32(splits), cuda.CUstream(stream))
+    fn(*ptrs, *(Int32(x) for x in sizes), Float32(softmax_scale), *(Int32(x) for x in trailing), cuda.CUstream(stream))
 
 
 __all__ = ["MAX_SPLITS", "Sm90Fp8SplitKVAttention", "compile_splitkv", "compiled", "cta_work", "key_tiles",
-           "part_range", "plan_for", "run_splitkv", "splits_for", "work_coords", "work_tiles"]
+           "launch_jit_with_workspace", "part_range", "plan_for", "run_splitkv", "splits_for", "work_coords",
+           "work_tiles"]

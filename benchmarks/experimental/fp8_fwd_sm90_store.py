@@ -28,7 +28,6 @@ changes. The LSE store is the shipped one. All lanes run the shuffles; only the 
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import BFloat16, Float32, Int32, const_expr, cute
 from cutlass._mlir.dialects import llvm
@@ -113,8 +112,7 @@ _CACHE: dict = {}
 def run_store(prep, scale: float, out, lse, store: str, key_lens=None, sk: int | None = None) -> None:
     """The variant on a shipped prep (``fp8_prepare``; INT8 Q/K when it has Q scales), JIT launch on the current
     stream: out (B, Sq, H, D) bf16/fp16 contiguous, 16-byte aligned; lse (B, H, Sq) fp32."""
-    import torch
-    from cutlass.cute.runtime import make_ptr
+    from bench_helpers import launch_build
 
     B, H, sq_pad, D = prep.q8.shape
     if tuple(out.shape) != (B, prep.sq, H, D) or not out.is_contiguous() or out.data_ptr() % 16:
@@ -125,16 +123,4 @@ def run_store(prep, scale: float, out, lse, store: str, key_lens=None, sk: int |
     if fn is None:
         fn = _CACHE[key] = compile_store(D, str(out.dtype), store=store, fake=False, key_lens=key_lens is not None,
                                          qk_int8=qk_int8)
-    gm = cute.AddressSpace.gmem
-
-    def ptr(ty, t, align):
-        return make_ptr(ty, t.data_ptr(), gm, assumed_align=align)
-
-    qk8 = cutlass.Int8 if qk_int8 else cutlass.Float8E4M3FN
-    f32 = prep.scales
-    sizes = (B, H, prep.sq, prep.sk if sk is None else sk, sq_pad, prep.k8.shape[2])
-    fn(ptr(qk8, prep.q8, 16), ptr(qk8, prep.k8, 16), ptr(cutlass.Float8E4M3FN, prep.v8t, 16),
-       ptr(Float32, prep.scales, 4), ptr(Float32, prep.q_scales if qk_int8 else f32, 4),
-       ptr(Int32, key_lens if key_lens is not None else f32, 4),
-       ptr(K._out_dtype(str(out.dtype)), out, 16), ptr(Float32, lse, 4),
-       *(Int32(x) for x in sizes), Float32(scale), cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+    launch_build(fn, prep, scale, out, lse, key_lens=key_lens, sk=sk)

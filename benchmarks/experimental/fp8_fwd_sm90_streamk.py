@@ -364,7 +364,9 @@ def run_streamk(prep, softmax_scale: float, out, lse, n_sms: int | None = None, 
     """Kernel (+ merge) on the current stream on a shipped prep (``fp8_prepare``; INT8 when it has Q scales):
     out (B, Sq, H, D) bf16/fp16 contiguous and 16-byte aligned, lse (B, H, Sq) fp32. Returns the plan."""
     import torch
-    from cutlass.cute.runtime import make_ptr
+    from fp8_fwd_sm90_splitkv import launch_jit_with_workspace
+
+    from ditprof.kernels.launch import DTYPE_NAMES
 
     B, H, sq_pad, D = prep.q8.shape
     sq, sk = int(prep.sq), int(prep.sk)
@@ -379,20 +381,11 @@ def run_streamk(prep, softmax_scale: float, out, lse, n_sms: int | None = None, 
     key = (D, out.dtype, qk_int8)
     if key not in _FNS:
         _FNS[key] = compile_streamk(D, str(out.dtype), fake=False, qk_int8=qk_int8)
-    gm = cute.AddressSpace.gmem
-
-    def ptr(ty, t, align):
-        return make_ptr(ty, t.data_ptr(), gm, assumed_align=align)
-
-    out_t = K._out_dtype(str(out.dtype))
-    qk8 = cutlass.Int8 if qk_int8 else cutlass.Float8E4M3FN
-    qs = prep.q_scales if qk_int8 else prep.scales
-    _FNS[key](ptr(qk8, prep.q8, 16), ptr(qk8, prep.k8, 16), ptr(cutlass.Float8E4M3FN, prep.v8t, 16),
-              ptr(Float32, prep.scales, 4), ptr(Float32, qs, 4), ptr(Int32, prep.scales, 4), ptr(out_t, out, 16),
-              ptr(Float32, lse, 4), ptr(out_t, o_part, 16), ptr(Float32, lse_part, 4),
-              *(Int32(x) for x in (B, H, sq, sk, sq_pad, prep.k8.shape[2])), Float32(softmax_scale),
-              Int32(n_full), Int32(n_tail), Int32(n_ctas_tail),
-              cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+    qs = prep.q_scales if qk_int8 else prep.scales  # key_lens: not read (any valid pointer)
+    launch_jit_with_workspace(_FNS[key], (prep.q8, prep.k8, prep.v8t, prep.scales, qs, prep.scales, out, lse, o_part,
+                                          lse_part), (B, H, sq, sk, sq_pad, prep.k8.shape[2]), softmax_scale,
+                              (n_full, n_tail, n_ctas_tail), DTYPE_NAMES[out.dtype],
+                              torch.cuda.current_stream().cuda_stream)
     if n_tail and merge:
         tkey = (n_full, n_tail, n_ctas_tail, n_kt, out.device)
         if tkey not in _TABLES:

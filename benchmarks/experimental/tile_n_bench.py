@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from bench_helpers import (  # noqa: E402 -- after the path set-up
-    empty_outputs, gaussian_prep, shape_format_main, shipped_launch, sleep_alternating, timing_fields, warm)
+    empty_outputs, gaussian_prep, launch_build, shape_format_main, shipped_launch, sleep_alternating, timing_fields,
+    warm)
 
 SHAPES = {"ltx": (1, 32, 7392, 64), "cogvideox": (1, 48, 17776, 64)}
 _FNS: dict = {}
@@ -40,21 +41,9 @@ def compiled_tile(head_dim: int, tile_n: int, qk_int8: bool):
     return _FNS[key]
 
 
-def launch_tile(prep, scale: float, out, lse, tile_n: int, key_lens=None) -> None:
+def launch_tile(prep, scale: float, out, lse, tile_n: int) -> None:
     """The ``tile_n`` build on a shipped prep (JIT launch on the current stream; sizes from the prep)."""
-    import torch
-
-    from ditprof.kernels.launch import KernelSpec, launch_compiled, spec_for
-
-    B, H, _, D = prep.q8.shape
-    qk_int8 = prep.q_scales is not None
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, key_lens=key_lens is not None, qk_int8=qk_int8)
-    spec = KernelSpec(**{**spec.__dict__, "tvm_ffi": False})
-    fn = compiled_tile(D, tile_n, qk_int8)
-    if key_lens is not None:
-        raise ValueError("key_lens: compile with key_lens=True (not needed by this bench)")
-    launch_compiled(spec, fn, prep.q8, prep.k8, prep.v8t, prep.scales, prep.q_scales, None, out, lse, B, H,
-                    prep.sq, prep.sk, scale, torch.cuda.current_stream().cuda_stream)
+    launch_build(compiled_tile(prep.q8.shape[3], tile_n, prep.q_scales is not None), prep, scale, out, lse)
 
 
 def rel_rms(a, b) -> float:
