@@ -26,7 +26,8 @@ SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "h3": (1, 56, 30
 def time_shape(name: str, shape: tuple, qk_int8: bool, rounds: int) -> list[dict]:
     from fp8_fwd_sm90_splitkv import run_splitkv
     from fp8_fwd_sm90_streamk import run_streamk
-    from tile_n_bench import rel_rms
+
+    from ditprof.kernels.accuracy import compare
 
     B, H, S, D = shape
     prep = gaussian_prep(B, H, S, D, qk_int8=qk_int8)
@@ -43,7 +44,7 @@ def time_shape(name: str, shape: tuple, qk_int8: bool, rounds: int) -> list[dict
     }
     warm(runners)
     ref = outs["shipped"][0]
-    agree = {n: rel_rms(outs[n][0], ref) for n in ("split-KV + merge", "stream-K + merge")}
+    agree = {n: compare(outs[n][0], ref)["rel_rms"] for n in ("split-KV + merge", "stream-K + merge")}
     times = sleep_alternating(runners, rounds)
     flops = 4.0 * B * H * S * S * D
     base = statistics.median(times["shipped"])

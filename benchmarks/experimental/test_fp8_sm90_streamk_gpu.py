@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import fp8_fwd_sm90_streamk as SK
+from fp8_gpu_cases import rel_rms
 from sm90_gpu_cases import check_float64, gaussian_case, nan_outputs, need_sm90, run_shipped
-from tile_n_bench import rel_rms
 
 pytestmark = pytest.mark.gpu
 

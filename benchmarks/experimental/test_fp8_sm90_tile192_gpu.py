@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from fp8_gpu_cases import rel_rms
 from sm90_gpu_cases import check_float64, gaussian_case, nan_outputs, need_sm90, run_shipped
-from tile_n_bench import launch_tile, rel_rms
+from tile_n_bench import launch_tile
 
 pytestmark = pytest.mark.gpu
 

@@ -46,12 +46,9 @@ def launch_tile(prep, scale: float, out, lse, tile_n: int) -> None:
     launch_build(compiled_tile(prep.q8.shape[3], tile_n, prep.q_scales is not None), prep, scale, out, lse)
 
 
-def rel_rms(a, b) -> float:
-    d = a.double() - b.double()
-    return (d.pow(2).mean().sqrt() / b.double().pow(2).mean().sqrt()).item()
-
-
 def time_shape(name: str, shape: tuple, qk_int8: bool, rounds: int) -> list[dict]:
+    from ditprof.kernels.accuracy import compare
+
     B, H, S, D = shape
     prep = gaussian_prep(B, H, S, D, qk_int8=qk_int8)
     scale = 1.0 / math.sqrt(D)
@@ -60,7 +57,7 @@ def time_shape(name: str, shape: tuple, qk_int8: bool, rounds: int) -> list[dict
                                             *outs["shipped"]),
                "tile 192": functools.partial(launch_tile, prep, scale, *outs["tile 192"], 192)}
     warm(runners)
-    agree = {"rel_rms_vs_shipped": rel_rms(outs["tile 192"][0], outs["shipped"][0]),
+    agree = {"rel_rms_vs_shipped": compare(outs["tile 192"][0], outs["shipped"][0])["rel_rms"],
              "finite": bool(outs["tile 192"][0].isfinite().all() and outs["tile 192"][1].isfinite().all())}
     times = sleep_alternating(runners, rounds)
     flops = 4.0 * B * H * S * S * D
