@@ -216,6 +216,11 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session13)  # session 13, first batch: every sm90 GPU test with 192-key tiles at head_dim 64 (+ the launch refactors), then the stream-K tail
+  step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  step streamk-gpu-tests 150 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_streamk_gpu.py
+  step streamk-bench 200 python benchmarks/experimental/streamk_bench.py --rounds 15 --json "$out/streamk-bench.json"
+  ;;
 session13a)  # next session: the stream-K tail (GPU tests, then shipped vs split-KV vs stream-K), its timeline at flux
   step streamk-gpu-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_streamk_gpu.py
   step streamk-bench 250 python benchmarks/experimental/streamk_bench.py --rounds 15 --json "$out/streamk-bench.json"
