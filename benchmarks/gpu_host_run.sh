@@ -228,6 +228,7 @@ session13a)  # next session: the stream-K tail (GPU tests, then shipped vs split
 session13b)  # next session: the kernel as a programmatic dependent launch after the prep (GPU tests, then the real call back to back)
   step pdl-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_pdl_gpu.py
   step pdl-bench 200 python benchmarks/experimental/pdl_bench.py --rounds 15 --json "$out/pdl-bench.json"
+  step call-anatomy 150 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
   ;;
 session12i)  # session 12, last: head_dim 64 with 192-key tiles (issue 20), the flux timeline with the 16-byte stores, split-KV with them
   step tile-n-bench 110 python benchmarks/experimental/tile_n_bench.py --rounds 15 --json "$out/tile-n-bench.json"

@@ -1,0 +1,165 @@
+"""Where one fp8 attention call's GPU time goes at a shape: the real call (``ditprof.kernels.fp8_attention``, the
+op; INT8 or e4m3 Q/K) back to back under torch.profiler, every GPU kernel of each call with its duration and the
+gap before it, the call's span (first kernel start -> last kernel end) and the gap to the next call. Beside it,
+when the ``fa3-fwd`` wheel is installed, FA3 FP8's kernel alone on pre-quantized inputs in the same process.
+Issue 17's short shapes: is the distance to FA3 kernel time, prep time or the gaps between the launches?
+
+    python benchmarks/experimental/call_anatomy.py                        # flux, ltx; int8 and e4m3
+    python benchmarks/experimental/call_anatomy.py --shapes flux --formats int8 --calls 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "h3": (1, 56, 30272, 128)}
+
+
+def kernel_events(trace: dict) -> list[dict]:
+    """The GPU kernels of a chrome trace (``cat`` "kernel"), sorted by start: {name, ts, dur} in µs."""
+    evs = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e["dur"])}
+           for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
+    return sorted(evs, key=lambda e: e["ts"])
+
+
+def split_calls(events: list[dict], per_call: int) -> list[list[dict]]:
+    """Consecutive groups of ``per_call`` kernels (one call each); a ragged end is dropped."""
+    n = len(events) // per_call
+    return [events[i * per_call:(i + 1) * per_call] for i in range(n)]
+
+
+def anatomy(calls: list[list[dict]]) -> dict:
+    """Medians over the calls: per kernel slot its name, duration and the gap before it (from the previous kernel's
+    end; the first slot's gap is from the previous call's last kernel), the call span and the sum of kernel
+    time."""
+    if not calls:
+        raise ValueError("no complete call in the trace")
+    slots = []
+    for j in range(len(calls[0])):
+        durs = [c[j]["dur"] for c in calls]
+        gaps = []
+        for i, c in enumerate(calls):
+            if j > 0:
+                gaps.append(c[j]["ts"] - (c[j - 1]["ts"] + c[j - 1]["dur"]))
+            elif i > 0:
+                prev = calls[i - 1][-1]
+                gaps.append(c[0]["ts"] - (prev["ts"] + prev["dur"]))
+        slots.append({"name": calls[0][j]["name"][:90], "dur_us": statistics.median(durs),
+                      "gap_before_us": statistics.median(gaps) if gaps else None})
+    spans = [c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls]
+    busy = [sum(e["dur"] for e in c) for c in calls]
+    return {"slots": slots, "span_us": statistics.median(spans), "kernel_sum_us": statistics.median(busy),
+            "calls": len(calls)}
+
+
+def profile_calls(fn, calls: int) -> list[dict]:
+    """``fn`` ``calls`` times back to back under the CUDA profiler; the kernel events."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            return kernel_events(json.load(f))
+
+
+def kernels_per_call(fn) -> int:
+    """How many GPU kernels one call of ``fn`` launches (one profiled call)."""
+    return len(profile_calls(fn, 1))
+
+
+def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
+    import math
+
+    import torch
+    from bench_helpers import gaussian_qkv
+
+    from ditprof.kernels import fp8_attention
+
+    B, H, S, D = shape
+    q, k, v = gaussian_qkv(B, S, H, D)
+    rows = []
+    os.environ["DITPROF_FP8_QK"] = fmt  # read per call by the launch record's key
+
+    def ours():
+        return fp8_attention(q, k, v)
+
+    for _ in range(3):
+        ours()
+    torch.cuda.synchronize()
+    n = kernels_per_call(ours)
+    a = anatomy(split_calls(profile_calls(ours, calls), n))
+    rows.append({"shape": name, "format": fmt, "who": "ours (op call)", **a})
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except ImportError:
+        return rows
+    q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+    ones = torch.ones((B, H), dtype=torch.float32, device="cuda")
+
+    def fa3():
+        return flash_attn_func(q8, k8, v8, softmax_scale=1 / math.sqrt(D), causal=False, q_descale=ones,
+                               k_descale=ones, v_descale=ones)
+
+    for _ in range(3):
+        fa3()
+    torch.cuda.synchronize()
+    n = kernels_per_call(fa3)
+    a = anatomy(split_calls(profile_calls(fa3, calls), n))
+    rows.append({"shape": name, "format": "e4m3", "who": "FA3 FP8 kernel only", **a})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="flux,ltx")
+    ap.add_argument("--formats", default="int8,e4m3")
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    names = [s for s in args.shapes.split(",") if s]
+    formats = [f for f in args.formats.split(",") if f]
+    if [n for n in names if n not in SHAPES] or [f for f in formats if f not in ("int8", "e4m3")]:
+        ap.error(f"shapes from {list(SHAPES)}, formats from int8, e4m3")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    from bench_helpers import run_meta
+    from common import print_table
+
+    rows = []
+    for n in names:
+        for f in formats:
+            rows += measure_shape(n, SHAPES[n], f, args.calls)
+    table = []
+    for r in rows:
+        for j, s in enumerate(r["slots"]):
+            table.append([r["shape"], r["format"], r["who"], j, s["name"][:48], s["dur_us"],
+                          "" if s["gap_before_us"] is None else s["gap_before_us"],
+                          r["span_us"] if j == 0 else "", r["kernel_sum_us"] if j == 0 else ""])
+    print_table(f"one call's GPU kernels, medians of {args.calls} back-to-back calls (µs)",
+                ["shape", "fmt", "who", "#", "kernel", "dur", "gap before", "call span", "kernel sum"], table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": run_meta(calls=args.calls), "rows": rows}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""call_anatomy's trace reading on a hand-built chrome trace (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from call_anatomy import anatomy, kernel_events, split_calls
+
+
+def _trace(rows):
+    evs = [{"cat": "kernel", "name": n, "ts": t, "dur": d} for n, t, d in rows]
+    return {"traceEvents": evs + [{"cat": "cpu_op", "name": "host", "ts": 1, "dur": 100}]}
+
+
+def test_slots_gaps_and_span():
+    # two calls of three kernels (listed out of order), and a ragged fourth kernel that is not a call
+    ev = kernel_events(_trace([("c", 20, 30), ("a", 0, 10), ("b", 12, 5), ("a", 60, 10), ("b", 71, 5),
+                               ("c", 80, 30), ("x", 200, 1)]))
+    assert [e["name"] for e in ev[:3]] == ["a", "b", "c"]
+    r = anatomy(split_calls(ev, 3))
+    assert r["calls"] == 2
+    assert [s["name"] for s in r["slots"]] == ["a", "b", "c"]
+    assert r["slots"][0]["gap_before_us"] == 10.0  # call 2's first kernel starts 10 us after call 1's last ends
+    assert r["slots"][1]["gap_before_us"] == 1.5  # median of 2 and 1
+    assert r["slots"][2]["gap_before_us"] == 3.5  # median of 3 and 4
+    assert r["span_us"] == 50.0 and r["kernel_sum_us"] == 45.0
+
+
+def test_no_complete_call_is_an_error():
+    with pytest.raises(ValueError, match="no complete call"):
+        anatomy(split_calls(kernel_events(_trace([("a", 0, 1)])), 3))
