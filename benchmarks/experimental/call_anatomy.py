@@ -32,10 +32,21 @@ def kernel_events(trace: dict) -> list[dict]:
     return sorted(evs, key=lambda e: e["ts"])
 
 
-def split_calls(events: list[dict], per_call: int) -> list[list[dict]]:
-    """Consecutive groups of ``per_call`` kernels (one call each); a ragged end is dropped."""
-    n = len(events) // per_call
-    return [events[i * per_call:(i + 1) * per_call] for i in range(n)]
+def split_calls(events: list[dict], reference: list[str]) -> tuple[list[list[dict]], int]:
+    """The calls in ``events``: a call starts at each kernel named ``reference[0]`` (the first kernel of one profiled
+    call); only calls whose kernel names are ``reference`` are kept (a call that also copied its NaN flags, say,
+    is not). Returns (calls, how many were left out)."""
+    groups: list[list[dict]] = []
+    for e in events:
+        if e["name"] == reference[0] or not groups:
+            groups.append([])
+        groups[-1].append(e)
+    calls = []
+    for i, g in enumerate(groups):
+        if [e["name"] for e in g] == reference:
+            prev_end = groups[i - 1][-1]["ts"] + groups[i - 1][-1]["dur"] if i else None
+            calls.append([{**g[0], "prev_end": prev_end}] + g[1:])
+    return calls, len(groups) - len(calls)
 
 
 def anatomy(calls: list[list[dict]]) -> dict:
@@ -51,9 +62,8 @@ def anatomy(calls: list[list[dict]]) -> dict:
         for i, c in enumerate(calls):
             if j > 0:
                 gaps.append(c[j]["ts"] - (c[j - 1]["ts"] + c[j - 1]["dur"]))
-            elif i > 0:
-                prev = calls[i - 1][-1]
-                gaps.append(c[0]["ts"] - (prev["ts"] + prev["dur"]))
+            elif c[0].get("prev_end") is not None:  # from whatever kernel ran last before the call
+                gaps.append(c[0]["ts"] - c[0]["prev_end"])
         slots.append({"name": calls[0][j]["name"][:90], "dur_us": statistics.median(durs),
                       "gap_before_us": statistics.median(gaps) if gaps else None})
     spans = [c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"] for c in calls]
@@ -77,9 +87,14 @@ def profile_calls(fn, calls: int) -> list[dict]:
             return kernel_events(json.load(f))
 
 
-def kernels_per_call(fn) -> int:
-    """How many GPU kernels one call of ``fn`` launches (one profiled call)."""
-    return len(profile_calls(fn, 1))
+def kernel_names(fn) -> list[str]:
+    """The GPU kernels one call of ``fn`` launches, in order (one profiled call)."""
+    return [e["name"] for e in profile_calls(fn, 1)]
+
+
+def anatomy_of(fn, calls: int) -> dict:
+    calls_, left_out = split_calls(profile_calls(fn, calls), kernel_names(fn))
+    return {**anatomy(calls_), "calls_left_out": left_out}
 
 
 def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
@@ -101,9 +116,7 @@ def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
     for _ in range(3):
         ours()
     torch.cuda.synchronize()
-    n = kernels_per_call(ours)
-    a = anatomy(split_calls(profile_calls(ours, calls), n))
-    rows.append({"shape": name, "format": fmt, "who": "ours (op call)", **a})
+    rows.append({"shape": name, "format": fmt, "who": "ours (op call)", **anatomy_of(ours, calls)})
     try:
         from fa3_fwd_interface import flash_attn_func
     except ImportError:
@@ -118,9 +131,7 @@ def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
     for _ in range(3):
         fa3()
     torch.cuda.synchronize()
-    n = kernels_per_call(fa3)
-    a = anatomy(split_calls(profile_calls(fa3, calls), n))
-    rows.append({"shape": name, "format": "e4m3", "who": "FA3 FP8 kernel only", **a})
+    rows.append({"shape": name, "format": "e4m3", "who": "FA3 FP8 kernel only", **anatomy_of(fa3, calls)})
     return rows
 
 

@@ -12,11 +12,14 @@ def _trace(rows):
 
 
 def test_slots_gaps_and_span():
-    # two calls of three kernels (listed out of order), and a ragged fourth kernel that is not a call
+    # two calls of three kernels (listed out of order), one call with an extra kernel (left out), one cut short
     ev = kernel_events(_trace([("c", 20, 30), ("a", 0, 10), ("b", 12, 5), ("a", 60, 10), ("b", 71, 5),
-                               ("c", 80, 30), ("x", 200, 1)]))
+                               ("c", 80, 30), ("a", 120, 10), ("b", 131, 5), ("c", 140, 30), ("x", 171, 1),
+                               ("a", 200, 1)]))
     assert [e["name"] for e in ev[:3]] == ["a", "b", "c"]
-    r = anatomy(split_calls(ev, 3))
+    calls, left_out = split_calls(ev, ["a", "b", "c"])
+    assert left_out == 2
+    r = anatomy(calls)
     assert r["calls"] == 2
     assert [s["name"] for s in r["slots"]] == ["a", "b", "c"]
     assert r["slots"][0]["gap_before_us"] == 10.0  # call 2's first kernel starts 10 us after call 1's last ends
@@ -27,4 +30,4 @@ def test_slots_gaps_and_span():
 
 def test_no_complete_call_is_an_error():
     with pytest.raises(ValueError, match="no complete call"):
-        anatomy(split_calls(kernel_events(_trace([("a", 0, 1)])), 3))
+        anatomy(split_calls(kernel_events(_trace([("a", 0, 1)])), ["a", "b", "c"])[0])
