@@ -216,6 +216,17 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session13c)  # session 13: fp8-sm90 on the stream-K grid (shipped) -- its GPU tests, every sm90 GPU test with it
+  step streamk-gpu-tests 240 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_sm90_streamk_gpu.py
+  step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level and not streamk" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  ;;
+session13d)  # session 13: with the stream-K grid -- kernel-only bench, peers at flux/ltx, call anatomy, the flux compare, host cost
+  step streamk-bench 120 python benchmarks/experimental/streamk_bench.py --shapes flux,ltx --rounds 15 --json "$out/streamk-bench.json"
+  step attention-peers 150 python benchmarks/attention.py --shapes flux,ltx --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,prep-triton --json "$out/attention-peers.json"
+  step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
+  step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  step host-overhead-flux 60 python benchmarks/host_overhead.py --shape 1,4608,24,128 --json "$out/host-overhead-flux.json"
+  ;;
 session13)  # session 13, first batch: every sm90 GPU test with 192-key tiles at head_dim 64 (+ the launch refactors), then the stream-K tail
   step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step streamk-gpu-tests 150 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_streamk_gpu.py

@@ -79,15 +79,14 @@ def main() -> int:
     fast, general = L.fp8_attention_cuda(q, k, v, scale), fp8_attention_kernel(q, k, v, scale=scale)
     torch.cuda.synchronize()
     rec = L.record_for(q, k, v, False)
-    launch = dict(kernel=rec.spec.kernel, tvm_ffi=rec.spec.tvm_ffi, last_launch=L.LAUNCH_INFO["last_launch"],
+    launch = dict(kernel=rec.spec.kernel, tvm_ffi=rec.spec.tvm_ffi, streamk=rec.streamk,
+                  last_launch=L.LAUNCH_INFO["last_launch"],
                   direct_triton=all(s.compiled is not None for s in rec.plan.launches),
                   workspace_reused=rec.reuse, bitwise_equal=bool(torch.equal(fast, general)),
                   finite=bool(torch.isfinite(fast).all()))
     print("launch:", launch, flush=True)
     plan, ws = rec.plan, rec._workspace()
     stream = torch.cuda.current_stream().cuda_stream
-    q8p, k8p, v8p, scp, lsep, qsp = ws["ptrs"]
-    sizes = rec.sizes
 
     rows = {
         "torch SDPA (BHSD views)": lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt),
@@ -96,8 +95,8 @@ def main() -> int:
         "interface.fp8_attention": lambda: fp8_attention(q, k, v),
         "launch record alone (no op dispatch)": lambda: L.fp8_attention_cuda(q, k, v, scale),
         f"prep plan: {len(plan.launches)} direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
-        "kernel launch alone (TVM-FFI call, ints)": lambda: rec.fn(q8p, k8p, v8p, scp, qsp, scp, out.data_ptr(),
-                                                                  lsep, *sizes, scale, stream),
+        "kernel launch alone (TVM-FFI call, ints)" if rec.streamk is None else
+        "kernel + merge launches alone (stream-K grid)": lambda: rec._launch_kernel(ws, out, None, scale, stream),
         "record lookup (launch.record_for)": lambda: L.record_for(q, k, v, False),
         "output allocation (torch.empty)": lambda: torch.empty(rec.out_shape, dtype=rec.dtype, device=rec.device),
         "the op with a key mask (compaction + key lengths)": lambda: op_entry(q, k, v, key_mask=keep),

@@ -64,7 +64,7 @@ from ditprof.kernels.prep_triton import (
     _div_by_descale,
     _div_rows,
     _key_for_position,
-    _Launch,
+    FixedLaunch,
     _load_rows,
     _rot_dot,
     _to_e4m3,
@@ -385,7 +385,7 @@ def _launch_options(num_warps: int, maxnreg) -> dict:
 class SinglePassPlan:
     """The launches (one, two with ``split_v``) for one configuration (shapes, strides, dtype, knobs), computed
     once; ``launch`` pays only the launches (after the first call, the compiled launcher directly when given a
-    stream; ``prep_triton._Launch``). Knobs default to the module constants."""
+    stream; ``prep_triton.FixedLaunch``). Knobs default to the module constants."""
 
     def __init__(self, q, k, v, *, two_pass=None, split_v=None, k_tiles=None, q_rows=None, q_block=None,
                  qk_warps=None, v_warps=None, fast_div=None, k_stages=0):
@@ -417,13 +417,13 @@ class SinglePassPlan:
         qk_opts, v_opts = _launch_options(qk_warps, QK_MAXNREG), _launch_options(v_warps, V_MAXNREG)
         if split_v:
             self.launches = (
-                _Launch(_single_pass_kernel, (nq + nk, grid_y), qk_opts, dict(static, DO_QK=True, DO_V=False),
+                FixedLaunch(_single_pass_kernel, (nq + nk, grid_y), qk_opts, dict(static, DO_QK=True, DO_V=False),
                         _DYNAMIC),
-                _Launch(_single_pass_kernel, (nv, grid_y), v_opts, dict(static, NQ=0, NK=0, DO_QK=False, DO_V=True),
+                FixedLaunch(_single_pass_kernel, (nv, grid_y), v_opts, dict(static, NQ=0, NK=0, DO_QK=False, DO_V=True),
                         _DYNAMIC),
             )
         else:
-            self.launches = (_Launch(_single_pass_kernel, (nq + nk + nv, grid_y), qk_opts,
+            self.launches = (FixedLaunch(_single_pass_kernel, (nq + nk + nv, grid_y), qk_opts,
                                      dict(static, DO_QK=True, DO_V=True), _DYNAMIC),)
 
     def shapes(self) -> dict:

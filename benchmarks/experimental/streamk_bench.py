@@ -1,6 +1,8 @@
-"""fp8-sm90 kernel only: shipped vs split-KV tail vs stream-K tail (``fp8_fwd_sm90_streamk.py``), each with its
-merge and alone, on one shipped prep of fresh Gaussian inputs per shape and format; in one process, alternating
-call by call behind a sleep, median of the rounds. Prints a table and writes JSON (machine, date, versions).
+"""fp8-sm90 kernel only: the plain grid vs the split-KV tail (experimental) vs the shipped stream-K grid
+(``ditprof/kernels/fp8_fwd_sm90_streamk.py``, where ``streamk_plan`` takes the shape; on every shape here), each
+with its merge and alone, on one shipped prep of fresh Gaussian inputs per shape and format; in one process,
+alternating call by call behind a sleep, median of the rounds. Prints a table and writes JSON (machine, date,
+versions).
 
     python benchmarks/experimental/streamk_bench.py                        # flux, ltx, h3; int8 and e4m3
     python benchmarks/experimental/streamk_bench.py --shapes flux --formats int8 --rounds 30
@@ -23,44 +25,74 @@ from bench_helpers import (  # noqa: E402 -- after the path set-up
 SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "h3": (1, 56, 30272, 128)}
 
 
+def streamk_launch(prep, scale: float, qk_int8: bool, merge: bool = True):
+    """``launch(o, lse)``: fp8-sm90 on the stream-K grid on ``prep`` (the plan on the device's SM count even where
+    ``streamk_plan`` would keep the plain grid), its merge (JIT, with the LSE) when ``merge``."""
+    import dataclasses
+
+    import torch
+
+    from ditprof.kernels.fp8_fwd_sm90 import config_for
+    from ditprof.kernels.launch import compiled, launch_compiled, sm_count, spec_for, streamk_workspace
+    from ditprof.kernels.streamk_merge import device_table, streamk_merge
+    from ditprof.kernels.streamk_schedule import plan
+
+    B, H, _, D = prep.q8.shape
+    sq, sk = int(prep.sq), int(prep.sk)
+    n_kt = -(-sk // config_for("sm_90a", D).tile_n)
+    p = plan(-(-sq // 192) * H * B, sm_count(torch.cuda.current_device()), n_kt) + (n_kt,)
+    spec = dataclasses.replace(spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=qk_int8), streamk=True)
+    fn = compiled(spec)
+    o_part, lse_part = streamk_workspace(p, D, torch.bfloat16, prep.q8.device)
+    table = device_table(*p, prep.q8.device) if p[1] else None
+
+    def launch(o, lse):
+        launch_compiled(spec, fn, prep.q8, prep.k8, prep.v8t, prep.scales, prep.q_scales, None, o, lse, B, H, sq, sk,
+                        scale, torch.cuda.current_stream().cuda_stream, streamk=(o_part, lse_part, p[:3]))
+        if merge and table is not None:
+            streamk_merge(o_part, lse_part, table, o, lse, p[0], sq)
+
+    return launch, p
+
+
 def time_shape(name: str, shape: tuple, qk_int8: bool, rounds: int) -> list[dict]:
     from fp8_fwd_sm90_splitkv import run_splitkv
-    from fp8_fwd_sm90_streamk import run_streamk
 
     from ditprof.kernels.accuracy import compare
 
     B, H, S, D = shape
     prep = gaussian_prep(B, H, S, D, qk_int8=qk_int8)
     scale = 1.0 / math.sqrt(D)
-    names = ("shipped", "split-KV + merge", "stream-K + merge", "stream-K kernel only")
+    names = ("plain grid", "split-KV + merge", "stream-K + merge", "stream-K kernel only")
     outs = {n: empty_outputs(B, S, H, D) for n in names}
     split_args = (prep.q8, prep.k8, prep.v8t, prep.scales, S, S, scale)
+    with_merge, p = streamk_launch(prep, scale, qk_int8)
+    alone, _ = streamk_launch(prep, scale, qk_int8, merge=False)
     runners = {
-        "shipped": functools.partial(shipped_launch(prep, B, H, S, D, scale, qk_int8=qk_int8), *outs["shipped"]),
+        "plain grid": functools.partial(shipped_launch(prep, B, H, S, D, scale, qk_int8=qk_int8), *outs["plain grid"]),
         "split-KV + merge": lambda: run_splitkv(*split_args, *outs["split-KV + merge"], q_scales=prep.q_scales),
-        "stream-K + merge": functools.partial(run_streamk, prep, scale, *outs["stream-K + merge"]),
-        "stream-K kernel only": functools.partial(run_streamk, prep, scale, *outs["stream-K kernel only"],
-                                                  merge=False),
+        "stream-K + merge": functools.partial(with_merge, *outs["stream-K + merge"]),
+        "stream-K kernel only": functools.partial(alone, *outs["stream-K kernel only"]),
     }
     warm(runners)
-    ref = outs["shipped"][0]
+    ref = outs["plain grid"][0]
     agree = {n: compare(outs[n][0], ref)["rel_rms"] for n in ("split-KV + merge", "stream-K + merge")}
     times = sleep_alternating(runners, rounds)
     flops = 4.0 * B * H * S * S * D
-    base = statistics.median(times["shipped"])
+    base = statistics.median(times["plain grid"])
     fmt = "int8" if qk_int8 else "e4m3"
-    return [{"shape": name, "B,H,S,D": shape, "format": fmt, "kernel": k, **timing_fields(ts, flops),
-             "change_pct": 100 * (statistics.median(ts) - base) / base, "rel_rms_vs_shipped": agree.get(k)}
+    return [{"shape": name, "B,H,S,D": shape, "format": fmt, "kernel": k, "streamk_plan": p, **timing_fields(ts, flops),
+             "change_pct": 100 * (statistics.median(ts) - base) / base, "rel_rms_vs_plain": agree.get(k)}
             for k, ts in times.items()]
 
 
 def main() -> int:
     return shape_format_main(
         __doc__, SHAPES, time_shape,
-        "fp8-sm90 kernel only: shipped vs split-KV vs stream-K tail (median of {rounds}, ms)",
-        ["shape", "format", "kernel", "median ms", "min ms", "TFLOP/s", "change %", "rel-RMS vs shipped"],
+        "fp8-sm90 kernel only: plain grid vs split-KV vs stream-K tail (median of {rounds}, ms)",
+        ["shape", "format", "kernel", "median ms", "min ms", "TFLOP/s", "change %", "rel-RMS vs plain"],
         lambda r: [r["shape"], r["format"], r["kernel"], r["median_ms"], r["min_ms"], r["tflops"], r["change_pct"],
-                       "" if r["rel_rms_vs_shipped"] is None else r["rel_rms_vs_shipped"]],
+                   "" if r["rel_rms_vs_plain"] is None else r["rel_rms_vs_plain"]],
         "streamk-bench", ok=lambda rows: True)
 
 

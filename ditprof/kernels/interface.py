@@ -8,6 +8,7 @@ arch, head_dim, dtype, tile config and flags) and launches it on the current CUD
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Optional
 
@@ -97,7 +98,7 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
                     key_lens: Optional[torch.Tensor] = None) -> None:
     """Run the kernel on an already prepared input; ``out`` (B,Sq,H,D) or (B,H,Sq,D) per ``layout``.
     ``key_lens`` (B,) int32 on the device: batch item b attends to its first key_lens[b] keys."""
-    from ditprof.kernels.launch import compiled, launch_compiled
+    from ditprof.kernels.launch import compiled, launch_compiled, streamk_for, streamk_workspace
 
     B, H, sq_pad, D = prep.q8.shape
     Sq, Sk = int(prep.sq), int(prep.sk)
@@ -122,8 +123,18 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
         o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
         lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
             (B, H, Sq), dtype=torch.float32, device=out.device)
-        launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, key_lens, o,
-                        lse_buf, B, H, Sq, Sk, softmax_scale, stream)
+        plan = streamk_for(name, arch, B, H, Sq, Sk, D, key_lens is not None, out.device.index)
+        if plan is None:
+            launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, key_lens, o,
+                            lse_buf, B, H, Sq, Sk, softmax_scale, stream)
+        else:  # the launch record's grid (the same bits as the op's call): kernel, then the merge with the LSE
+            from ditprof.kernels.streamk_merge import device_table, streamk_merge
+
+            spec = dataclasses.replace(spec, streamk=True)
+            o_part, lse_part = streamk_workspace(plan, D, out.dtype, out.device)
+            launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, None, o,
+                            lse_buf, B, H, Sq, Sk, softmax_scale, stream, streamk=(o_part, lse_part, plan[:3]))
+            streamk_merge(o_part, lse_part, device_table(*plan, out.device), o, lse_buf, plan[0], Sq)
         if not direct:
             out.copy_(o if layout == "BSHD" else o.transpose(1, 2))
         if lse is not None and lse_buf is not lse:

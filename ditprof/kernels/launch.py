@@ -8,8 +8,13 @@ configuration, and the finiteness check of q, k, v without a host sync.
   argument specialisation), the compiled kernel, the arguments that do not change and, for problems up to
   ``WORKSPACE_REUSE_BYTES``, the prep's workspace (one per stream: work on one stream is ordered, so the next call's
   prep writes it only after this call's kernel has read it; under CUDA-graph capture each call allocates its own).
-  A call is then the prep's launches (two; three with INT8 Q/K), the kernel launch and the output allocation: no sync, no other
-  allocation, no per-call argument checks (``record_for`` checks once per configuration).
+  A call is then the prep's launches (two; three with INT8 Q/K), the kernel launch (and, on the stream-K grid, its
+  merge) and the output allocation: no sync, no other allocation, no per-call argument checks (``record_for`` checks
+  once per configuration).
+- fp8-sm90 runs on the stream-K grid (``fp8_fwd_sm90_streamk``) where ``streamk_schedule.streamk_plan`` takes the
+  problem (a partial last round after 1 to 16 full ones, no key_lens; ``streamk_for``, shared with the general
+  path); ``DITPROF_FP8_STREAMK=0`` keeps the plain grid. The tail's pieces live in the workspace (``o_part``,
+  ``lse_part``).
 - Finiteness: a descale is non-finite exactly when its input held NaN/Inf; the prep's finalize kernel then sets a
   sticky flag for q, k or v in the workspace. Every ``CHECK_EVERY`` calls of a workspace (every call when it is not
   reused) the flags are copied to a slot of a pinned ring, with an event, and zeroed; every later call polls the
@@ -22,6 +27,7 @@ configuration, and the finiteness check of q, k, v without a host sync.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -43,7 +49,7 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # (data_ptr()) and floats through TVM-FFI's C ABI instead. Used when apache-tvm-ffi is importable (the GPU host has
 # it; nothing launches on the CPU CI) and DITPROF_TVM_FFI is not "0"; if a TVM-FFI call fails, the JIT path takes
 # over for the rest of the process and "tvm_ffi_error" keeps the reason. "last_launch": "tvm_ffi" or "jit".
-LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None}
+LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None, "streamk_error": None}
 
 
 def tvm_ffi_launch_enabled() -> bool:
@@ -70,6 +76,7 @@ class KernelSpec:
     key_lens: bool  # per-batch key counts read on the device
     tvm_ffi: bool = False  # compiled for TVM-FFI's C ABI (raw ints for pointers and the stream)
     qk_int8: bool = False  # Q and K int8 with per-row Q descales (kernels.qk_format "int8")
+    streamk: bool = False  # fp8-sm90 on the stream-K grid (fp8_fwd_sm90_streamk: workspace + merge)
 
 
 _COMPILED: dict = {}
@@ -84,13 +91,20 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
 
         if not spec.write_lse:
             raise ValueError("fp8-sm90 always writes the LSE")
+        if spec.streamk:
+            from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
+
+            if spec.key_lens:
+                raise ValueError("the stream-K grid has no key_lens mode")
+            return compile_streamk(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch,
+                                   options_extra=options_extra, tvm_ffi=spec.tvm_ffi, qk_int8=spec.qk_int8)
         return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
                               tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8)
     if spec.kernel == "fp8-sm120":
         from ditprof.kernels import fp8_fwd_sm120 as K
 
-        if spec.tvm_ffi:
-            raise ValueError("fp8-sm120 launches through cute's JIT executor")
+        if spec.tvm_ffi or spec.streamk:
+            raise ValueError("fp8-sm120 launches through cute's JIT executor, on its plain grid")
         return K.compile_fp8_fwd(spec.arch, spec.head_dim, spec.out_dtype, write_lse=spec.write_lse,
                                  early_v=K.default_early_v(spec.arch), extra_options=options_extra,
                                  key_lens=spec.key_lens, qk_int8=spec.qk_int8)
@@ -238,6 +252,16 @@ def sync_checks() -> bool:
     return env_setting(b"DITPROF_FP8_CHECK") == "sync"
 
 
+def streamk_enabled(setting: Optional[str]) -> bool:
+    """``DITPROF_FP8_STREAMK``: "0" keeps fp8-sm90 on its plain grid; unset or "1": the stream-K grid where
+    ``streamk_schedule.streamk_plan`` takes it (a partial last round among few rounds)."""
+    if setting in (None, "", "1"):
+        return True
+    if setting == "0":
+        return False
+    raise DitprofError(f"DITPROF_FP8_STREAMK must be 0 or 1, got {setting!r}")
+
+
 # ------------------------------------------------------------------------------------------------ arch
 
 def arch_for_capability(cap: tuple[int, int]) -> str:
@@ -301,11 +325,40 @@ def arch_of(device_index: int) -> str:
     return arch
 
 
+def streamk_for(kernel: str, arch: str, B: int, H: int, Sq: int, Sk: int, D: int, key_lens: bool,
+                device_index: int, setting: Optional[str] = None) -> Optional[tuple]:
+    """The stream-K plan (n_full, n_tail, T, n_kt) of a call, or None for the plain grid: fp8-sm90 without key_lens,
+    ``DITPROF_FP8_STREAMK`` (``setting``; read now when None) not "0", and a grid ``streamk_plan`` takes. One
+    decision for the launch record and the general path (``interface.launch_prepared``): both give the same bits."""
+    if setting is None:
+        setting = env_setting(b"DITPROF_FP8_STREAMK")
+    if kernel != "fp8-sm90" or key_lens or not streamk_enabled(setting):
+        return None
+    from ditprof.kernels.fp8_fwd_sm90 import config_for
+    from ditprof.kernels.streamk_schedule import streamk_plan
+
+    return streamk_plan(B, H, Sq, Sk, config_for(arch, D).tile_n, sm_count(device_index))
+
+
+def streamk_workspace(plan: tuple, D: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tail's pieces for ``plan``: O (2 T, 192, D) in ``dtype`` and the LSE (2 T, 192) float32."""
+    from ditprof.kernels.streamk_schedule import TILE_M
+
+    slots = 2 * plan[2]
+    return (torch.empty((slots, TILE_M, D), dtype=dtype, device=device),
+            torch.empty((slots, TILE_M), dtype=torch.float32, device=device))
+
+
+def sm_count(device_index: int) -> int:
+    """The device's SM count (the stream-K grid's tail width; tests replace it to give small problems a tail)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 class Fp8Launch:
     """Everything one call configuration needs, computed once (see the module docstring)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, key_lens: bool,
-                 qk_int8: bool = False):
+                 qk_int8: bool = False, streamk: Optional[str] = None):
         from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
@@ -320,7 +373,17 @@ class Fp8Launch:
         self.dtype = q.dtype
         self.spec = spec_for(kernel, arch_of(self.device_index), D, DTYPE_NAMES[q.dtype], write_lse=False,
                              key_lens=key_lens, qk_int8=qk_int8)
+        # the stream-K grid (one kernel + one merge launch) where streamk_for takes the call
+        self.streamk = streamk_for(kernel, self.spec.arch, B, H, Sq, Sk, D, key_lens, self.device_index,
+                                   "1" if streamk is None else streamk)
+        self.merge = None
         with torch.cuda.device(self.device):
+            if self.streamk is not None:
+                from ditprof.kernels.streamk_merge import MergeLaunch
+
+                n_full, n_tail, n_ctas_tail, n_kt = self.streamk
+                self.spec = dataclasses.replace(self.spec, streamk=True)
+                self.merge = MergeLaunch(n_full, n_tail, n_ctas_tail, n_kt, H, Sq, D, self.device)
             self.fn = compiled(self.spec)
         bufs = self.plan.buffers("meta")
         lse_bytes = B * H * Sq * 4 if self.spec.write_lse else 0
@@ -336,6 +399,9 @@ class Fp8Launch:
             ws = self.plan.buffers(self.device)
             ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
                 if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
+            if self.streamk is not None:  # the tail's pieces
+                ws["o_part"], ws["lse_part"] = streamk_workspace(self.streamk, self.out_shape[3], self.dtype,
+                                                                 self.device)
         # q_scales: the per-row Q descales with int8 Q/K; otherwise never read (the scales stand in)
         ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse")) + (
             ws["q_scales" if "q_scales" in ws else "scales"].data_ptr(),)
@@ -389,22 +455,38 @@ class Fp8Launch:
         if self.spec.tvm_ffi:
             try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
                 q8, k8, v8t, sc, lse, qs = ws["ptrs"]
-                self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
-                        lse, *self.sizes, softmax_scale, stream)
+                if self.streamk is None:
+                    self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc,
+                            out.data_ptr(), lse, *self.sizes, softmax_scale, stream)
+                    return
+                o_part, lse_part = ws["o_part"], ws["lse_part"]
+                self.fn(q8, k8, v8t, sc, qs, sc, out.data_ptr(), lse, o_part.data_ptr(), lse_part.data_ptr(),
+                        *self.sizes, softmax_scale, *self.streamk[:3], stream)
+                self.merge(o_part, lse_part, out, stream)
                 return
             except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
                 pass
+        if self.streamk is not None:
+            self.spec, self.fn = launch_compiled(
+                self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), None, out,
+                ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream,
+                streamk=(ws["o_part"], ws["lse_part"], self.streamk[:3]))
+            self.merge(ws["o_part"], ws["lse_part"], out, stream)
+            return
         self.spec, self.fn = launch_compiled(
             self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), key_lens, out,
             ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)
 
 
 def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_lens, out, lse, B: int, H: int,
-                    Sq: int, Sk: int, softmax_scale: float, stream: int, out_strides: Optional[tuple] = None):
+                    Sq: int, Sk: int, softmax_scale: float, stream: int, out_strides: Optional[tuple] = None,
+                    streamk: Optional[tuple] = None):
     """Launch a compiled kernel on the prep's buffers (``stream``: a raw CUDA stream handle). Both kernels take the
     same arguments here; ``out_strides`` (b, h, s) is fp8-sm120's (fp8-sm90 writes a contiguous (B,Sq,H,D)).
     ``q_scales`` (B, H, Sq_pad) float32: the per-row Q descales of int8 Q/K (``spec.qk_int8``), else None.
-    Returns (spec, fn) actually used: a TVM-FFI call that fails falls back to cute's JIT executor for good."""
+    ``streamk`` (o_part, lse_part, (n_full, n_tail, T)): the workspace and plan of a ``spec.streamk`` build (the
+    kernel only: the caller merges). Returns (spec, fn) actually used: a TVM-FFI call that fails falls back to cute's
+    JIT executor for good."""
     D = q8.shape[3]
     sq_pad, sk_pad = q8.shape[2], k8.shape[2]
     if spec.qk_int8 != (q_scales is not None):
@@ -412,12 +494,17 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     if spec.kernel == "fp8-sm90" and out.data_ptr() % 16:
         raise DitprofError(f"fp8-sm90 stores O in 16-byte words: out must be 16-byte aligned "
                            f"(data_ptr {out.data_ptr():#x})")
+    if spec.streamk != (streamk is not None):
+        raise DitprofError("a stream-K build takes its workspace and plan (streamk=...), a plain one does not")
     lens_ptr = key_lens.data_ptr() if key_lens is not None else scales.data_ptr()  # not read unless key_lens
     qs_ptr = q_scales.data_ptr() if q_scales is not None else scales.data_ptr()  # not read unless qk_int8
+    ws_ptrs, trailing = (), ()
+    if streamk is not None:
+        ws_ptrs, trailing = (streamk[0].data_ptr(), streamk[1].data_ptr()), tuple(streamk[2])
     if spec.tvm_ffi:
         try:
             fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), qs_ptr, lens_ptr, out.data_ptr(),
-               lse.data_ptr(), B, H, Sq, Sk, sq_pad, sk_pad, softmax_scale, stream)
+               lse.data_ptr(), *ws_ptrs, B, H, Sq, Sk, sq_pad, sk_pad, softmax_scale, *trailing, stream)
             LAUNCH_INFO["last_launch"] = "tvm_ffi"
             return spec, fn
         except Exception as exc:  # noqa: BLE001 -- argument conversion fails before anything is launched
@@ -438,11 +525,12 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
 
     I32 = cutlass.Int32
     if spec.kernel == "fp8-sm90":
+        ws = (ptr(out_ty, ws_ptrs[0], 16), ptr(cutlass.Float32, ws_ptrs[1], 4)) if ws_ptrs else ()
         fn(ptr(qk8, q8, 16), ptr(qk8, k8, 16), ptr(f8, v8t, 16), ptr(cutlass.Float32, scales, 4),
            ptr(cutlass.Float32, qs_ptr, 4), ptr(cutlass.Int32, lens_ptr, 4), ptr(out_ty, out, 16),
-           ptr(cutlass.Float32, lse, 4),
+           ptr(cutlass.Float32, lse, 4), *ws,
            I32(B), I32(H), I32(Sq), I32(Sk), I32(sq_pad), I32(sk_pad), cutlass.Float32(softmax_scale),
-           cuda.CUstream(stream))
+           *(I32(x) for x in trailing), cuda.CUstream(stream))
     else:
         sb, sh, ss = out_strides if out_strides is not None else (Sq * H * D, D, H * D)
         fn(ptr(qk8, q8, 16), ptr(qk8, k8, 16), ptr(f8, v8t, 16), ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4),
@@ -461,16 +549,18 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
     """The launch record of this call's configuration (built, with the full input checks, on first use)."""
     kernel = kernel or env_setting(b"DITPROF_FP8_KERNEL")  # a forced kernel is part of the configuration
     fmt = env_setting(b"DITPROF_FP8_QK")  # so is a Q/K format (kernels.qk_format)
+    grid = env_setting(b"DITPROF_FP8_STREAMK")  # and the stream-K switch
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt)
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8")
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8", grid)
     return rec
 
 
-def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool) -> Fp8Launch:
+def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool,
+           streamk: Optional[str] = None) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -478,7 +568,7 @@ def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool) -> Fp8
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
     name = kernel_name_for_arch(arch_of(q.device.index), kernel)
-    return Fp8Launch(q, k, v, name, key_lens, qk_int8)
+    return Fp8Launch(q, k, v, name, key_lens, qk_int8, streamk)
 
 
 def fp8_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
@@ -504,5 +594,5 @@ def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
 __all__ = ["KernelSpec", "LAUNCH_INFO", "spec_for", "tvm_ffi_launch_enabled", "compile_spec", "compiled",
            "clear_cache", "COMPILE_STATS", "Fp8Launch", "record_for",
            "fp8_attention_cuda", "compact_keys", "finish_finite_checks", "drain", "pending_queue",
-           "WORKSPACE_REUSE_BYTES", "RING_DEPTH"]
+           "WORKSPACE_REUSE_BYTES", "RING_DEPTH", "streamk_for", "streamk_workspace", "sm_count"]
 

@@ -631,7 +631,7 @@ def _launch_hooks_set() -> bool:
     return bool(getattr(enter, "calls", enter is not None)) or bool(getattr(leave, "calls", leave is not None))
 
 
-class _Launch:
+class FixedLaunch:
     """One Triton kernel of the prep with its grid, options and argument list fixed but for the tensors. The first
     call goes through the JIT (which specialises, compiles and returns the CompiledKernel); later calls on CUDA call
     that kernel's launcher directly (what the JIT itself calls after ~10-20 us of per-call argument
@@ -735,7 +735,7 @@ class PrepPlan:
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
-        self.stats = _Launch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
+        self.stats = FixedLaunch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
                              ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
                               "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
         quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
@@ -743,11 +743,11 @@ class PrepPlan:
         warps = {"num_warps": quant_warps}
         if self.qk_int8 and SPLIT_V:
             self.quants = (
-                _Launch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
-                _Launch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True), quant_args),
+                FixedLaunch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
+                FixedLaunch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True), quant_args),
             )
         else:
-            self.quants = (_Launch(_quant_kernel, (nq + nk + nv, BH), warps, dict(quant, DO_QK=True, DO_V=True),
+            self.quants = (FixedLaunch(_quant_kernel, (nq + nk + nv, BH), warps, dict(quant, DO_QK=True, DO_V=True),
                                    quant_args),)
         self.launches = (self.stats, *self.quants)
 

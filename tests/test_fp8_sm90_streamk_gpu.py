@@ -1,0 +1,150 @@
+"""fp8-sm90's stream-K grid on the GPU (``fp8_fwd_sm90_streamk`` + ``streamk_merge``): fresh Gaussian inputs, INT8
+and e4m3 Q/K, head_dim 128 and 64; SM counts forced small so that small shapes have full rounds and a tail
+(segments crossing tile boundaries, a tail tile one CTA runs whole, cross-attention), and the Flux shape on the
+device's own SM count. Outputs NaN-poisoned (every element written); the rows of whole work tiles equal the plain grid's bit for bit; the tail rows close to the plain grid's
+(P re-quantized per piece); everything against float64; the op's launch record takes the same plan and gives the
+same bits as the general path, eager and replayed from a CUDA graph.
+
+    python -m pytest -q -s -m gpu tests/test_fp8_sm90_streamk_gpu.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fp8_gpu_cases import gaussian_inputs, poisoned_outputs, rel_rms
+
+pytestmark = pytest.mark.gpu
+
+FLOAT64_REL_RMS = 0.06  # Gaussian inputs, both Q/K formats (the plain kernel's bound in the sm90 GPU tests)
+
+CASES = [  # (B, H, Sq, Sk, D), forced SM count (None: the device's)
+    ((1, 2, 1000, 1000, 128), 5),
+    ((2, 3, 777, 1200, 64), 7),
+    ((1, 1, 1300, 300, 128), 4),  # tail tile 2 is run whole by one CTA
+    ((2, 3, 300, 333, 128), 5),  # cross-attention, 12 tiles: 2 rounds + 2 tiles over 5 CTAs
+    ((1, 24, 4608, 4608, 128), None),  # Flux 1024^2
+]
+
+
+def _need_sm90():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU (H100/H200)")
+
+
+def _nan(shape, dtype):
+    return torch.full(shape, math.nan, dtype=dtype, device="cuda")
+
+
+def _whole_rows(shape, n_full):
+    """(B, Sq, H) bool: rows of work tiles < n_full (m_block fastest, then head, then batch)."""
+    from ditprof.kernels.streamk_schedule import TILE_M
+
+    B, H, Sq, _, _ = shape
+    n_m = -(-Sq // TILE_M)
+    mask = torch.zeros((B, Sq, H), dtype=torch.bool)
+    for t in range(n_full):
+        m, h, b = t % n_m, (t // n_m) % H, t // (n_m * H)
+        mask[b, m * TILE_M:(m + 1) * TILE_M, h] = True
+    return mask.cuda()
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Set the SM count the plan sees and the Q/K format; launch records made under them are dropped after."""
+    from ditprof.kernels import launch
+
+    def apply(n_sms, fmt):
+        if n_sms is not None:
+            monkeypatch.setattr(launch, "sm_count", lambda index: n_sms)
+        monkeypatch.setenv("DITPROF_FP8_QK", fmt)
+        launch._RECORDS.clear()
+
+    yield apply
+    launch._RECORDS.clear()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "e4m3"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_streamk_vs_plain_grid_and_float64(case, fmt, forced, monkeypatch):
+    _need_sm90()
+    from ditprof.kernels import launch
+    from ditprof.kernels.interface import launch_prepared
+    from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.reference import attention_reference
+
+    shape, n_sms = CASES[case]
+    forced(n_sms, fmt)
+    B, H, Sq, Sk, D = shape
+    q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=500 + case)
+    scale = 1.0 / math.sqrt(D)
+    plan = launch.streamk_for("fp8-sm90", "sm_90a", B, H, Sq, Sk, D, False, q.device.index)
+    assert plan is not None and plan[1] > 0 and plan[2] > plan[1], plan
+    prep = fp8_prepare(q, k, v, smooth_k=True, qk_int8=fmt == "int8")
+    o, lse = _nan((B, Sq, H, D), torch.bfloat16), _nan((B, H, Sq), torch.float32)
+    launch_prepared(prep, o, "BSHD", scale, lse)
+    monkeypatch.setenv("DITPROF_FP8_STREAMK", "0")
+    assert launch.streamk_for("fp8-sm90", "sm_90a", B, H, Sq, Sk, D, False, q.device.index) is None
+    o_ref, lse_ref = _nan((B, Sq, H, D), torch.bfloat16), _nan((B, H, Sq), torch.float32)
+    launch_prepared(prep, o_ref, "BSHD", scale, lse_ref)
+    monkeypatch.delenv("DITPROF_FP8_STREAMK")
+    torch.cuda.synchronize()
+    assert o.isfinite().all() and lse.isfinite().all()  # every element written (kernel + merge)
+    whole = _whole_rows(shape, plan[0])
+    assert torch.equal(o[whole], o_ref[whole])
+    assert torch.equal(lse.transpose(1, 2)[whole], lse_ref.transpose(1, 2)[whole])
+    tail = ~whole
+    gap = rel_rms(o[tail], o_ref[tail])
+    lse_gap = (lse - lse_ref).abs().max().item()
+    ref, ref_lse = attention_reference(q, k, v, scale, return_lse=True)
+    err = rel_rms(o, ref)
+    shift = scale * torch.einsum("bshd,bhd->bhs", q.double(), prep.k_mean.double())
+    lse_err = (lse.double() + shift - ref_lse).abs().max().item()
+    print(f"{shape} {fmt} plan {plan}: tail rows vs plain {gap:.3%}, LSE max {lse_gap:.1e}; vs float64 {err:.3%}, "
+          f"LSE {lse_err:.1e}")
+    assert gap < 0.05, gap
+    assert err <= FLOAT64_REL_RMS, err
+    assert lse_err < 0.1, lse_err
+    # the op's launch record: the same plan, the same bits (O only), from NaN-poisoned outputs
+    rec = launch.record_for(q, k, v, False)
+    assert rec.streamk == plan and rec.spec.streamk
+    with poisoned_outputs(((B, Sq, H, D), torch.bfloat16)) as hits:
+        out = launch.fp8_attention_cuda(q, k, v, scale)
+    launch.finish_finite_checks()
+    torch.cuda.synchronize()
+    assert hits["n"] >= 1
+    assert torch.equal(out, o)
+
+
+def test_streamk_record_replays_in_a_cuda_graph(forced):
+    """A stream-K call (kernel + merge, per-call workspace under capture) captured and replayed on new inputs."""
+    _need_sm90()
+    from ditprof.kernels import launch
+
+    forced(None, "int8")
+    B, H, S, D = 1, 24, 4608, 128
+    q, k, v = gaussian_inputs(B, H, S, S, D, seed=41)
+    scale = D ** -0.5
+    assert launch.record_for(q, k, v, False).streamk is not None
+    eager = launch.fp8_attention_cuda(q, k, v, scale)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch.fp8_attention_cuda(q, k, v, scale)  # warm on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = launch.fp8_attention_cuda(q, k, v, scale)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    q2, k2, v2 = gaussian_inputs(B, H, S, S, D, seed=42)
+    want = launch.fp8_attention_cuda(q2, k2, v2, scale)
+    q.copy_(q2), k.copy_(k2), v.copy_(v2)
+    graph.replay()
+    launch.finish_finite_checks()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and not torch.equal(out, eager)
