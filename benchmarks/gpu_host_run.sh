@@ -227,6 +227,13 @@ session13d)  # session 13: with the stream-K grid -- kernel-only bench, peers at
   step compare-flux 120 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
   step host-overhead-flux 60 python benchmarks/host_overhead.py --shape 1,4608,24,128 --json "$out/host-overhead-flux.json"
   ;;
+prep-ncu)  # session 13: ncu of the prep's launches at flux (INT8: stats, Q/K quantize, V quantize), why ~1-1.6 TB/s
+  step ncu-prep-flux 200 ncu --clock-control none --set full --import-source no -k "regex:_stats_kernel|_quant_kernel" \
+    --launch-skip 3 --launch-count 3 -f -o "$out/ncu-prep-flux" python benchmarks/experimental/prep_ncu_child.py --shape 1,4608,24,128 --format int8
+  ncu -i "$out/ncu-prep-flux.ncu-rep" --page details --csv > "$out/ncu-prep-flux-details.csv" 2>&1
+  ncu -i "$out/ncu-prep-flux.ncu-rep" --page details > "$out/ncu-prep-flux-details.txt" 2>&1
+  rm -f "$out/ncu-prep-flux.ncu-rep"
+  ;;
 session13)  # session 13, first batch: every sm90 GPU test with 192-key tiles at head_dim 64 (+ the launch refactors), then the stream-K tail
   step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step streamk-gpu-tests 150 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_streamk_gpu.py
