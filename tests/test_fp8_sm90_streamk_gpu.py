@@ -1,9 +1,10 @@
 """fp8-sm90's stream-K grid on the GPU (``fp8_fwd_sm90_streamk`` + ``streamk_merge``): fresh Gaussian inputs, INT8
 and e4m3 Q/K, head_dim 128 and 64; SM counts forced small so that small shapes have full rounds and a tail
 (segments crossing tile boundaries, a tail tile one CTA runs whole, cross-attention), and the Flux shape on the
-device's own SM count. Outputs NaN-poisoned (every element written); the rows of whole work tiles equal the plain grid's bit for bit; the tail rows close to the plain grid's
-(P re-quantized per piece); everything against float64; the op's launch record takes the same plan and gives the
-same bits as the general path, eager and replayed from a CUDA graph.
+device's own SM count. Outputs NaN-poisoned (every element written); the rows of whole work tiles equal the plain
+grid's bit for bit; the tail rows close to the plain grid's (P re-quantized per piece); everything against float64;
+the op's launch record takes the same plan and gives the same bits as the general path, eager, replayed from a CUDA
+graph, and through cute's JIT launch (no TVM-FFI) with fp16.
 
     python -m pytest -q -s -m gpu tests/test_fp8_sm90_streamk_gpu.py
 """
@@ -148,3 +149,33 @@ def test_streamk_record_replays_in_a_cuda_graph(forced):
     launch.finish_finite_checks()
     torch.cuda.synchronize()
     assert torch.equal(out, want) and not torch.equal(out, eager)
+
+
+def test_streamk_through_the_jit_launch_with_fp16(forced, monkeypatch):
+    """Without TVM-FFI (``DITPROF_TVM_FFI=0``: cute's JIT executor launches the stream-K build) and with fp16
+    inputs: the general path and the op's record give the same bits, whole-tile rows equal the plain grid's."""
+    _need_sm90()
+    from ditprof.kernels import launch
+    from ditprof.kernels.interface import fp8_attention_kernel
+
+    forced(5, "int8")
+    monkeypatch.setenv("DITPROF_TVM_FFI", "0")
+    shape = (2, 3, 700, 700, 128)
+    B, H, Sq, Sk, D = shape
+    q, k, v = gaussian_inputs(B, H, Sq, Sk, D, dtype=torch.float16, seed=77)
+    scale = D ** -0.5
+    rec = launch.record_for(q, k, v, False)
+    assert rec.streamk is not None and rec.spec.streamk and not rec.spec.tvm_ffi
+    general = fp8_attention_kernel(q, k, v, scale=scale)
+    with poisoned_outputs(((B, Sq, H, D), torch.float16)):
+        out = launch.fp8_attention_cuda(q, k, v, scale)
+    monkeypatch.setenv("DITPROF_FP8_STREAMK", "0")
+    plain = fp8_attention_kernel(q, k, v, scale=scale)
+    launch.finish_finite_checks()
+    torch.cuda.synchronize()
+    assert out.dtype == torch.float16 and out.isfinite().all()
+    assert torch.equal(out, general)
+    whole = _whole_rows(shape, rec.streamk[0])
+    assert torch.equal(out[whole], plain[whole])
+    assert rel_rms(out[~whole], plain[~whole]) < 0.05
+    assert launch.LAUNCH_INFO["last_launch"] == "jit"
