@@ -241,8 +241,8 @@ session13e)  # session 13: stream-K GPU tests (+ JIT launch, fp16), host cost at
     --settings "qkb32=QK_BLOCK=32;rows256=QK_ROWS=256;rows256qkb32=QK_ROWS=256,QK_BLOCK=32;qw8=QUANT_WARPS=8;sw8=STATS_WARPS=8;chunk128=STATS_CHUNK=128" --json "$out/prep-knobs.json"
   ;;
 prep-fwht)  # session 13: the INT8 prep's Q/K launch with an in-register Walsh-Hadamard transform (no matrix, no dot) vs the shipped
-  step fwht-gpu-tests 110 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_prep_fwht.py
-  step fwht-bench 130 python benchmarks/experimental/prep_fwht_bench.py --shapes flux,ltx,h3 --rounds 20 --json "$out/prep-fwht-bench.json"
+  step fwht-bench 100 python benchmarks/experimental/prep_fwht_bench.py --shapes ${FWHT_SHAPES:-flux,ltx,h3} --rounds 20 --json "$out/prep-fwht-bench.json"
+  step fwht-gpu-tests 60 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_prep_fwht.py ${FWHT_TESTS:+-k "$FWHT_TESTS"}
   ;;
 session13)  # session 13, first batch: every sm90 GPU test with 192-key tiles at head_dim 64 (+ the launch refactors), then the stream-K tail
   step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py

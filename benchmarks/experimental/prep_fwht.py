@@ -30,15 +30,19 @@ from ditprof.kernels.rotation import hadamard_signs
 
 
 @triton.jit
+def _fwht_stage(x, R: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr):
+    # pairs columns i and i + HALF inside blocks of 2 HALF columns into (a + b, a - b)
+    y = tl.reshape(x, (R, D // (2 * HALF), 2, HALF))
+    a, b = tl.split(tl.permute(y, (0, 1, 3, 2)))
+    y = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
+    return tl.reshape(y, (R, D))
+
+
+@triton.jit
 def _fwht(x, R: tl.constexpr, D: tl.constexpr, LOG2D: tl.constexpr):
-    # x [R, D] fp32 -> x @ H, H[i, j] = (-1)^popcount(i & j): stage s pairs columns i and i + 2^s inside blocks of
-    # 2^(s+1) columns into (a + b, a - b)
+    # x [R, D] fp32 -> x @ H, H[i, j] = (-1)^popcount(i & j): log2(D) butterfly stages
     for s in tl.static_range(LOG2D):
-        h: tl.constexpr = 1 << s
-        y = tl.reshape(x, (R, D // (2 * h), 2, h))
-        a, b = tl.split(tl.permute(y, (0, 1, 3, 2)))
-        y = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
-        x = tl.reshape(y, (R, D))
+        x = _fwht_stage(x, R, D, 1 << s)
     return x
 
 
