@@ -5,7 +5,9 @@ Why (ncu at Flux's shape, session 13): the shipped launch (``prep_triton._quant_
 rotation matrix in shared memory and 255 registers per thread, so 2 programs of 4 warps fit an SM (12.5 %
 occupancy, 1.64 waves, 1.3 TB/s: 53 µs of the 124 µs INT8 prep). X @ Rpm1 = (X * signs) @ H with H the Sylvester
 matrix (``kernels/rotation.py``), and X @ H is log2(D) butterfly stages of adds (pairs i, i + h inside blocks of
-2h), no matrix, no shared memory for it.
+2h), no matrix, no shared memory for it. Outcome (H200, session 13): correct, but +31 to +90 % slower than the
+shipped launch at flux and ltx (each stage's permute / reshape is a layout conversion through shared memory);
+benchmarks/NOTES.md "Session 13".
 
 ``_fwht`` does the stages on a [ROWS, D] fp32 tile with reshape / permute / split / join. The sums are fp32 adds in
 butterfly order where the dot sums products in its own order: a code may be one off and a Q descale may differ in
