@@ -119,6 +119,35 @@ def execution_of(section: dict) -> str:
     return f"compile:{c['mode']}" if c else "eager"
 
 
+def backend_cell(report: dict, sec: dict) -> str:
+    """A run's attention backend, for fp8 backends with the Q/K format and the kernel's grid(s) of the run."""
+    name = sec["attention_backend"]
+    fmt = report.get("environment", {}).get("fp8_qk_format")
+    grids = sorted({la["grid"] for la in sec.get("fp8_launches") or []})
+    grid = f", {' + '.join(grids)} grid" if grids else ""
+    return f"{name} (Q/K {fmt}{grid})" if fmt and name.startswith("fp8") else name
+
+
+def fp8_launch_lines(report: dict) -> list[str]:
+    """report.md's table of our FP8 kernel's call configurations per run (none without ``fp8_launches``)."""
+    launches = [(sec["label"], la) for sec in (report["baseline"], report["swapped"]) if sec
+                for la in sec.get("fp8_launches") or []]
+    if not launches:
+        return []
+    lines = ["## FP8 kernel launches", "", "One row per call configuration of our kernel during the timed and "
+             "profiled calls (`kernels.launch`): the stream-K grid spreads the last, partial round of work tiles "
+             "over all SMs (n_full whole tiles, then n_tail tiles' key tiles over the tail CTAs).", "",
+             "| run | q (B, S, H, D) | keys | kernel | Q/K | grid | launch | calls |",
+             "|---|---|---:|---|---|---|---|---:|"]
+    for label, la in launches:
+        sk = la.get("streamk")
+        grid = (f"stream-K ({sk['n_full']} whole + {sk['n_tail']} spread over {sk['tail_ctas']} CTAs)"
+                if sk else la["grid"])
+        lines.append(f"| {label} | {tuple(la['q_shape'])} | {la['k_len']} | {la['kernel']} | {la['qk_format']} "
+                     f"| {grid} | {la['launch']} | {la['calls']} |")
+    return lines + [""]
+
+
 def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
     """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
     b, s, ex, acc = report["baseline"], report["swapped"], report["extrapolation"], report["accuracy"]
@@ -143,9 +172,7 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
         return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
 
     def backend(sec):
-        name = sec["attention_backend"]
-        fmt = report.get("environment", {}).get("fp8_qk_format")
-        return f"{name} (Q/K {fmt})" if fmt and name.startswith("fp8") else name
+        return backend_cell(report, sec)
 
     rows = [
         ("attention backend", backend(b), backend(s) if s else "", ""),
@@ -345,6 +372,7 @@ def markdown(report: dict) -> str:
               "TensorBoard (torch-tb-profiler: `tensorboard --logdir tb`, one run per measurement) at `tb/`, and "
               "HolisticTraceAnalysis at one run's folder (`TraceAnalysis(trace_dir=\"tb/baseline\")`; an `--sp` "
               "run's folder holds one trace per rank).", ""]
+    lines += fp8_launch_lines(report)
     for sec in (report["baseline"], report["swapped"]):
         if not sec:
             continue

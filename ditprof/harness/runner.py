@@ -157,6 +157,7 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
             console.print(compile_mode.line(stats.as_dict(), f"{label} ({b.name})"), highlight=False)
             compiled = compile_mode.stable(spec.compile, "the timed and profiled calls",
                                            what=f"the block with {b.name} attention")
+        fp8_calls = _fp8_call_counts(b.name, spec.device)
         try:
             with compiled:
                 run = measure(lambda: inputs.run(block), label=label, backend=b.name, device=spec.device,
@@ -174,7 +175,23 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
         run.extra["attention_modules"] = state.modules
         if state.masks:
             run.extra["attention_masks"] = dict(state.masks)
+        if fp8_calls is not None:
+            from ditprof.kernels.launch import launch_summaries
+
+            launches = launch_summaries(since=fp8_calls)
+            if launches:
+                run.extra["fp8_launches"] = launches
     return run
+
+
+def _fp8_call_counts(backend: str, device) -> dict | None:
+    """The fp8 kernels' launch-record call counts before a CUDA run of an fp8 backend (None otherwise): the run's
+    own configurations (kernel, Q/K format, grid) are the records called after it."""
+    if not backend.startswith("fp8") or torch.device(device).type != "cuda":
+        return None
+    from ditprof.kernels.launch import call_counts
+
+    return call_counts()
 
 
 def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | None = None) -> tuple[dict, Path]:

@@ -392,6 +392,7 @@ class Fp8Launch:
         self._workspaces: dict = {}
         self.ring = _Ring()
         self.sizes = (B, H, Sq, Sk, self.sq_pad, self.sk_pad)
+        self.calls = 0  # calls made through this record (``launch_summaries``)
 
     def _workspace(self) -> dict:
         # normal tensors even when made inside inference mode: later calls outside it zero the flags in place
@@ -409,6 +410,7 @@ class Fp8Launch:
         return ws
 
     def __call__(self, q, k, v, softmax_scale: float, key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        self.calls += 1
         queue = pending_queue()
         capturing = torch._C._cuda_isCurrentStreamCapturing()
         if queue and not capturing:  # no event queries while a graph is being captured
@@ -444,6 +446,17 @@ class Fp8Launch:
             if switch:
                 torch.cuda.set_device(prev)
         return out
+
+    def summary(self) -> dict:
+        """What this configuration runs, for reports: shapes, kernel, Q/K format, grid (and the stream-K plan)."""
+        grid = None
+        if self.streamk is not None:
+            n_full, n_tail, n_ctas_tail, n_kt = self.streamk
+            grid = {"n_full": n_full, "n_tail": n_tail, "tail_ctas": n_ctas_tail, "key_tiles": n_kt}
+        return {"q_shape": list(self.out_shape), "k_len": self.Sk, "dtype": DTYPE_NAMES[self.dtype],
+                "kernel": self.spec.kernel, "qk_format": "int8" if self.spec.qk_int8 else "e4m3",
+                "key_lens": self.spec.key_lens, "grid": "stream-K" if grid else "plain", "streamk": grid,
+                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit"}
 
     def check(self, ws: dict, stream: torch.cuda.Stream, queue) -> None:
         """Queue a read of ``ws``'s flags (set by every prep since the last read), zeroing them after the copy."""
@@ -559,6 +572,23 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
     return rec
 
 
+def call_counts() -> dict:
+    """{record id: calls so far} of every launch record (``launch_summaries(since=...)`` takes it)."""
+    return {id(rec): rec.calls for rec in _RECORDS.values()}
+
+
+def launch_summaries(since: Optional[dict] = None) -> list[dict]:
+    """``Fp8Launch.summary()`` of every launch record called since the ``call_counts()`` snapshot ``since`` (all
+    called records without it), each with the number of those calls."""
+    since = since or {}
+    out = []
+    for rec in _RECORDS.values():
+        n = rec.calls - since.get(id(rec), 0)
+        if n > 0:
+            out.append({**rec.summary(), "calls": n})
+    return out
+
+
 def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool,
            streamk: Optional[str] = None) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
@@ -594,5 +624,6 @@ def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
 __all__ = ["KernelSpec", "LAUNCH_INFO", "spec_for", "tvm_ffi_launch_enabled", "compile_spec", "compiled",
            "clear_cache", "COMPILE_STATS", "Fp8Launch", "record_for",
            "fp8_attention_cuda", "compact_keys", "finish_finite_checks", "drain", "pending_queue",
-           "WORKSPACE_REUSE_BYTES", "RING_DEPTH", "streamk_for", "streamk_workspace", "sm_count"]
+           "WORKSPACE_REUSE_BYTES", "RING_DEPTH", "streamk_for", "streamk_workspace", "sm_count",
+           "call_counts", "launch_summaries"]
 

@@ -1,0 +1,65 @@
+"""What a report says about our FP8 kernel's launches (CPU: launch records built by hand, no GPU): each record's
+summary (shapes, kernel, Q/K format, grid and the stream-K plan), only the records called since a snapshot, the
+report.json schema of the field, and report.md's table and backend cell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from ditprof.harness import report as R
+from ditprof.kernels import launch as L
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report.schema.json").read_text())
+ITEM = {**SCHEMA["$defs"]["run"]["properties"]["fp8_launches"]["items"], "$defs": SCHEMA.get("$defs", {})}
+
+
+def _record(shape, sk, qk_int8, streamk, tvm_ffi=True):
+    rec = object.__new__(L.Fp8Launch)  # the fields a summary reads; building one needs a GPU
+    rec.out_shape, rec.Sk, rec.dtype, rec.streamk, rec.calls = shape, sk, torch.bfloat16, streamk, 0
+    rec.spec = L.KernelSpec("fp8-sm90", "sm_90a", shape[3], "bfloat16", True, False, tvm_ffi, qk_int8,
+                            streamk=streamk is not None)
+    return rec
+
+
+@pytest.fixture
+def records(monkeypatch):
+    recs = {"flux": _record((1, 4608, 24, 128), 4608, True, (528, 48, 132, 29)),
+            "h3": _record((1, 30272, 56, 128), 30272, False, None, tvm_ffi=False)}
+    monkeypatch.setattr(L, "_RECORDS", dict(recs))
+    return recs
+
+
+def test_summaries_of_the_records_called_since_a_snapshot(records):
+    records["h3"].calls = 5  # before the snapshot
+    before = L.call_counts()
+    assert L.launch_summaries(since=before) == []
+    records["flux"].calls += 3
+    records["h3"].calls += 1
+    got = {tuple(s["q_shape"]): s for s in L.launch_summaries(since=before)}
+    flux, h3 = got[(1, 4608, 24, 128)], got[(1, 30272, 56, 128)]
+    assert (flux["calls"], h3["calls"]) == (3, 1)
+    assert flux["grid"] == "stream-K" and flux["streamk"] == {"n_full": 528, "n_tail": 48, "tail_ctas": 132,
+                                                              "key_tiles": 29}
+    assert (flux["qk_format"], flux["launch"], flux["kernel"], flux["k_len"]) == ("int8", "tvm_ffi", "fp8-sm90", 4608)
+    assert (h3["grid"], h3["streamk"], h3["qk_format"], h3["launch"]) == ("plain", None, "e4m3", "jit")
+    assert len(L.launch_summaries()) == 2  # no snapshot: every record called so far
+    for s in got.values():
+        jsonschema.validate(s, ITEM, cls=jsonschema.Draft202012Validator)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**flux, "grid": "split-KV"}, ITEM, cls=jsonschema.Draft202012Validator)
+
+
+def test_report_shows_the_grid(records):
+    assert R.fp8_launch_lines({"baseline": {"label": "baseline"}, "swapped": None}) == []
+    records["flux"].calls = 4
+    swapped = {"label": "swapped", "attention_backend": "fp8", "fp8_launches": L.launch_summaries()}
+    rep = {"environment": {"fp8_qk_format": "int8"}, "swapped": swapped, "baseline": {"label": "baseline"}}
+    table = R.fp8_launch_lines(rep)
+    assert any("stream-K (528 whole + 48 spread over 132 CTAs)" in row and "| 4 |" in row for row in table)
+    assert R.backend_cell(rep, swapped) == "fp8 (Q/K int8, stream-K grid)"
+    assert R.backend_cell(rep, {"attention_backend": "sdpa"}) == "sdpa"
