@@ -52,3 +52,30 @@ def test_the_streamk_spec_compiles_the_streamk_kernel():
     with pytest.raises(ValueError, match="plain grid"):
         compile_spec(KernelSpec("fp8-sm120", "sm_120a", 128, "bfloat16", True, False, False, False, streamk=True),
                      fake=True)
+
+
+def test_inspect_reports_the_streamk_build(capsys):
+    """``ditprof kernels inspect --kernel fp8-sm90 --arch sm_90a --grid stream-K``: native FP8 / INT8 wgmma, no
+    spills, the shared memory of the second Q box; key_lens and fp8-sm120 have no stream-K build (one-line errors)."""
+    import json
+
+    from ditprof.cli import main
+    from ditprof.errors import DitprofError
+    from ditprof.kernels.inspect_sass import find_nvdisasm, inspect_kernel
+
+    try:
+        find_nvdisasm()
+    except DitprofError as exc:
+        pytest.skip(str(exc))
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--grid", "stream-K",
+                 "--qk-format", "int8", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["grid"] == "stream-K" and r["spill_bytes"] == 0 and r["stack_frame_bytes"] == 0
+    assert r["instructions"]["IGMMA"] > 0 and r["instructions"]["QGMMA"] > 0
+    assert r["smem_dynamic_bytes"] == SK.streamk_smem_bytes(128) == K.smem_bytes(128) + 192 * 128
+    with pytest.raises(DitprofError, match="no key_lens variant"):
+        inspect_kernel("fp8-sm90", "sm_90a", key_lens=True, grid="stream-K")
+    with pytest.raises(DitprofError, match="plain grid only"):
+        inspect_kernel("fp8-sm120", "sm_120a", grid="stream-K")
+    with pytest.raises(DitprofError, match="unknown grid"):
+        inspect_kernel("fp8-sm90", "sm_90a", grid="split-KV")

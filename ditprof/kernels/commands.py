@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     ins.add_argument("--qk-format", choices=("e4m3", "int8"), default=None,
                      help="Q and K as e4m3 or as Hadamard-rotated INT8 (the Q K^T MMA becomes IMMA / IGMMA); "
                           "default: DITPROF_FP8_QK, else int8")
+    ins.add_argument("--grid", choices=("plain", "stream-K"), default="plain",
+                     help="fp8-sm90's build: the plain grid, or the stream-K grid few-round problems run on")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 
@@ -84,7 +86,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if exc.name == "ditprof.kernels.inspect_sass":
             raise DitprofError("kernel inspection not available yet") from None
         raise DitprofError(f"kernel inspection needs {exc.name}: {exc}") from None
-    report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens, qk_format=args.qk_format)
+    report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens, qk_format=args.qk_format,
+                            grid=args.grid)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -237,9 +237,15 @@ def compile_streamk(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a
         raise ValueError(f"the stream-K schedule takes {TILE_M}-row work tiles, the config has "
                          f"{config.consumer_wgs * TILE_M_WG}")
     kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, qk_int8=qk_int8)
-    smem = K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim  # the second Q box
     return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=smem)
+                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config))
 
 
-__all__ = ["Sm90Fp8StreamKAttention", "compile_streamk"]
+def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None) -> int:
+    """The plain kernel's shared memory (``fp8_fwd_sm90.smem_bytes``) plus the second Q box (a tail CTA's second
+    segment loads its Q while the first one's keys stream)."""
+    config = config or K.config_for("sm_90a", head_dim)
+    return K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim
+
+
+__all__ = ["Sm90Fp8StreamKAttention", "compile_streamk", "streamk_smem_bytes"]

@@ -178,8 +178,11 @@ class _CaptureFds:
 # ---------------------------------------------------------------------------------------------- main
 
 def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
-                       qk_int8: bool = False):
+                       qk_int8: bool = False, streamk: bool = False):
     from ditprof.kernels import fp8_fwd_sm120 as K
+
+    if streamk:
+        raise DitprofError("the stream-K grid is fp8-sm90's (fp8-sm120 has the plain grid only)")
 
     return K.compile_fp8_fwd(
         arch, head_dim=head_dim, out_dtype=out_dtype, write_lse=True,
@@ -189,11 +192,19 @@ def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, 
 
 
 def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
-                      qk_int8: bool = False):
+                      qk_int8: bool = False, streamk: bool = False):
     from ditprof.kernels import fp8_fwd_sm90 as K
 
+    options = f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}"
+    if streamk:
+        from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk, streamk_smem_bytes
+
+        if key_lens:
+            raise DitprofError("the stream-K grid has no key_lens variant (key_lens calls run the plain grid)")
+        fn = compile_streamk(head_dim, out_dtype, fake=True, arch=arch, qk_int8=qk_int8, options_extra=options)
+        return fn, streamk_smem_bytes(head_dim)
     fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens, qk_int8=qk_int8,
-                        options_extra=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}")
+                        options_extra=options)
     return fn, K.smem_bytes(head_dim)
 
 
@@ -201,17 +212,20 @@ _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
 
 
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None) -> dict:
+                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None,
+                   grid: str = "plain") -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
     spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
     ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
     ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
-    default (``kernels.qk_format``)."""
+    default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids)."""
     from ditprof.kernels.qk_format import qk_format as resolve_qk_format
 
     qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"
     if kernel not in KNOWN_KERNELS:
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
+    if grid not in ("plain", "stream-K"):
+        raise DitprofError(f"unknown grid {grid!r}; known: plain, stream-K")
     archs = KNOWN_KERNELS[kernel]["archs"]
     if arch not in archs:
         raise DitprofError(f"kernel {kernel} compiles for {', '.join(archs)}, not {arch!r}")
@@ -223,7 +237,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         try:
             with _CaptureFds() as cap, cute_dsl_arch(arch):
                 _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens,
-                                                   qk_int8=qk_int8)
+                                                   qk_int8=qk_int8, streamk=grid == "stream-K")
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
@@ -273,6 +287,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         "head_dim": head_dim,
         "key_lens": key_lens,
         "qk_format": "int8" if qk_int8 else "e4m3",
+        "grid": grid,
         "native_fp8_mma": mma_is_native(base),
     }
 
