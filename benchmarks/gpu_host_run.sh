@@ -244,6 +244,9 @@ prep-fwht)  # session 13: the INT8 prep's Q/K launch with an in-register Walsh-H
   step fwht-bench 100 python benchmarks/experimental/prep_fwht_bench.py --shapes ${FWHT_SHAPES:-flux,ltx,h3} --rounds 20 --json "$out/prep-fwht-bench.json"
   step fwht-gpu-tests 60 python -m pytest -q -p no:cacheprovider -m gpu benchmarks/experimental/test_prep_fwht.py ${FWHT_TESTS:+-k "$FWHT_TESTS"}
   ;;
+v-center)  # issue 20 lever 4 on the GPU: biased V over 32768 keys, O in the wgmma accumulator (no promotion), V centred or not
+  step v-center-gpu 200 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_v_center_gpu.py
+  ;;
 session13)  # session 13, first batch: every sm90 GPU test with 192-key tiles at head_dim 64 (+ the launch refactors), then the stream-K tail
   step gpu-tests 230 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step streamk-gpu-tests 150 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_streamk_gpu.py
