@@ -67,13 +67,13 @@ def test_accuracy_bad_input(capsys, args, message):
 def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
     calls = []
     fake = types.ModuleType("ditprof.kernels.inspect_sass")
-    fake.inspect_kernel = lambda kernel, arch, key_lens=False, qk_format=None: calls.append(
-        (kernel, arch, key_lens, qk_format)) or {
+    fake.inspect_kernel = lambda kernel, arch, key_lens=False, qk_format=None, grid="plain": calls.append(
+        (kernel, arch, key_lens, qk_format, grid)) or {
         "kernel": kernel, "arch": arch, "registers": 168, "spill_bytes": 0, "smem_bytes": 40960,
         "compile_s": 1.5, "instructions": {"QMMA": 256, "LDSM": 96}}
     monkeypatch.setitem(sys.modules, "ditprof.kernels.inspect_sass", fake)
     assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89", "--json"]) == 0
-    assert calls == [("fp8-sm120", "sm_89", False, None)]  # None: the process default
+    assert calls == [("fp8-sm120", "sm_89", False, None, "plain")]  # None: the process default
     report = json.loads(capsys.readouterr().out)
     assert report["instructions"]["QMMA"] == 256 and report["arch"] == "sm_89"
     assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89"]) == 0
