@@ -80,9 +80,11 @@ def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
     table = capsys.readouterr().out
     assert "QMMA" in table and "spill_bytes" in table
     assert main(["kernels", "inspect", "--arch", "sm_120a", "--key-lens", "--json"]) == 0
-    assert calls[-1] == ("fp8-sm120", "sm_120a", True, None)
+    assert calls[-1] == ("fp8-sm120", "sm_120a", True, None, "plain")
     assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--qk-format", "int8", "--json"]) == 0
-    assert calls[-1] == ("fp8-sm90", "sm_90a", False, "int8")
+    assert calls[-1] == ("fp8-sm90", "sm_90a", False, "int8", "plain")
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--grid", "stream-K", "--json"]) == 0
+    assert calls[-1] == ("fp8-sm90", "sm_90a", False, None, "stream-K")
 
 
 def test_inspect_without_the_module_says_not_yet(capsys, monkeypatch):
