@@ -37,3 +37,44 @@ def test_int8_spec_needs_q_scales():
     out = torch.empty((1, 64, 2, 128), dtype=torch.bfloat16)
     with pytest.raises(DitprofError, match="q_scales"):
         launch_compiled(spec, _never_called, *_args(out))
+
+
+class _Ptr:
+    def __init__(self, p):
+        self.p = p
+
+    def data_ptr(self):
+        return self.p
+
+
+def _record(plan):
+    """A launch record with only what ``_launch_kernel`` reads (building a real one needs a GPU); its kernel and
+    merge record their arguments instead of launching."""
+    from ditprof.kernels.launch import Fp8Launch
+
+    rec = object.__new__(Fp8Launch)
+    rec.streamk, rec.sizes = plan, (1, 2, 3, 4, 5, 6)
+    rec.spec = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, True, True, streamk=plan is not None)
+    rec.calls, rec.merges = [], []
+    rec.fn = lambda *a: rec.calls.append(a)
+    rec.merge = (lambda *a: rec.merges.append(a)) if plan else None
+    ws = {"ptrs": (10, 11, 12, 13, 14, 15), "streamk": None, "streamk_ptrs": ((), ())}
+    if plan:
+        ws["streamk"] = (_Ptr(100), _Ptr(101), plan[:3])
+        ws["streamk_ptrs"] = ((100, 101), plan[:3])
+    return rec, ws
+
+
+def test_tvm_ffi_launch_arguments_of_both_grids():
+    """The TVM-FFI call's argument order: q8, k8, v8t, scales, q_scales, key_lens (the scales stand in), out, lse,
+    [o_part, lse_part], sizes, scale, [n_full, n_tail, T], stream; the stream-K grid then merges into out."""
+    rec, ws = _record(None)
+    rec._launch_kernel(ws, _Ptr(50), None, 0.5, 7)
+    assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 1, 2, 3, 4, 5, 6, 0.5, 7)]
+    rec._launch_kernel(ws, _Ptr(50), _Ptr(60), 0.5, 7)
+    assert rec.calls[1][5] == 60  # key_lens
+    rec, ws = _record((528, 48, 132, 29))
+    rec._launch_kernel(ws, _Ptr(50), None, 0.5, 7)
+    assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 100, 101, 1, 2, 3, 4, 5, 6, 0.5, 528, 48, 132, 7)]
+    (o_part, lse_part, out, stream), = rec.merges
+    assert (o_part.p, lse_part.p, out.p, stream) == (100, 101, 50, 7)

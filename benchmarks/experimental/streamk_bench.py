@@ -35,12 +35,12 @@ def streamk_launch(prep, scale: float, qk_int8: bool, merge: bool = True):
     from ditprof.kernels.fp8_fwd_sm90 import config_for
     from ditprof.kernels.launch import compiled, launch_compiled, sm_count, spec_for, streamk_workspace
     from ditprof.kernels.streamk_merge import device_table, streamk_merge
-    from ditprof.kernels.streamk_schedule import plan
+    from ditprof.kernels.streamk_schedule import TILE_M, plan
 
     B, H, _, D = prep.q8.shape
     sq, sk = int(prep.sq), int(prep.sk)
     n_kt = -(-sk // config_for("sm_90a", D).tile_n)
-    p = plan(-(-sq // 192) * H * B, sm_count(torch.cuda.current_device()), n_kt) + (n_kt,)
+    p = plan(-(-sq // TILE_M) * H * B, sm_count(torch.cuda.current_device()), n_kt) + (n_kt,)
     spec = dataclasses.replace(spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=qk_int8), streamk=True)
     fn = compiled(spec)
     o_part, lse_part = streamk_workspace(p, D, torch.bfloat16, prep.q8.device)

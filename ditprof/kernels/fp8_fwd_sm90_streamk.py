@@ -228,15 +228,16 @@ def _compile_args(dtype_out):
 
 
 def compile_streamk(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
-                    tvm_ffi: bool = False, config: Sm90Config | None = None, qk_int8: bool = False):
-    """``K.compile_sm90``'s contract (no key_lens) with the workspace pointers after ``lse`` and (n_full, n_tail, T)
-    before the stream."""
+                    tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
+                    qk_int8: bool = False):
+    """``K.compile_sm90``'s contract (key_lens refused) with the workspace pointers after ``lse`` and
+    (n_full, n_tail, T) before the stream."""
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     if config.consumer_wgs * TILE_M_WG != TILE_M:
         raise ValueError(f"the stream-K schedule takes {TILE_M}-row work tiles, the config has "
                          f"{config.consumer_wgs * TILE_M_WG}")
-    kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, qk_int8=qk_int8)
+    kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
                             tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config))
 

@@ -123,18 +123,19 @@ def launch_prepared(prep, out: torch.Tensor, layout: str, softmax_scale: float,
         o = out if direct else torch.empty((B, Sq, H, D), dtype=out.dtype, device=out.device)
         lse_buf = lse if lse is not None and lse.is_contiguous() else torch.empty(
             (B, H, Sq), dtype=torch.float32, device=out.device)
+        # the launch record's grid (the same bits as the op's call); on the stream-K grid the kernel, then the
+        # merge with the LSE
         plan = streamk_for(name, arch, B, H, Sq, Sk, D, key_lens is not None, out.device.index)
-        if plan is None:
-            launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, key_lens, o,
-                            lse_buf, B, H, Sq, Sk, softmax_scale, stream)
-        else:  # the launch record's grid (the same bits as the op's call): kernel, then the merge with the LSE
+        parts = None
+        if plan is not None:
+            spec = dataclasses.replace(spec, streamk=True)
+            parts = (*streamk_workspace(plan, D, out.dtype, out.device), plan[:3])
+        launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, key_lens, o,
+                        lse_buf, B, H, Sq, Sk, softmax_scale, stream, streamk=parts)
+        if parts is not None:
             from ditprof.kernels.streamk_merge import device_table, streamk_merge
 
-            spec = dataclasses.replace(spec, streamk=True)
-            o_part, lse_part = streamk_workspace(plan, D, out.dtype, out.device)
-            launch_compiled(spec, compiled(spec), prep.q8, prep.k8, prep.v8t, prep.scales, q_scales, None, o,
-                            lse_buf, B, H, Sq, Sk, softmax_scale, stream, streamk=(o_part, lse_part, plan[:3]))
-            streamk_merge(o_part, lse_part, device_table(*plan, out.device), o, lse_buf, plan[0], Sq)
+            streamk_merge(parts[0], parts[1], device_table(*plan, out.device), o, lse_buf, plan[0], Sq)
         if not direct:
             out.copy_(o if layout == "BSHD" else o.transpose(1, 2))
         if lse is not None and lse_buf is not lse:

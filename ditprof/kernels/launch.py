@@ -49,7 +49,7 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # (data_ptr()) and floats through TVM-FFI's C ABI instead. Used when apache-tvm-ffi is importable (the GPU host has
 # it; nothing launches on the CPU CI) and DITPROF_TVM_FFI is not "0"; if a TVM-FFI call fails, the JIT path takes
 # over for the rest of the process and "tvm_ffi_error" keeps the reason. "last_launch": "tvm_ffi" or "jit".
-LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None, "streamk_error": None}
+LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None}
 
 
 def tvm_ffi_launch_enabled() -> bool:
@@ -94,10 +94,9 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
         if spec.streamk:
             from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
-            if spec.key_lens:
-                raise ValueError("the stream-K grid has no key_lens mode")
             return compile_streamk(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch,
-                                   options_extra=options_extra, tvm_ffi=spec.tvm_ffi, qk_int8=spec.qk_int8)
+                                   options_extra=options_extra, tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens,
+                                   qk_int8=spec.qk_int8)
         return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
                               tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8)
     if spec.kernel == "fp8-sm120":
@@ -351,7 +350,9 @@ def streamk_workspace(plan: tuple, D: int, dtype: torch.dtype, device) -> tuple[
 
 def sm_count(device_index: int) -> int:
     """The device's SM count (the stream-K grid's tail width; tests replace it to give small problems a tail)."""
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    from ditprof.kernels.prep_triton import sm_count as cached_sm_count
+
+    return cached_sm_count(device_index)
 
 
 class Fp8Launch:
@@ -374,8 +375,7 @@ class Fp8Launch:
         self.spec = spec_for(kernel, arch_of(self.device_index), D, DTYPE_NAMES[q.dtype], write_lse=False,
                              key_lens=key_lens, qk_int8=qk_int8)
         # the stream-K grid (one kernel + one merge launch) where streamk_for takes the call
-        self.streamk = streamk_for(kernel, self.spec.arch, B, H, Sq, Sk, D, key_lens, self.device_index,
-                                   "1" if streamk is None else streamk)
+        self.streamk = streamk_for(kernel, self.spec.arch, B, H, Sq, Sk, D, key_lens, self.device_index, streamk)
         self.merge = None
         with torch.cuda.device(self.device):
             if self.streamk is not None:
@@ -400,12 +400,16 @@ class Fp8Launch:
             ws = self.plan.buffers(self.device)
             ws["lse"] = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
                 if self.spec.write_lse else ws["scales"]  # never written when the LSE is off
-            if self.streamk is not None:  # the tail's pieces
-                ws["o_part"], ws["lse_part"] = streamk_workspace(self.streamk, self.out_shape[3], self.dtype,
-                                                                 self.device)
+            # the stream-K kernel's extra arguments: the tail's pieces (after lse) and its plan (before the stream)
+            ws["streamk"] = None
+            if self.streamk is not None:
+                o_part, lse_part = streamk_workspace(self.streamk, self.out_shape[3], self.dtype, self.device)
+                ws["streamk"] = (o_part, lse_part, self.streamk[:3])
         # q_scales: the per-row Q descales with int8 Q/K; otherwise never read (the scales stand in)
         ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse")) + (
             ws["q_scales" if "q_scales" in ws else "scales"].data_ptr(),)
+        sk = ws["streamk"]
+        ws["streamk_ptrs"] = ((sk[0].data_ptr(), sk[1].data_ptr()), sk[2]) if sk else ((), ())
         ws["unchecked"] = 0
         return ws
 
@@ -468,27 +472,22 @@ class Fp8Launch:
         if self.spec.tvm_ffi:
             try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
                 q8, k8, v8t, sc, lse, qs = ws["ptrs"]
-                if self.streamk is None:
-                    self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc,
-                            out.data_ptr(), lse, *self.sizes, softmax_scale, stream)
-                    return
-                o_part, lse_part = ws["o_part"], ws["lse_part"]
-                self.fn(q8, k8, v8t, sc, qs, sc, out.data_ptr(), lse, o_part.data_ptr(), lse_part.data_ptr(),
-                        *self.sizes, softmax_scale, *self.streamk[:3], stream)
-                self.merge(o_part, lse_part, out, stream)
+                parts, plan = ws["streamk_ptrs"]  # both empty on the plain grid
+                self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
+                        lse, *parts, *self.sizes, softmax_scale, *plan, stream)
+                self._merge(ws, out, stream)
                 return
             except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
                 pass
-        if self.streamk is not None:
-            self.spec, self.fn = launch_compiled(
-                self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), None, out,
-                ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream,
-                streamk=(ws["o_part"], ws["lse_part"], self.streamk[:3]))
-            self.merge(ws["o_part"], ws["lse_part"], out, stream)
-            return
         self.spec, self.fn = launch_compiled(
             self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), key_lens, out,
-            ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream)
+            ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream, streamk=ws["streamk"])
+        self._merge(ws, out, stream)
+
+    def _merge(self, ws: dict, out, stream: int) -> None:
+        if self.merge is not None:  # the stream-K grid: the tail's pieces into out
+            o_part, lse_part, _ = ws["streamk"]
+            self.merge(o_part, lse_part, out, stream)
 
 
 def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_lens, out, lse, B: int, H: int,

@@ -597,7 +597,7 @@ def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device) -> int:
     device = torch.device(device)
     if not (qk_int8 and STATS_PROGRAMS_PER_SM and device.type == "cuda"):
         return chunk
-    target = STATS_PROGRAMS_PER_SM * _sm_count(device.index)
+    target = STATS_PROGRAMS_PER_SM * sm_count(device.index)
     while chunk > 128 and 2 * _cdiv(Sk, chunk) * BH < target:
         chunk //= 2
     return chunk
@@ -606,7 +606,8 @@ def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device) -> int:
 _SMS: dict = {}
 
 
-def _sm_count(index) -> int:
+def sm_count(index) -> int:
+    """The SM count of CUDA device ``index`` (None: the current one), read once per device."""
     index = torch.cuda.current_device() if index is None else index
     if index not in _SMS:
         _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
@@ -736,19 +737,21 @@ class PrepPlan:
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
         self.stats = FixedLaunch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
-                             ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr",
-                              "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr"))
+                                 ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
+                                  "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
+                                  "rot_ptr", "kmr_ptr"))
         quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
                       "rot_ptr", "flags_ptr")
         warps = {"num_warps": quant_warps}
         if self.qk_int8 and SPLIT_V:
             self.quants = (
                 FixedLaunch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
-                FixedLaunch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True), quant_args),
+                FixedLaunch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True),
+                            quant_args),
             )
         else:
-            self.quants = (FixedLaunch(_quant_kernel, (nq + nk + nv, BH), warps, dict(quant, DO_QK=True, DO_V=True),
-                                   quant_args),)
+            self.quants = (FixedLaunch(_quant_kernel, (nq + nk + nv, BH), warps,
+                                       dict(quant, DO_QK=True, DO_V=True), quant_args),)
         self.launches = (self.stats, *self.quants)
 
     def buffers(self, device, out=None) -> dict:
