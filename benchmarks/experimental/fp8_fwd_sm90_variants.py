@@ -306,8 +306,8 @@ class Sm90Fp8Attention:
             raise ValueError("pv_pipe needs pv_split 2 or 4")
         if opts["max_chains"] not in (4, 8):
             raise ValueError("max_chains must be 4 or 8")
-        if opts["sum_mma"] and not (opts["pv_promote"] and opts["serial_pv"]):
-            raise ValueError("sum_mma needs pv_promote and serial_pv")
+        if opts["sum_mma"] and not opts["serial_pv"]:
+            raise ValueError("sum_mma needs serial_pv")
         if opts["trace"] and not opts["serial_pv"]:
             raise ValueError("trace needs serial_pv")
         if opts["lazy_max"] and not (opts["serial_pv"] and opts["sum_mma"]) or opts["lazy_max"] and opts["exp_turns"]:
@@ -956,24 +956,32 @@ class Sm90Fp8Attention:
         pv_pipe: two slices in flight — slice h+1 is issued (into the other buffer, whose slice h-1 is already
         merged) before slice h is waited for and merged, so the tensor cores never wait for a merge."""
         jw = self.head_dim // 8 // self.pv_split  # accumulator column groups per slice
-        if const_expr(self.pv_pipe):
-            self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, 0, sum_mma_zero, sum_mma,
+        if const_expr(not self.pv_promote):
+            # issue 20 lever 4 (needs V mean-centred by the caller): O accumulates inside the wgmma (rescaled by
+            # apply_alpha before this tile's term), only l's 8-column sum is fresh and merged in FP32
+            self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_O, tOrP, tOrV_h, stage, 0, sum_mma_zero, sum_mma,
                                 acc_L, tLrOnes)
-        for h in cutlass.range_constexpr(self.pv_split):
-            buf = acc_Ot2 if const_expr(self.pv_pipe and h % 2 == 1) else acc_Ot
-            if const_expr(not self.pv_pipe):
-                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, h, sum_mma_zero, sum_mma,
+            warpgroup.wait_group(0)
+            self.merge_l(row_sum, acc_L, alpha)
+        else:
+            if const_expr(self.pv_pipe):
+                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, 0, sum_mma_zero, sum_mma,
                                     acc_L, tLrOnes)
-                warpgroup.wait_group(0)
-            elif const_expr(h + 1 < self.pv_split):
-                self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot if h % 2 == 1 else acc_Ot2, tOrP, tOrV_h, stage,
-                                    h + 1, sum_mma_zero, sum_mma, acc_L, tLrOnes)
-                warpgroup.wait_group(1)
-            else:
-                warpgroup.wait_group(0)
-            self.merge_o(acc_O, buf, alpha, jw * h)
-            if const_expr(self.sum_mma and h == 0):
-                self.merge_l(row_sum, acc_L, alpha)
+            for h in cutlass.range_constexpr(self.pv_split):
+                buf = acc_Ot2 if const_expr(self.pv_pipe and h % 2 == 1) else acc_Ot
+                if const_expr(not self.pv_pipe):
+                    self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot, tOrP, tOrV_h, stage, h, sum_mma_zero,
+                                        sum_mma, acc_L, tLrOnes)
+                    warpgroup.wait_group(0)
+                elif const_expr(h + 1 < self.pv_split):
+                    self.issue_pv_slice(pv_mma_h_zero, pv_mma_h, acc_Ot if h % 2 == 1 else acc_Ot2, tOrP, tOrV_h,
+                                        stage, h + 1, sum_mma_zero, sum_mma, acc_L, tLrOnes)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                self.merge_o(acc_O, buf, alpha, jw * h)
+                if const_expr(self.sum_mma and h == 0):
+                    self.merge_l(row_sum, acc_L, alpha)
 
     @cute.jit
     def issue_pv_slice(self, pv_mma_h_zero: cute.TiledMma, pv_mma_h: cute.TiledMma, acc: cute.Tensor,
@@ -984,7 +992,8 @@ class Sm90Fp8Attention:
         for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
             b = tOrV_h[None, h, kb, stage]  # rank 1 after fixing the slice: give it back its N mode
             b = cute.make_tensor(b.iterator, cute.append_ones(b.layout, up_to_rank=2))
-            cute.gemm(pv_mma_h_zero if kb == 0 else pv_mma_h, acc, tOrP[None, None, kb], b, acc)
+            zero_first = kb == 0 and self.pv_promote  # without pv_promote ``acc`` is O itself: accumulate
+            cute.gemm(pv_mma_h_zero if zero_first else pv_mma_h, acc, tOrP[None, None, kb], b, acc)
         if const_expr(self.sum_mma and h == 0):
             for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                 cute.gemm(sum_mma_zero if kb == 0 else sum_mma, acc_L, tOrP[None, None, kb],
@@ -999,16 +1008,18 @@ class Sm90Fp8Attention:
 
     @cute.jit
     def apply_alpha(self, acc_O: cute.Tensor, alpha: cute.Tensor, alpha_keep: cute.Tensor):
-        """pv_promote: keep this tile's alpha for the merge after its P V; otherwise rescale O now."""
-        if const_expr(self.pv_promote):
+        """pv_promote: keep this tile's alpha for the merge after its P V; otherwise rescale O now (and keep alpha
+        for l's merge with sum_mma)."""
+        if const_expr(self.pv_promote or self.sum_mma):
             alpha_keep[0] = alpha[0]
             alpha_keep[1] = alpha[1]
-        elif const_expr(self.skip_rescale):
-            # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
-            if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+        if const_expr(not self.pv_promote):
+            if const_expr(self.skip_rescale):
+                # alpha <= 1, and == 1 exactly where the row max did not move: skipping O *= 1 is exact
+                if cute.arch.vote_any_sync(cute.arch.fmin(alpha[0], alpha[1]) < 1.0):
+                    self.rescale_o(acc_O, alpha)
+            else:
                 self.rescale_o(acc_O, alpha)
-        else:
-            self.rescale_o(acc_O, alpha)
 
     @cute.jit
     def merge_o(self, acc_O: cute.Tensor, acc_Ot: cute.Tensor, alpha: cute.Tensor, group0: cutlass.Constexpr = 0):

@@ -98,6 +98,12 @@ VARIANTS = {
     "poly3d2": dict(poly_every=3, poly_degree=2),
     "poly2d2": dict(poly_every=2, poly_degree=2),  # 10 of 20 (50 %)
     "pack": dict(pack_asm=True),  # P words from explicit e4m3x2 conversions: no PRMT regrouping (same bits)
+    # session 14, issue 20 lever 4 (V mean-centred by the caller): O inside the wgmma accumulator, l from the tensor
+    # cores merged in FP32; 3 warpgroups spill with it at tile 160 (256 bytes), not at tile 128; 2 warpgroups do not
+    "acc-o-n128": dict(pv_promote=False, pv_split=1, tile_n=128),
+    "n128-split4": dict(tile_n=128, pv_split=4),  # the promoted kernel at the same tile
+    "wg2-acc-o": dict(consumer_wgs=2, pv_promote=False, pv_split=1),
+    "wg2-acc-o-n128": dict(consumer_wgs=2, pv_promote=False, pv_split=1, tile_n=128),
     "n192-pp": dict(**V5, consumer_wgs=2, tile_n=192, serial_pv=False, pv_split=1, pingpong=True, pv_promote=False),
 }
 DEFAULT_SWEEP = ["default", "v5", "sum", "sum-fence-n128-split4", "v4", "v3"]
@@ -138,7 +144,8 @@ def main() -> int:
         raise SystemExit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     full = {n: K.options(**VARIANTS[n]) for n in names}
     numerics = {n: (full[n]["tile_n"], full[n]["poly_every"], full[n]["poly_degree"], full[n]["sum_mma"],
-                    full[n]["max_chains"], full[n]["lazy_max"], full[n]["linexp_every"]) for n in names}
+                    full[n]["max_chains"], full[n]["lazy_max"], full[n]["linexp_every"],
+                    full[n]["pv_promote"]) for n in names}  # O in the wgmma accumulator rounds differently
     ref_of = {n: next(m for m in names if numerics[m] == numerics[n]) for n in names}
     res = {n: dict(opts=VARIANTS[n], bitwise_ref=ref_of[n]) for n in names}
 

@@ -17,6 +17,10 @@ from fp8_gpu_cases import biased_v_inputs, rel_rms
 pytestmark = pytest.mark.gpu
 
 NO_PROMOTE = dict(pv_promote=False, pv_split=1, sum_mma=False)
+# O inside the wgmma, l from the tensor cores merged in FP32 (the spill-free builds: 3 consumer warpgroups at
+# 128-key tiles, 2 at 160)
+ACC_O_SUM = dict(pv_promote=False, pv_split=1, tile_n=128)
+ACC_O_SUM_WG2 = dict(consumer_wgs=2, pv_promote=False, pv_split=1)
 
 
 def _run(prep, scale, **cfg):
@@ -53,8 +57,15 @@ def test_centred_v_keeps_o_in_the_wgmma_accumulator_accurate():
         "V centred, promoted": rel_rms((_run(prep_c, scale).double() + mu).to(torch.bfloat16), ref),
         "V centred, in the accumulator": rel_rms((_run(prep_c, scale, **NO_PROMOTE).double() + mu)
                                                  .to(torch.bfloat16), ref),
+        "V centred, in the accumulator, l from the tensor cores": rel_rms(
+            (_run(prep_c, scale, **ACC_O_SUM).double() + mu).to(torch.bfloat16), ref),
+        "V centred, in the accumulator, l from the tensor cores, 2 warpgroups": rel_rms(
+            (_run(prep_c, scale, **ACC_O_SUM_WG2).double() + mu).to(torch.bfloat16), ref),
+        "uncentred, in the accumulator, l from the tensor cores": rel_rms(_run(prep, scale, **ACC_O_SUM), ref),
     }
     for name, e in err.items():
         print(f"biased V, {Sk} keys, {name}: {100 * e:.3f} % rel-RMS vs float64")
     assert err["promoted (shipped scheme)"] < 1e-2
     assert err["V centred, in the accumulator"] < 5e-3, err  # issue 18's biased-V goal is 0.5 %
+    assert err["V centred, in the accumulator, l from the tensor cores"] < 5e-3, err
+    assert err["V centred, in the accumulator, l from the tensor cores, 2 warpgroups"] < 5e-3, err
