@@ -219,7 +219,7 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
 session14b)  # session 14: every sm90 GPU test (the jsonschema import fixed), lever 4 with l from the tensor cores (accuracy, h3 timing)
   step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level and not streamk" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step v-center-gpu 150 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_v_center_gpu.py
-  step sweep-acc-o 200 python benchmarks/experimental/sm90_sweep.py --variants default,acc-o-n128,n128-split4,wg2-acc-o --rounds 3 --out "$out/sweep-acc-o"
+  step sweep-acc-o 280 python benchmarks/experimental/sm90_sweep.py --variants default,acc-o-n128,n128-split4,wg2-acc-o --rounds 3 --out "$out/sweep-acc-o"
   ;;
 session14a)  # session 14, first batch: the launch refactor (f886614) on the GPU -- stream-K tests, every sm90 GPU test; lever 4's accuracy check; the flux compare (fp8_launches in the report)
   step streamk-gpu-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_sm90_streamk_gpu.py
