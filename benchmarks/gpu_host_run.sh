@@ -216,6 +216,20 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session15a)  # session 15, first half: INT8 codes by reciprocal (QK_RECIP, now the default) vs the exact quotient, with the pipelined-load and tiling knobs; the INT8 prep's GPU tests; one call's launches
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
+  step prep-recip 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "exact=QK_RECIP=False;rows256=QK_ROWS=256;srot64=STATS_ROT_ROWS=64" --json "$out/prep-recip.json"
+  step prep-stages 150 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "exact=QK_RECIP=False;st3=QK_STAGES=3,QK_PREFETCH=False;exact_st3=QK_RECIP=False,QK_STAGES=3,QK_PREFETCH=False;st2=QK_STAGES=2,QK_PREFETCH=False" --json "$out/prep-stages.json"
+  step prep-int8-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
+  ;;
+session15b)  # session 15, second half: every sm90 GPU test with QK_RECIP, peers at flux / ltx / h3 (same process), the flux compare
+  step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  step attention-peers 150 python benchmarks/attention.py --shapes flux,ltx,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn,prep-triton --json "$out/attention-peers.json"
+  step compare-flux 100 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  ;;
 session14b)  # session 14: every sm90 GPU test (the jsonschema import fixed), lever 4 with l from the tensor cores (accuracy, h3 timing)
   step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level and not streamk" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step v-center-gpu 150 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_v_center_gpu.py

@@ -273,7 +273,8 @@ def test_interpreter_int8_inner(shape):
 
 
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
-LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False}]
+LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
+           {"QK_RECIP": True}, {"QK_RECIP": False}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():

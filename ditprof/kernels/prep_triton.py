@@ -106,6 +106,12 @@ QK_STAGES = 1
 SPLIT_V = True
 QK_PREFETCH = True
 FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
+# INT8 Q/K codes from X' * RN(1 / descale) (one FMUL, or one FFMA with K's mean folded in) instead of the correctly
+# rounded quotient (five FMAs and a sign fix per element): the two differ by at most one fp32 ulp before the integer
+# rounding, so a code moves only where X' / descale lands within an ulp of a half-integer -- inside the INT8
+# contract's "a code may be one off" (tests/test_prep_int8.py). The rotating programs are issue-bound, not
+# byte-bound (benchmarks/NOTES.md, session 13's ncu); V's e4m3 codes keep the exact quotient.
+QK_RECIP = True
 
 _INT_MIN = tl.constexpr(-2147483648)
 
@@ -496,16 +502,51 @@ def _div_rows(x, ds, FAST: tl.constexpr):
 
 
 @triton.jit
+def _codes_q(xr, qs, FAST: tl.constexpr, RECIP: tl.constexpr):
+    # Q' / qs per row (``QK_RECIP``: times RN(1 / qs), unless a descale is so small that 1 / qs could overflow)
+    if RECIP:
+        if tl.min(qs, axis=0) >= 1e-26:
+            y = xr * tl.math.div_rn(tl.full(qs.shape, 1.0, tl.float32), qs)[:, None]
+        else:
+            y = _div_rows(xr, qs, FAST)
+    else:
+        y = _div_rows(xr, qs, FAST)
+    return y
+
+
+@triton.jit
+def _codes_k(xr, m, mu, ds, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, RECIP: tl.constexpr):
+    # (K' - mu') / ds, pad rows (m False) zero (``QK_RECIP``: one FFMA with RN(1 / ds) and -mu' * RN(1 / ds))
+    if RECIP:
+        if ds >= 1e-26:
+            inv = tl.math.div_rn(1.0, ds)
+            if SUB_MEAN:
+                y = tl.where(m, tl.fma(xr, inv, (-mu * inv)[None, :]), 0.0)
+            else:
+                y = xr * inv
+        else:
+            if SUB_MEAN:
+                xr = tl.where(m, xr - mu[None, :], 0.0)
+            y = _div_by_descale(xr, ds, FAST)
+    else:
+        if SUB_MEAN:
+            xr = tl.where(m, xr - mu[None, :], 0.0)
+        y = _div_by_descale(xr, ds, FAST)
+    return y
+
+
+@triton.jit
 def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
                      scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
-                     STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, RECIP: tl.constexpr):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
     # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
     # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero.
     d = tl.arange(0, D).to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
+    mu = tl.zeros([D], dtype=tl.float32)
     if SUB_MEAN:
         mu = tl.load(mean_ptr + bh64 * D + d)
     base = src + b * s_b + h * s_h
@@ -528,15 +569,13 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
             amax_bits = tl.max(_abs_bits(xr), axis=1)  # integer max: NaN sorts above Inf
             amax = amax_bits.to(tl.float32, bitcast=True)
             qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
-            y = _div_rows(xr, qs, FAST)
+            y = _codes_q(xr, qs, FAST, RECIP)
             tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
             bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
             tl.store(flags_ptr + 0, 1, mask=bad > 0)
             tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
         else:
-            if SUB_MEAN:
-                xr = tl.where(m, xr - mu[None, :], 0.0)
-            y = _div_by_descale(xr, ds, FAST)
+            y = _codes_k(xr, m, mu, ds, SUB_MEAN, FAST, RECIP)
         tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
                  mask=(rows < S_pad)[:, None])
 
@@ -552,7 +591,7 @@ def _quant_kernel(
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
-    DO_V: tl.constexpr,
+    DO_V: tl.constexpr, RECIP: tl.constexpr,
 ):
     # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
@@ -565,7 +604,7 @@ def _quant_kernel(
             if QK_INT8:
                 _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
                                  1.0, qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT,
-                                 QK_STAGES, PREFETCH)
+                                 QK_STAGES, PREFETCH, RECIP)
             else:
                 _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
@@ -573,7 +612,7 @@ def _quant_kernel(
             if QK_INT8:
                 _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr,
                                  mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D,
-                                 QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH)
+                                 QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH, RECIP)
             else:
                 _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
@@ -735,7 +774,7 @@ class PrepPlan:
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
         self.stats = FixedLaunch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
                                  ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
                                   "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
@@ -920,7 +959,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     qw = quant_warps or QUANT_WARPS
     quant = {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k, "MANUAL_RNE": False,
              "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
-             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH}
+             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH, "RECIP": QK_RECIP}
     split = qk_int8 and SPLIT_V
     kernels = {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
