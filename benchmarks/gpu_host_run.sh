@@ -216,6 +216,19 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session15c)  # session 15: the stats pass's rotated K folded elementwise (STATS_ELEM) vs per-tile reductions; the best setting (if >= 2 % faster on the geometric mean) then runs the INT8 prep GPU tests and every sm90 GPU test as the process default
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
+  step prep-elem 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "elem1=STATS_ELEM=1;elem2=STATS_ELEM=2;w8=STATS_WARPS=8;elem1w8=STATS_ELEM=1,STATS_WARPS=8;elem2w8=STATS_ELEM=2,STATS_WARPS=8" --json "$out/prep-elem.json"
+  best=$(python benchmarks/experimental/prep_best_setting.py "$out/prep-elem.json" --min-gain 0.02)
+  echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
+  if [ -n "$best" ]; then
+    export DITPROF_PREP_KNOBS="$best"
+    step prep-int8-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+    step gpu-tests 260 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+    step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
+  fi
+  ;;
 session15a)  # session 15, first half: INT8 codes by reciprocal (QK_RECIP, now the default) vs the exact quotient, with the pipelined-load and tiling knobs; the INT8 prep's GPU tests; one call's launches
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
   step prep-recip 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \

@@ -274,7 +274,7 @@ def test_interpreter_int8_inner(shape):
 
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
 LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
-           {"QK_RECIP": True}, {"QK_RECIP": False}]
+           {"QK_RECIP": False}, {"STATS_ELEM": 1}, {"STATS_ELEM": 2, "STATS_WARPS": 8}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
@@ -475,3 +475,18 @@ def test_stats_chunk_rule(monkeypatch):
     monkeypatch.setattr(P, "stats_chunk_for", lambda BH, Sk, qk_int8, device: 256)  # what a 132-SM GPU picks
     assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 18
     assert P.PrepPlan(q, k, v, True, qk_int8=True, stats_chunk=512).nck == 9  # an explicit chunk wins
+
+
+def test_prep_knobs_from_the_environment():
+    """DITPROF_PREP_KNOBS: integers and booleans for the named knobs; anything else a one-line DitprofError."""
+    pytest.importorskip("triton")
+    from ditprof.kernels.prep_triton import ENV_KNOBS, parse_env_knobs
+
+    assert parse_env_knobs("") == {}
+    assert parse_env_knobs("STATS_ELEM=1, STATS_WARPS=8,QK_RECIP=False") == {
+        "STATS_ELEM": 1, "STATS_WARPS": 8, "QK_RECIP": False}
+    assert "STATS_ELEM" in ENV_KNOBS and "QK_RECIP" in ENV_KNOBS
+    for bad, word in (("NOPE=1", "NOPE"), ("STATS_ELEM", "STATS_ELEM"), ("QK_ROWS=big", "QK_ROWS")):
+        with pytest.raises(DitprofError, match=word) as info:
+            parse_env_knobs(bad)
+        assert "\n" not in str(info.value)
