@@ -216,7 +216,7 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
-session15c)  # session 15: the stats pass's rotated K folded elementwise (STATS_ELEM) vs per-tile reductions; the best setting (if >= 2 % faster on the geometric mean) then runs the INT8 prep GPU tests and every sm90 GPU test as the process default
+session15c)  # session 15 (as run; the STATS_ELEM knob is gone since: its fp32 fold, "2", is the only path now): the stats pass's rotated K folded elementwise vs per-tile reductions; the best setting (if >= 2 % faster on the geometric mean) then runs the INT8 prep GPU tests and every sm90 GPU test as the process default
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
   step prep-elem 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
     --settings "elem1=STATS_ELEM=1;elem2=STATS_ELEM=2;w8=STATS_WARPS=8;elem1w8=STATS_ELEM=1,STATS_WARPS=8;elem2w8=STATS_ELEM=2,STATS_WARPS=8" --json "$out/prep-elem.json"

@@ -274,7 +274,7 @@ def test_interpreter_int8_inner(shape):
 
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
 LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
-           {"QK_RECIP": False}, {"STATS_ELEM": 1}, {"STATS_ELEM": 2, "STATS_WARPS": 8}]
+           {"QK_RECIP": False}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
@@ -483,10 +483,10 @@ def test_prep_knobs_from_the_environment():
     from ditprof.kernels.prep_triton import ENV_KNOBS, parse_env_knobs
 
     assert parse_env_knobs("") == {}
-    assert parse_env_knobs("STATS_ELEM=1, STATS_WARPS=8,QK_RECIP=False") == {
-        "STATS_ELEM": 1, "STATS_WARPS": 8, "QK_RECIP": False}
-    assert "STATS_ELEM" in ENV_KNOBS and "QK_RECIP" in ENV_KNOBS
-    for bad, word in (("NOPE=1", "NOPE"), ("STATS_ELEM", "STATS_ELEM"), ("QK_ROWS=big", "QK_ROWS")):
+    assert parse_env_knobs("QK_ROWS=256, STATS_WARPS=8,QK_RECIP=False") == {
+        "QK_ROWS": 256, "STATS_WARPS": 8, "QK_RECIP": False}
+    assert "QK_ROWS" in ENV_KNOBS and "QK_RECIP" in ENV_KNOBS
+    for bad, word in (("NOPE=1", "NOPE"), ("QK_RECIP", "QK_RECIP"), ("QK_ROWS=big", "QK_ROWS")):
         with pytest.raises(DitprofError, match=word) as info:
             parse_env_knobs(bad)
         assert "\n" not in str(info.value)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # warps for the rotating programs: all slower, removed from the prep (benchmarks/NOTES.md, session 10)
 LAYOUT_KNOBS = {"SPLIT_V": (False, True), "QK_PREFETCH": (False, True), "QK_RECIP": (False, True)}
 TILING_KNOBS = {"QK_ROWS": (128, 256, 512, 1024), "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3),
-                "STATS_ROT_ROWS": (32, 64), "STATS_ELEM": (0, 1, 2), "STATS_CHUNK": (128, 256, 512),
+                "STATS_ROT_ROWS": (32, 64), "STATS_CHUNK": (128, 256, 512),
                 "STATS_PROGRAMS_PER_SM": (0, 6), "QUANT_WARPS": (4, 8), "STATS_WARPS": (4, 8)}
 KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS}
 

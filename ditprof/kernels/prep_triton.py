@@ -29,13 +29,15 @@ accumulated atomically):
 
 INT8 Q/K mode (``qk_int8=True``; ``prep.py`` has the contract): the stats launch has no Q programs (Q's scales are
 per token); its K programs take the same per-channel sum/max/min of K' = K @ Rpm1 (``tl.dot`` of 32-row tiles with
-the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation), and the finalize writes mu' (rotated,
+the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation; the tiles folded elementwise, the sum in
+fp32 per program until its row reduction), and the finalize writes mu' (rotated,
 ``k_mean_rot``, for the quantize pass), the reported mean mu' @ Rpm1^T / D (float64 sum: the torch chain's value
 for the same mu') and descale_k = amax / 127. The quantize launch's Q and K programs take QK_ROWS rows each (the
 rotation matrix loaded to shared memory once per program), QK_BLOCK rows per ``tl.dot``: Q' = (Q @ Rpm1) / D with
 a descale per row (integer max of the |x| bits, so a NaN row stays NaN; a non-finite row sets Q's sticky flag and
 NaN in scales[b, h, 0], which is how every finiteness check sees Q in this mode), K' - mu' with the per-head
-descale; codes int8(clamp(rne(X' / descale), +-127)) (the division as below, per row for Q). V's programs are the
+descale; codes int8(clamp(rne(X' * RN(1 / descale)), +-127)) (``QK_RECIP``; without it the correctly rounded
+quotient below, per row for Q). V's programs are the
 e4m3 mode's, in a launch of their own (``SPLIT_V``: the rotating programs' 48 KiB of shared memory would cap V's
 occupancy too), and the rotating loops load the next row block before they rotate the current one
 (``QK_PREFETCH``): H200, H3 shape, the INT8 prep 1.56 -> 1.24 ms (e4m3's 0.96; benchmarks/NOTES.md, session 10,
@@ -94,10 +96,6 @@ FINALIZE_CB = 16
 QK_ROWS = 512
 QK_BLOCK = 64
 STATS_ROT_ROWS = 32
-# INT8 Q/K mode, the stats pass's rotated K tiles: 0 reduces each tile over its rows (sum, max, min) inside the
-# loop; 1 folds the tiles elementwise into [STATS_ROT_ROWS, D] accumulators (float64 sum) and reduces once per
-# program; 2 the same with the sum in fp32 until that reduction (``_stats_k_rot_elem``)
-STATS_ELEM = 0
 # tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
 # test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
 QK_STAGES = 1
@@ -117,10 +115,10 @@ FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math
 # byte-bound (benchmarks/NOTES.md, session 13's ncu); V's e4m3 codes keep the exact quotient.
 QK_RECIP = True
 
-# ``DITPROF_PREP_KNOBS="STATS_ELEM=1,STATS_WARPS=8"``: the knobs above for a process, read once at import (a
+# ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
 # benchmark or a GPU test run of one setting without a code change; the same names prep_int8_sweep.py takes)
 ENV_KNOBS = ("STATS_CHUNK", "STATS_PROGRAMS_PER_SM", "STATS_R", "STATS_WARPS", "QUANT_BLOCK", "QUANT_WARPS",
-             "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "STATS_ELEM", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
+             "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
              "FAST_DIV", "QK_RECIP")
 
 
@@ -326,34 +324,23 @@ def _load_rows(base, s_s, s_d, first, end, d, ROWS: tl.constexpr):
 @triton.jit
 def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
                  D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
-                 STAGES: tl.constexpr, PREFETCH: tl.constexpr, ELEM: tl.constexpr):
-    if ELEM > 0:
-        _stats_k_rot_elem(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
-                          D, CHUNK, RT, F32DOT, PREFETCH, ELEM == 2)
-    else:
-        _stats_k_rot_tiles(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
-                           D, CHUNK, RT, F32DOT, STAGES, PREFETCH)
-
-
-@triton.jit
-def _stats_k_rot_elem(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
-                      D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
-                      PREFETCH: tl.constexpr, SUM32: tl.constexpr):
-    # ``STATS_ELEM``: the partials of ``_stats_k_rot_tiles`` with the rotated tiles folded elementwise into
-    # [RT, D] accumulators and reduced over rows once, after the loop (the per-tile reductions cross warps through
-    # shared memory, a barrier per tile on the loop's critical path). A masked row loads as zeros, which rotate to
-    # exact zeros: the sum needs no mask, the max/min do. SUM32: the sum accumulates in fp32 across the chunk's
-    # tiles (half the registers of a float64 accumulator) and in float64 from the row reduction on.
+                 PREFETCH: tl.constexpr):
+    # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
+    # matrix, fp32 accumulation), the rotated tiles folded elementwise into [RT, D] accumulators and reduced over
+    # rows once, after the loop, so the loop carries no cross-thread reduction (H200, prep alone, vs reducing each
+    # tile in the loop with a float64 sum: -5.2 % flux, -5.3 % ltx, -3.3 % CogVideoX, -1.7 % h3; a float64
+    # elementwise sum's 244 registers halve the programs per SM: -3.7 / -5.0 / -2.6 / +1.6 %; NOTES, session 15).
+    # A masked row loads as zeros, which rotate to exact zeros: the sum needs no mask, the max/min do. The sum runs
+    # in fp32 across the chunk's tiles (CHUNK / RT terms per accumulator, 16 at the shipped sizes) and in float64
+    # from the row reduction on; the mean may differ from a float64 sum's in its last bits (the K descale is
+    # exact: max and min are).
     base = src + b * s_b + h * s_h
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, S)
     dd = tl.arange(0, D)
     d = dd.to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
-    if SUM32:
-        acc_sum = tl.zeros([RT, D], dtype=tl.float32)
-    else:
-        acc_sum = tl.zeros([RT, D], dtype=tl.float64)
+    acc_sum = tl.zeros([RT, D], dtype=tl.float32)
     acc_max = tl.full([RT, D], float("-inf"), dtype=tl.float32)
     acc_min = tl.full([RT, D], float("inf"), dtype=tl.float32)
     if PREFETCH:
@@ -366,51 +353,13 @@ def _stats_k_rot_elem(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin
         else:
             x = _load_rows(base, s_s, s_d, start + i, end, d, RT)
         xr = _rot_dot(x, rot, F32DOT)
-        if SUM32:
-            acc_sum += xr
-        else:
-            acc_sum += xr.to(tl.float64)
+        acc_sum += xr
         acc_max = tl.maximum(acc_max, tl.where(ok, xr, float("-inf")))
         acc_min = tl.minimum(acc_min, tl.where(ok, xr, float("inf")))
     off = (bh64 * NC + c) * D + dd
     tl.store(ksum_ptr + off, tl.sum(acc_sum.to(tl.float64), axis=0))
     tl.store(kmax_ptr + off, tl.max(acc_max, axis=0))
     tl.store(kmin_ptr + off, tl.min(acc_min, axis=0))
-
-
-@triton.jit
-def _stats_k_rot_tiles(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
-                       D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
-                       STAGES: tl.constexpr, PREFETCH: tl.constexpr):
-    # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
-    # matrix, fp32 accumulation), reduced over the rows of each tile (a padded tail row is masked out)
-    base = src + b * s_b + h * s_h
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, S)
-    dd = tl.arange(0, D)
-    d = dd.to(tl.int64)
-    rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])  # [D, D] +-1 in the input dtype, loaded once
-    acc_sum = tl.zeros([D], dtype=tl.float64)
-    acc_max = tl.full([D], float("-inf"), dtype=tl.float32)
-    acc_min = tl.full([D], float("inf"), dtype=tl.float32)
-    if PREFETCH:
-        x_next = _load_rows(base, s_s, s_d, start, end, d, RT)
-    for i in tl.range(0, end - start, RT, num_stages=STAGES):
-        rows = start + i + tl.arange(0, RT)
-        ok = (rows < end)[:, None]
-        if PREFETCH:
-            x = x_next
-            x_next = _load_rows(base, s_s, s_d, start + i + RT, end, d, RT)
-        else:
-            x = _load_rows(base, s_s, s_d, start + i, end, d, RT)
-        xr = _rot_dot(x, rot, F32DOT)
-        acc_sum += tl.sum(tl.where(ok, xr.to(tl.float64), 0.0), axis=0)
-        acc_max = tl.maximum(acc_max, tl.max(tl.where(ok, xr, float("-inf")), axis=0))
-        acc_min = tl.minimum(acc_min, tl.min(tl.where(ok, xr, float("inf")), axis=0))
-    off = (bh64 * NC + c) * D + dd
-    tl.store(ksum_ptr + off, acc_sum)
-    tl.store(kmax_ptr + off, acc_max)
-    tl.store(kmin_ptr + off, acc_min)
 
 
 @triton.jit
@@ -424,7 +373,7 @@ def _stats_kernel(
     H, Sq, Sk, NCQ, NCK,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, ELEM: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -439,7 +388,7 @@ def _stats_kernel(
     elif t < NCQ + NCK:
         if QK_INT8:
             _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
-                         n_keys, NCK, D, CHUNK, RT, F32DOT, QK_STAGES, PREFETCH, ELEM)
+                         n_keys, NCK, D, CHUNK, RT, F32DOT, PREFETCH)
         else:
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
@@ -856,7 +805,7 @@ class PrepPlan:
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
                      KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, ELEM=STATS_ELEM)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
@@ -1052,8 +1001,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
                                        "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
-                                       "RT": STATS_ROT_ROWS, "ELEM": STATS_ELEM, "F32DOT": False,
-                                       "QK_STAGES": QK_STAGES,
+                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
                                        "PREFETCH": QK_PREFETCH}, sw),
         "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
     }
