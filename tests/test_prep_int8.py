@@ -518,7 +518,6 @@ def test_prep_knobs_from_the_environment():
         assert "\n" not in str(info.value)
 
 
-
 def test_v_tie_check_flags_a_code_off_elsewhere():
     """The V_RECIP contract's check accepts the reference itself and rejects a code moved where the quotient is
     no midpoint."""

@@ -101,6 +101,12 @@ def time_passes(plan, q, k, v, iters: int) -> tuple[dict, dict]:
     return out, bufs
 
 
+def v_steps_for(setting: dict, P) -> int:
+    """How many e4m3 steps ``close`` lets V's codes move under ``setting`` against the module's default: 1 where
+    the setting flips ``V_RECIP`` (exact midpoints round apart), else 0."""
+    return int(setting.get("V_RECIP", P.V_RECIP) != P.V_RECIP)
+
+
 def close(a: dict, b: dict, v_steps: int = 0) -> str | None:
     """None if ``a`` matches ``b`` within the INT8 prep's stated tolerance, else what differs. ``v_steps`` 1: V's
     e4m3 codes may be one grid step apart (``V_RECIP`` rounds exact midpoints the other way; the tests check that
@@ -148,8 +154,7 @@ def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tup
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
             return {"setting": s, "error": first}, None
     got = {n: bufs[n].clone() for n in ("q8", "k8", "v8t", "q_scales", "scales")}
-    v_steps = 1 if s.get("V_RECIP", P.V_RECIP) != P.V_RECIP else 0  # (ties round apart)
-    mismatch = None if reference is None else close(got, reference, v_steps)
+    mismatch = None if reference is None else close(got, reference, v_steps_for(s, P))
     return {"setting": s, "launches": len(plan.launches), **t, "matches_default": mismatch is None,
             "mismatch": mismatch}, got
 

@@ -114,8 +114,10 @@ FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math
 # contract's "a code may be one off" (tests/test_prep_int8.py). The rotating programs are issue-bound, not
 # byte-bound (benchmarks/NOTES.md, session 13's ncu); V's e4m3 codes keep the exact quotient.
 QK_RECIP = True
-# V's e4m3 codes the same way (X * RN(1 / descale)): not measured yet, so off. With it, V's contract would become the
-# INT8 codes' ("<= 0.1 % of codes one e4m3 step off" instead of bit for bit)
+# V's e4m3 codes the same way (X * RN(1 / descale)): not measured yet, so off. With it V's codes are no longer the
+# correctly rounded quotient's bit for bit: bf16 / fp16 V over a per-head descale often lands exactly on an e4m3
+# midpoint, which round-half-even and the reciprocal's product (an ulp away) settle on different sides; the codes
+# differ only there, equally near (tests/test_prep_int8.py, ``assert_v_differs_only_at_ties``)
 V_RECIP = False
 
 # ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
@@ -501,8 +503,9 @@ def _quant_rows(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, mean_ptr,
 
 
 @triton.jit
-def _scaled_v(x, ds, FAST: tl.constexpr, RECIP: tl.constexpr):
-    # x / ds before the e4m3 rounding: the correctly rounded quotient, or (``V_RECIP``) x * RN(1 / ds)
+def _div_scalar(x, ds, FAST: tl.constexpr, RECIP: tl.constexpr):
+    # x / ds for one positive descale: the correctly rounded quotient, or (RECIP) x * RN(1 / ds), unless ds is so
+    # small that 1 / ds could overflow
     if RECIP:
         if ds >= 1e-26:
             y = x * tl.math.div_rn(1.0, ds)
@@ -525,7 +528,7 @@ def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
     d = tl.arange(0, D).to(tl.int64)
     m = (keys < Sk)[:, None]
     x = tl.load(src + b * s_b + h * s_h + k64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
-    y = _to_e4m3(_scaled_v(x.to(tl.float32), ds, FAST, RECIP), MANUAL_RNE)  # [BLOCK positions, D]
+    y = _to_e4m3(_div_scalar(x.to(tl.float32), ds, FAST, RECIP), MANUAL_RNE)  # [BLOCK positions, D]
     yt = tl.trans(y)  # [D, BLOCK positions]
     p64 = pos.to(tl.int64)
     tl.store(dst + (bh64 * D + d)[:, None] * Sk_pad + p64[None, :], yt, mask=(pos < Sk_pad)[None, :])
@@ -570,21 +573,16 @@ def _codes_q(xr, qs, FAST: tl.constexpr, RECIP: tl.constexpr):
 @triton.jit
 def _codes_k(xr, m, mu, ds, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, RECIP: tl.constexpr):
     # (K' - mu') / ds, pad rows (m False) zero (``QK_RECIP``: one FFMA with RN(1 / ds) and -mu' * RN(1 / ds))
-    if RECIP:
+    if RECIP and SUB_MEAN:
         if ds >= 1e-26:
             inv = tl.math.div_rn(1.0, ds)
-            if SUB_MEAN:
-                y = tl.where(m, tl.fma(xr, inv, (-mu * inv)[None, :]), 0.0)
-            else:
-                y = xr * inv
+            y = tl.where(m, tl.fma(xr, inv, (-mu * inv)[None, :]), 0.0)
         else:
-            if SUB_MEAN:
-                xr = tl.where(m, xr - mu[None, :], 0.0)
-            y = _div_by_descale(xr, ds, FAST)
+            y = _div_by_descale(tl.where(m, xr - mu[None, :], 0.0), ds, FAST)
     else:
         if SUB_MEAN:
             xr = tl.where(m, xr - mu[None, :], 0.0)
-        y = _div_by_descale(xr, ds, FAST)
+        y = _div_scalar(xr, ds, FAST, RECIP)
     return y
 
 
