@@ -216,6 +216,23 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session17a)  # session 17: V by its reciprocal (the only path now, the torch chain too) and the rotated-K-stats rows rule (16 at head_dim 128 with >= 24 stats programs per SM) timed against 32 / 16 forced at seven shapes; the e4m3 and INT8 prep GPU tests and every sm90 GPU test with the new defaults
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
+  step prep-rot 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "rot32=STATS_ROT_ROWS=32;rot16=STATS_ROT_ROWS=16" --json "$out/prep-rot.json"
+  step prep-int8-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  step gpu-tests 260 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  ;;
+session17b)  # session 17, with part3 (FA3): peers at flux / ltx / h3, one call's launches, the flux compare, with session 17's prep
+  step attention-peers 150 python benchmarks/attention.py --shapes flux,ltx,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
+  step compare-flux 100 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  ;;
+session17c)  # session 17, last lease: is the flux compare's eager 0.82x (host overhead 1.53 ms vs 0.38 earlier) the host or session 17's prep? the op's host cost per call, the flux block interleaved sdpa / fp8, the compare again
+  step host-overhead 60 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
+  step eager-diag-flux 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag-flux.json"
+  step compare-flux 100 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  ;;
 session16a)  # next session: V's codes by reciprocal (V_RECIP) and 16-row rotated K stats tiles (122 registers vs 216 at D 128) timed; the winner runs the INT8 prep GPU tests and every sm90 GPU test as the process default, then peers, the flux compare and one call's launches with it
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
   step prep-knobs 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \

@@ -16,6 +16,7 @@ from ditprof.kernels.prep import (
     fp8_prepare_torch,
     key_order_for_positions,
     padded_lengths,
+    quantize_v_e4m3,
 )
 
 F8 = torch.float8_e4m3fn
@@ -69,10 +70,13 @@ def contract_f64(q, k, v, smooth_k):
     for x in (q64, k64, v64):
         amax = x.abs().amax(dim=(2, 3))
         ds = (amax / 448.0).float().double()  # float64 division then rounding = the fp32 IEEE division
-        ds = torch.where(amax == 0, torch.ones_like(ds), ds)
-        y = (x / ds[:, :, None, None]).float().double().clamp(-448.0, 448.0)
-        out.append(e4m3_rne_f64(y))
-        scales.append(ds)
+        ds = torch.where(amax == 0, torch.ones_like(ds), ds)[:, :, None, None]
+        if x is v64:  # V by the reciprocal: fp32(1 / ds), then the fp32 product (exact in float64, then rounded)
+            y = (x * (1.0 / ds).float().double()).float().double()
+        else:
+            y = (x / ds).float().double()
+        out.append(e4m3_rne_f64(y.clamp(-448.0, 448.0)))
+        scales.append(ds[:, :, 0, 0])
     return out[0], out[1], out[2], torch.stack(scales, dim=-1).float(), mean32
 
 
@@ -470,6 +474,39 @@ def test_markstein_division_is_the_ieee_quotient():
         assert torch.equal(*e4), f"ds={ds!r}"
 
 
+def test_v_by_reciprocal_differs_from_the_quotient_only_at_midpoints():
+    """quantize_v_e4m3 on every finite bf16 and fp16 value within range, for varied descales: its code is the
+    correctly rounded quotient's except where x / ds is an e4m3 midpoint (in float64, exactly), and there the two
+    codes are the midpoint's neighbours; the tiny-descale branch is the quotient itself. Some midpoints must occur
+    (else this test would check nothing)."""
+    rng = torch.Generator().manual_seed(2)
+    bf = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    fp = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    allx = torch.cat([bf, fp])
+    allx = allx[torch.isfinite(allx)]
+    ties = 0
+    for i in range(40):
+        # descales of few significant bits (what amax / 448 gives for many bf16 amaxes) put x / ds on midpoints
+        m = (1.5, 1.25, 1.75, 1.375, float(torch.rand((), generator=rng)) + 1.0)[i % 5]
+        ds = torch.tensor(m * 2.0 ** int(torch.randint(-40, 20, (), generator=rng)), dtype=torch.float32)
+        x = allx[allx.abs() <= ds * 448.0]
+        got = quantize_v_e4m3(x, ds).view(torch.uint8)
+        want = (x / ds).clamp(-448, 448).to(F8).view(torch.uint8)
+        diff = got != want
+        y = x.double() / ds.double()
+        lo = e4m3_rne_f64(y).double()
+        # a midpoint: y is exactly half-way between its two e4m3 neighbours
+        a, b = got[diff].view(F8).double(), want[diff].view(F8).double()
+        assert torch.equal((a + b) / 2, y[diff]), f"ds={float(ds)!r}: a code differs away from a midpoint"
+        assert torch.equal(want.view(F8).double(), lo)  # the quotient's code is RNE of the exact value
+        ties += int(diff.sum())
+    assert ties > 0
+    tiny = torch.tensor(3e-27, dtype=torch.float32)  # below RECIP_MIN_DESCALE: the exact quotient
+    x = (torch.randn(4096, generator=rng) * 3e-27 * 100).float()
+    assert torch.equal(quantize_v_e4m3(x, tiny).view(torch.uint8),
+                       (x / tiny).clamp(-448, 448).to(F8).view(torch.uint8))
+
+
 # ------------------------------------------------------------------ CPU: the kernels compile for real GPUs
 
 
@@ -513,5 +550,7 @@ def test_torch_prep_matches_the_emulation_quantizer():
     for got, x, i in ((res.q8[:, :, :77], qh, 0), (res.k8[:, :, :130], ks, 1),
                       (natural_v(res.v8t, Sk_pad)[:, :, :130], vh, 2)):
         x8, descale = emu.quantize_per_head(x)
+        if i == 2:  # V: the emulation quantizes it with prep.quantize_v_e4m3 (the reciprocal)
+            x8 = quantize_v_e4m3(x, descale[:, :, None, None])
         assert torch.equal(descale, res.scales[..., i])
         assert torch.equal(got.view(torch.uint8), x8.view(torch.uint8))

@@ -224,29 +224,8 @@ def poisoned_like(ref: Fp8Prepared) -> Fp8Prepared:
                        q_scales=None if ref.q_scales is None else fill(ref.q_scales))
 
 
-def assert_v_differs_only_at_ties(a: Fp8Prepared, b: Fp8Prepared, v: torch.Tensor):
-    """``V_RECIP``'s contract: where a's V codes are not b's, the exact quotient v / descale lies at the midpoint of
-    the two (within 2^-20 of it, relative: the reciprocal's fp32 error), so both codes are equally near: bf16 / fp16
-    V over a per-head descale hits e4m3 midpoints exactly, and round-half-even then picks a side."""
-    from test_prep import natural_v
-
-    Sk = v.shape[1]
-    sk_pad = a.v8t.shape[-1]
-    va = natural_v(a.v8t.cpu(), sk_pad)[:, :, :Sk].double()
-    vb = natural_v(b.v8t.cpu(), sk_pad)[:, :, :Sk].double()
-    diff = va != vb
-    if not diff.any():
-        return
-    ds = b.scales.cpu()[..., 2].double()[:, :, None, None]
-    y = v.cpu().double().transpose(1, 2) / ds  # (B, H, Sk, D): bf16 / fp16 and fp32 values, exact in float64
-    mid = (va + vb) / 2
-    off = (y - mid).abs() / y.abs().clamp(min=1e-30)
-    assert float(off[diff].max()) <= 2.0 ** -20, f"v8t: a code off where v / descale is no midpoint ({off[diff].max()})"
-
-
-def assert_close_int8(a: Fp8Prepared, b: Fp8Prepared, exact: bool = False, v_ties_of: torch.Tensor | None = None):
-    """a (Triton) vs b (torch chain) within the tolerance of the module docstring (``exact``: bit for bit;
-    ``v_ties_of``, the V input: V's codes may differ where the exact quotient is a midpoint, ``V_RECIP``)."""
+def assert_close_int8(a: Fp8Prepared, b: Fp8Prepared, exact: bool = False):
+    """a (Triton) vs b (torch chain) within the tolerance of the module docstring (``exact``: bit for bit)."""
     for name in ("q8", "k8"):
         x, y = getattr(a, name).cpu(), getattr(b, name).cpu()
         assert x.dtype == y.dtype == torch.int8 and x.shape == y.shape, name
@@ -254,11 +233,7 @@ def assert_close_int8(a: Fp8Prepared, b: Fp8Prepared, exact: bool = False, v_tie
         off = int((d > 0).sum())
         assert int(d.max()) <= (0 if exact else 1), f"{name}: a code off by {int(d.max())}"
         assert off <= CODE_OFF_BY_ONE_MAX * d.numel(), f"{name}: {off} of {d.numel()} codes off by one"
-    if v_ties_of is not None:
-        assert torch.equal(a.scales.cpu()[..., 2], b.scales.cpu()[..., 2])
-        assert_v_differs_only_at_ties(a, b, v_ties_of)
-    else:
-        assert torch.equal(a.v8t.view(torch.uint8).cpu(), b.v8t.view(torch.uint8).cpu())
+    assert torch.equal(a.v8t.view(torch.uint8).cpu(), b.v8t.view(torch.uint8).cpu())
     sa, sb = a.scales.cpu(), b.scales.cpu()
     assert torch.equal(sa[..., [0, 2]], sb[..., [0, 2]])
     for x, y in ((sa[..., 1], sb[..., 1]), (a.q_scales.cpu(), b.q_scales.cpu())):
@@ -299,7 +274,7 @@ def test_interpreter_int8_inner(shape):
 
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
 LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
-           {"QK_RECIP": False}, {"V_RECIP": True}, {"STATS_ROT_ROWS": 16}]
+           {"QK_RECIP": False}, {"STATS_ROT_ROWS": 16}, {"STATS_ROT_ROWS": 32}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
@@ -322,21 +297,20 @@ def test_interpreter_int8_layouts_inner(shape, layout, monkeypatch):
 
 def run_triton_int8_checks(shape, device, prep_triton):
     B, Sq, Sk, H, D = shape
-    ties = prep_triton.V_RECIP  # V's codes may then differ at midpoints (assert_v_differs_only_at_ties)
     for smooth_k, dtype in ((True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float16)):
         q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=dtype, seed=Sq + Sk, device=device)
         ref = fp8_prepare_torch(q, k, v, smooth_k=smooth_k, qk_int8=True)
         out = poisoned_like(ref)
         res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out, qk_int8=True)
         assert res.q8 is out.q8 and res.q_scales is out.q_scales
-        assert_close_int8(res, ref, v_ties_of=v if ties else None)
+        assert_close_int8(res, ref)
     # BHSD input, non-contiguous, several stats chunks with ragged tails
     q, k, v = make_qkv(B, Sq, Sk, H, D, seed=3, device=device)
     ref = fp8_prepare_torch(q, k, v, qk_int8=True)
     res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton", qk_int8=True)
-    assert_close_int8(res, ref, v_ties_of=v if ties else None)
+    assert_close_int8(res, ref)
     got = prep_triton.prepare_triton(q, k, v, True, stats_chunk=40, stats_r=2, quant_block=16, qk_int8=True)
-    assert_close_int8(Fp8Prepared(*got[:4], Sq, Sk, got[4], q_scales=got[5]), ref, v_ties_of=v if ties else None)
+    assert_close_int8(Fp8Prepared(*got[:4], Sq, Sk, got[4], q_scales=got[5]), ref)
     # per-batch key counts (random per item, 0 and more than Sk included)
     g = torch.Generator().manual_seed(Sq * 7 + Sk)
     lens = torch.randint(0, Sk + 2, (B,), generator=g, dtype=torch.int32)
@@ -345,7 +319,7 @@ def run_triton_int8_checks(shape, device, prep_triton):
     lens = lens.to(device)
     ref = fp8_prepare_torch(q, k, v, key_lens=lens, qk_int8=True)
     res = fp8_prepare(q, k, v, backend="triton", key_lens=lens, qk_int8=True)
-    assert_close_int8(res, ref, v_ties_of=v if ties else None)
+    assert_close_int8(res, ref)
     if shape != INTERP_SHAPES[1] and device == "cpu":
         return
     for which in "qkv":
@@ -367,7 +341,7 @@ def run_triton_int8_checks(shape, device, prep_triton):
     plan.launch(q, k, v, bufs)  # the arrival counters were reset: a second launch gives the same bytes
     ref = fp8_prepare_torch(q, k, v, qk_int8=True)
     assert_close_int8(Fp8Prepared(bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], Sq, Sk, bufs["k_mean"],
-                                  q_scales=bufs["q_scales"]), ref, v_ties_of=v if ties else None)
+                                  q_scales=bufs["q_scales"]), ref)
 
 
 # ------------------------------------------------------------------ GPU: compiled Triton kernels vs the torch chain
@@ -503,6 +477,34 @@ def test_stats_chunk_rule(monkeypatch):
     assert P.PrepPlan(q, k, v, True, qk_int8=True, stats_chunk=512).nck == 9  # an explicit chunk wins
 
 
+def test_stats_rot_rows_rule(monkeypatch):
+    """The stats pass's rotated K tiles: 16 rows at head_dim >= 128 on a GPU whose stats grid has
+    STATS_ROT16_PROGRAMS_PER_SM programs per SM or more (h3, Wan 14B), else 32 (flux, head_dim 64, the CPU); the
+    knob forces either; a plan passes the rule's value to the stats launch (a GPU-free check, 132 SMs)."""
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton as P
+
+    monkeypatch.setattr(P, "STATS_ROT_ROWS", 0)
+    monkeypatch.setitem(P._SMS, 0, 132)
+    cuda = torch.device("cuda", 0)
+    per_sm = P.STATS_ROT16_PROGRAMS_PER_SM
+    assert P.stats_rot_rows_for(128, 2 * 60 * 56, cuda) == 16  # h3: 6720 programs, 51 per SM
+    assert P.stats_rot_rows_for(128, 2 * 18 * 24, cuda) == 32  # flux: 864, 6.5 per SM
+    assert P.stats_rot_rows_for(128, per_sm * 132, cuda) == 16
+    assert P.stats_rot_rows_for(128, per_sm * 132 - 1, cuda) == 32
+    assert P.stats_rot_rows_for(64, 2 * 35 * 48, cuda) == 32  # CogVideoX: head_dim 64
+    assert P.stats_rot_rows_for(128, 2 * 60 * 56, "cpu") == 32
+    for forced in (16, 32):
+        monkeypatch.setattr(P, "STATS_ROT_ROWS", forced)
+        assert P.stats_rot_rows_for(128, 2 * 18 * 24, cuda) == forced
+        assert P.stats_rot_rows_for(64, 10, "cpu") == forced
+    monkeypatch.setattr(P, "STATS_ROT_ROWS", 0)
+    q, k, v = (torch.empty((1, 30272, 56, 128), dtype=torch.bfloat16, device="meta") for _ in range(3))
+    monkeypatch.setattr(P, "stats_rot_rows_for", lambda D, programs, device: 16 if programs == 2 * 60 * 56 else -1)
+    stats = P.PrepPlan(q, k, v, True, qk_int8=True).stats
+    assert stats.template[stats.names.index("RT")] == 16
+
+
 def test_prep_knobs_from_the_environment():
     """DITPROF_PREP_KNOBS: integers and booleans for the named knobs; anything else a one-line DitprofError."""
     pytest.importorskip("triton")
@@ -511,24 +513,8 @@ def test_prep_knobs_from_the_environment():
     assert parse_env_knobs("") == {}
     assert parse_env_knobs("QK_ROWS=256, STATS_WARPS=8,QK_RECIP=False") == {
         "QK_ROWS": 256, "STATS_WARPS": 8, "QK_RECIP": False}
-    assert "QK_ROWS" in ENV_KNOBS and "QK_RECIP" in ENV_KNOBS and "V_RECIP" in ENV_KNOBS
+    assert "QK_ROWS" in ENV_KNOBS and "QK_RECIP" in ENV_KNOBS and "STATS_ROT_ROWS" in ENV_KNOBS
     for bad, word in (("NOPE=1", "NOPE"), ("QK_RECIP", "QK_RECIP"), ("QK_ROWS=big", "QK_ROWS")):
         with pytest.raises(DitprofError, match=word) as info:
             parse_env_knobs(bad)
         assert "\n" not in str(info.value)
-
-
-def test_v_tie_check_flags_a_code_off_elsewhere():
-    """The V_RECIP contract's check accepts the reference itself and rejects a code moved where the quotient is
-    no midpoint."""
-    q, k, v = make_qkv(1, 40, 40, 2, 64, seed=5)
-    ref = fp8_prepare_torch(q, k, v, qk_int8=True)
-    assert_close_int8(ref, ref, v_ties_of=v)
-    bad_v8t = ref.v8t.clone()
-    u = bad_v8t.view(torch.uint8)
-    d, p = 3, 5  # feature 3 at output position 5 (a real key: Sk = 40)
-    assert 0 < int(u[0, 1, d, p]) & 0x7F < 0x7E
-    u[0, 1, d, p] += 1
-    bad = Fp8Prepared(ref.q8, ref.k8, bad_v8t, ref.scales, ref.sq, ref.sk, ref.k_mean, q_scales=ref.q_scales)
-    with pytest.raises(AssertionError, match="no midpoint"):
-        assert_close_int8(bad, ref, v_ties_of=v)

@@ -5,7 +5,8 @@ This pins the numbers of docs/ARCHITECTURE.md "FP8 numerics", which the CuTe DSL
 1. Per (batch, head): with ``smooth_k``, K <- fp32(K - mean_k), mean_k = fp32(sum_fp64(K over the true tokens)
    / Sk) per channel (softmax-invariant: it shifts every score of a query row by the same q . mean_k).
    descale_x = fp32(amax|X| / 448) (1.0 where amax == 0); X8 = e4m3(clamp(X / descale_x, +-448)), IEEE
-   division, round to nearest even (``quantize_per_head``, ``smooth_k``; the prep's tests compare against these).
+   division, round to nearest even (``quantize_per_head``, ``smooth_k``; the prep's tests compare against these);
+   V8 by the reciprocal instead, e4m3(clamp(V * fp32(1 / descale_v), +-448)) (``prep.quantize_v_e4m3``).
 2. qk_scale = descale_q * descale_k * fp32(softmax_scale * log2(e)); S = (Q8 K8^T) * qk_scale in fp32, so the
    softmax runs in the exp2 domain.
 3. Keys in strips of 32, natural order. Per strip: m_new = max(m, rowmax S); alpha = exp2(m - m_new);
@@ -241,7 +242,9 @@ def fp8_attention_emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
         q8 = quantize_per_head(qf, dq)[0].float()
         k8 = quantize_per_head(kf, dk)[0].float()
         qk_scale = (dq * dk * softmax_scale_log2)[:, :, None, None].expand(B, H, Sq, 1)
-    v8 = quantize_per_head(vf, dv)[0].float()
+    from ditprof.kernels.prep import quantize_v_e4m3
+
+    v8 = quantize_v_e4m3(vf, dv[:, :, None, None]).float()
     pv_scale = dv / torch.tensor(P_SCALE, dtype=torch.float32, device=q.device)
 
     out = torch.empty((B, H, Sq, D), dtype=torch.float32, device=q.device)

@@ -22,14 +22,15 @@ accumulated atomically):
    q, k or v (``flags``, int32 x 3: what ``kernels.launch`` reads instead of every call's descales).
 2. ``_quant_kernel``  grid (Q tiles + K tiles + V tiles, B*H), one branch per operand, each branch body a jit
    helper (the compiled path type-checks variables across if/else; the interpreter does not):
-   X8 = e4m3(clamp(X / descale, +-448)), round to nearest even; writes q8 and k8 row-major (pad rows zero) and V
+   X8 = e4m3(clamp(X / descale, +-448)), round to nearest even (V: e4m3(clamp(V * RN(1 / descale), +-448)), see
+   ``prep.quantize_v_e4m3``); writes q8 and k8 row-major (pad rows zero) and V
    transposed: each V program owns BLOCK output positions (whole 16-key groups), gathers the V rows key_order(p)
    (each row a contiguous D vector, so loads stay coalesced), quantizes, transposes in registers (``tl.trans``)
    and stores feature-major rows.
 
 INT8 Q/K mode (``qk_int8=True``; ``prep.py`` has the contract): the stats launch has no Q programs (Q's scales are
-per token); its K programs take the same per-channel sum/max/min of K' = K @ Rpm1 (``tl.dot`` of 32-row tiles with
-the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation; the tiles folded elementwise, the sum in
+per token); its K programs take the same per-channel sum/max/min of K' = K @ Rpm1 (``tl.dot`` of 16- or 32-row
+tiles, ``stats_rot_rows_for``, with the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation; the tiles folded elementwise, the sum in
 fp32 per program until its row reduction), and the finalize writes mu' (rotated,
 ``k_mean_rot``, for the quantize pass), the reported mean mu' @ Rpm1^T / D (float64 sum: the torch chain's value
 for the same mu') and descale_k = amax / 127. The quantize launch's Q and K programs take QK_ROWS rows each (the
@@ -45,7 +46,7 @@ has the layouts measured slower). Tensor-core sums are not the torch chain's flo
 (tests/test_prep_int8.py states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy
 dot mishandles bf16).
 
-The division X / descale is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
+The division X / descale of Q and K (e4m3 mode; INT8 without ``QK_RECIP``) is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
 (``_div_by_descale``): inv = RN(1 / descale) once per program, q = RN(x * inv), then two Markstein corrections
 q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within one ulp of x / descale; Markstein's
 theorem (inv within half an ulp of 1/descale, q within an ulp) makes the second exactly RN(x / descale). The
@@ -95,7 +96,14 @@ FINALIZE_CB = 16
 # ``tl.dot`` of the stats pass's rotated K
 QK_ROWS = 512
 QK_BLOCK = 64
-STATS_ROT_ROWS = 32
+# 0: ``stats_rot_rows_for`` picks 16 or 32 per call; 16 / 32 force one
+STATS_ROT_ROWS = 0
+# the stats pass's rotated K tiles have 16 rows instead of 32 at head_dim >= 128 once the stats grid has at least this
+# many programs per SM: the [rows, D] accumulators of the elementwise fold then take 122 registers instead of 216
+# (sm_90, D = 128), 4 programs per SM instead of 2, which pays where the grid streams in many waves (H200, prep
+# alone, interleaved: h3 (51 programs per SM) -3.4 %) but not in a grid of a few waves, where each program's serial
+# loop is the latency (flux, 6.5 per SM: +2.0 %) nor at head_dim 64 (ltx +6.8 %, CogVideoX +2.1 %); NOTES, session 16
+STATS_ROT16_PROGRAMS_PER_SM = 24
 # tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
 # test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
 QK_STAGES = 1
@@ -112,19 +120,15 @@ FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math
 # rounded quotient (five FMAs and a sign fix per element): the two differ by at most one fp32 ulp before the integer
 # rounding, so a code moves only where X' / descale lands within an ulp of a half-integer -- inside the INT8
 # contract's "a code may be one off" (tests/test_prep_int8.py). The rotating programs are issue-bound, not
-# byte-bound (benchmarks/NOTES.md, session 13's ncu); V's e4m3 codes keep the exact quotient.
+# byte-bound (benchmarks/NOTES.md, session 13's ncu). V's e4m3 codes are always v * RN(1 / descale): the torch
+# chain (``prep.quantize_v_e4m3``) computes them the same way, so they stay bit for bit.
 QK_RECIP = True
-# V's e4m3 codes the same way (X * RN(1 / descale)): not measured yet, so off. With it V's codes are no longer the
-# correctly rounded quotient's bit for bit: bf16 / fp16 V over a per-head descale often lands exactly on an e4m3
-# midpoint, which round-half-even and the reciprocal's product (an ulp away) settle on different sides; the codes
-# differ only there, equally near (tests/test_prep_int8.py, ``assert_v_differs_only_at_ties``)
-V_RECIP = False
 
 # ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
 # benchmark or a GPU test run of one setting without a code change; the same names prep_int8_sweep.py takes)
 ENV_KNOBS = ("STATS_CHUNK", "STATS_PROGRAMS_PER_SM", "STATS_R", "STATS_WARPS", "QUANT_BLOCK", "QUANT_WARPS",
              "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
-             "FAST_DIV", "QK_RECIP", "V_RECIP")
+             "FAST_DIV", "QK_RECIP")
 
 
 def parse_env_knobs(text: str) -> dict:
@@ -336,7 +340,7 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     # tile in the loop with a float64 sum: -5.2 % flux, -5.3 % ltx, -3.3 % CogVideoX, -1.7 % h3; a float64
     # elementwise sum's 244 registers halve the programs per SM: -3.7 / -5.0 / -2.6 / +1.6 %; NOTES, session 15).
     # A masked row loads as zeros, which rotate to exact zeros: the sum needs no mask, the max/min do. The sum runs
-    # in fp32 across the chunk's tiles (CHUNK / RT terms per accumulator, 16 at the shipped sizes) and in float64
+    # in fp32 across the chunk's tiles (CHUNK / RT terms per accumulator, at most 32 at the shipped sizes) and in float64
     # from the row reduction on; the mean may differ from a float64 sum's in its last bits (the K descale is
     # exact: max and min are).
     base = src + b * s_b + h * s_h
@@ -518,8 +522,7 @@ def _div_scalar(x, ds, FAST: tl.constexpr, RECIP: tl.constexpr):
 
 @triton.jit
 def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
-             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr,
-             RECIP: tl.constexpr):
+             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr):
     # output positions [t*BLOCK, (t+1)*BLOCK) (whole 16-key groups) of dst (B*H, D, Sk_pad): gather the V rows
     # key_order(p), quantize, transpose in registers, store feature-major
     pos = t * BLOCK + tl.arange(0, BLOCK)
@@ -528,7 +531,7 @@ def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
     d = tl.arange(0, D).to(tl.int64)
     m = (keys < Sk)[:, None]
     x = tl.load(src + b * s_b + h * s_h + k64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
-    y = _to_e4m3(_div_scalar(x.to(tl.float32), ds, FAST, RECIP), MANUAL_RNE)  # [BLOCK positions, D]
+    y = _to_e4m3(_div_scalar(x.to(tl.float32), ds, FAST, True), MANUAL_RNE)  # [BLOCK positions, D]
     yt = tl.trans(y)  # [D, BLOCK positions]
     p64 = pos.to(tl.int64)
     tl.store(dst + (bh64 * D + d)[:, None] * Sk_pad + p64[None, :], yt, mask=(pos < Sk_pad)[None, :])
@@ -642,7 +645,7 @@ def _quant_kernel(
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
-    DO_V: tl.constexpr, RECIP: tl.constexpr, V_RECIP: tl.constexpr,
+    DO_V: tl.constexpr, RECIP: tl.constexpr,
 ):
     # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
@@ -670,10 +673,10 @@ def _quant_kernel(
         else:
             if DO_V:
                 _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
-                         tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST, V_RECIP)
+                         tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
     else:
         _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
-                 tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST, V_RECIP)
+                 tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -691,6 +694,18 @@ def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device) -> int:
     while chunk > 128 and 2 * _cdiv(Sk, chunk) * BH < target:
         chunk //= 2
     return chunk
+
+
+def stats_rot_rows_for(D: int, stats_programs: int, device) -> int:
+    """Rows per ``tl.dot`` of the INT8 stats pass's rotated K tiles: STATS_ROT_ROWS when set, else 16 at
+    head_dim >= 128 on a GPU where the stats grid (``stats_programs``) has STATS_ROT16_PROGRAMS_PER_SM programs per
+    SM or more, else 32."""
+    if STATS_ROT_ROWS:
+        return STATS_ROT_ROWS
+    device = torch.device(device)
+    if device.type != "cuda" or D < 128:
+        return 32
+    return 16 if stats_programs >= STATS_ROT16_PROGRAMS_PER_SM * sm_count(device.index) else 32
 
 
 _SMS: dict = {}
@@ -819,13 +834,14 @@ class PrepPlan:
                 strides[pre + axis] = st
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
-                     KLENS=bool(key_lens), QK_INT8=self.qk_int8, RT=STATS_ROT_ROWS, F32DOT=INTERPRET,
+                     KLENS=bool(key_lens), QK_INT8=self.qk_int8,
+                     RT=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device), F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP, V_RECIP=V_RECIP)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
         self.stats = FixedLaunch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
                                  ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
                                   "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
@@ -1010,13 +1026,13 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     qw = quant_warps or QUANT_WARPS
     quant = {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k, "MANUAL_RNE": False,
              "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
-             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH, "RECIP": QK_RECIP, "V_RECIP": V_RECIP}
+             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH, "RECIP": QK_RECIP}
     split = qk_int8 and SPLIT_V
     kernels = {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
                                        "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
-                                       "RT": STATS_ROT_ROWS, "F32DOT": False, "QK_STAGES": QK_STAGES,
+                                       "RT": STATS_ROT_ROWS or 32, "F32DOT": False, "QK_STAGES": QK_STAGES,
                                        "PREFETCH": QK_PREFETCH}, sw),
         "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
     }
