@@ -30,8 +30,8 @@ accumulated atomically):
 
 INT8 Q/K mode (``qk_int8=True``; ``prep.py`` has the contract): the stats launch has no Q programs (Q's scales are
 per token); its K programs take the same per-channel sum/max/min of K' = K @ Rpm1 (``tl.dot`` of 16- or 32-row
-tiles, ``stats_rot_rows_for``, with the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation; the tiles folded elementwise, the sum in
-fp32 per program until its row reduction), and the finalize writes mu' (rotated,
+tiles, ``stats_rot_rows_for``, with the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation; the
+tiles folded elementwise, the sum in fp32 per program until its row reduction), and the finalize writes mu' (rotated,
 ``k_mean_rot``, for the quantize pass), the reported mean mu' @ Rpm1^T / D (float64 sum: the torch chain's value
 for the same mu') and descale_k = amax / 127. The quantize launch's Q and K programs take QK_ROWS rows each (the
 rotation matrix loaded to shared memory once per program), QK_BLOCK rows per ``tl.dot``: Q' = (Q @ Rpm1) / D with
@@ -46,9 +46,9 @@ has the layouts measured slower). Tensor-core sums are not the torch chain's flo
 (tests/test_prep_int8.py states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy
 dot mishandles bf16).
 
-The division X / descale of Q and K (e4m3 mode; INT8 without ``QK_RECIP``) is the IEEE (correctly rounded) fp32 quotient, computed without a divide per element
-(``_div_by_descale``): inv = RN(1 / descale) once per program, q = RN(x * inv), then two Markstein corrections
-q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within one ulp of x / descale; Markstein's
+The division X / descale of Q and K (e4m3 mode; INT8 without ``QK_RECIP``) is the IEEE (correctly rounded) fp32
+quotient, computed without a divide per element (``_div_by_descale``): inv = RN(1 / descale) once per program,
+q = RN(x * inv), then two Markstein corrections q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within one ulp of x / descale; Markstein's
 theorem (inv within half an ulp of 1/descale, q within an ulp) makes the second exactly RN(x / descale). The
 corrections can turn a -0 quotient into +0, so the sign bit of x is ORed back in (the quotient's sign is x's).
 Valid without underflow of the remainder: for descale < 1e-26 (amax < ~4.5e-24) the program takes
@@ -340,8 +340,8 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     # tile in the loop with a float64 sum: -5.2 % flux, -5.3 % ltx, -3.3 % CogVideoX, -1.7 % h3; a float64
     # elementwise sum's 244 registers halve the programs per SM: -3.7 / -5.0 / -2.6 / +1.6 %; NOTES, session 15).
     # A masked row loads as zeros, which rotate to exact zeros: the sum needs no mask, the max/min do. The sum runs
-    # in fp32 across the chunk's tiles (CHUNK / RT terms per accumulator, at most 32 at the shipped sizes) and in float64
-    # from the row reduction on; the mean may differ from a float64 sum's in its last bits (the K descale is
+    # in fp32 across the chunk's tiles (CHUNK / RT terms per accumulator, at most 32 at the shipped sizes) and in
+    # float64 from the row reduction on; the mean may differ from a float64 sum's in its last bits (the K descale is
     # exact: max and min are).
     base = src + b * s_b + h * s_h
     start = c * CHUNK
