@@ -47,13 +47,13 @@ has the layouts measured slower). Tensor-core sums are not the torch chain's flo
 dot mishandles bf16).
 
 The division X / descale of Q and K (e4m3 mode; INT8 without ``QK_RECIP``) is the IEEE (correctly rounded) fp32
-quotient, computed without a divide per element (``_div_by_descale``): inv = RN(1 / descale) once per program,
-q = RN(x * inv), then two Markstein corrections q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q
-is within one ulp of x / descale; Markstein's theorem (inv within half an ulp of 1/descale, q within an ulp) makes the second exactly RN(x / descale). The
-corrections can turn a -0 quotient into +0, so the sign bit of x is ORed back in (the quotient's sign is x's).
-Valid without underflow of the remainder: for descale < 1e-26 (amax < ~4.5e-24) the program takes
-``tl.math.div_rn`` (a plain ``/`` would be div.full.f32, not IEEE). tests/test_prep.py checks the sequence against
-the exact quotient on every bf16 and fp16 value. The explicit +-448 clamp is left to the conversion on the GPU
+quotient, computed without a divide per element (``_div_by_descale``): inv = RN(1 / descale) once per program, q =
+RN(x * inv), then two Markstein corrections q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within
+one ulp of x / descale; Markstein's theorem (inv within half an ulp of 1/descale, q within an ulp) makes the second
+exactly RN(x / descale). The corrections can turn a -0 quotient into +0, so the sign bit of x is ORed back in (the
+quotient's sign is x's). Valid without underflow of the remainder: for descale < 1e-26 (amax < ~4.5e-24) the program
+takes ``tl.math.div_rn`` (a plain ``/`` would be div.full.f32, not IEEE). tests/test_prep.py checks the sequence
+against the exact quotient on every bf16 and fp16 value. The explicit +-448 clamp is left to the conversion on the GPU
 (``cvt.rn.satfinite.e4m3x2.f32`` saturates to 448 exactly as the clamp would).
 
 Why float64 for the K sum: a sum of bf16/fp16 values in float64 is exact (unless a channel spans > ~30 binades),
