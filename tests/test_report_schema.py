@@ -24,6 +24,7 @@ def _validate(rep: dict) -> None:
     ["profile", "--preset", "flux2-tiny", "--kind", "single", "--batch", "2", "--text-tokens", "5",
      "--dtype", "float32"],
     ["compare", "--preset", "hunyuan-video-1.5-tiny"],  # the swap skipped: its mask masks positions
+    ["compare", "--preset", "wan-tiny", "--attention", "sdpa-math", "--interleave", "2"],  # rounds in turns
 ])
 def test_json_stdout_is_the_report_and_follows_the_schema(tmp_path, capsys, argv):
     out = tmp_path / "run"
@@ -31,6 +32,7 @@ def test_json_stdout_is_the_report_and_follows_the_schema(tmp_path, capsys, argv
     printed = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
     _validate(printed)
     assert printed == json.loads((out / "report.json").read_text())
+    assert (printed["interleaved"] is not None) == ("--interleave" in argv)
     if "--batch" in argv:
         assert (printed["model"]["batch"], printed["model"]["text_tokens"], printed["model"]["dtype"]) == \
             (2, 5, "float32")

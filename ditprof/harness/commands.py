@@ -51,6 +51,9 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     run.add_argument("--warmup", type=int, metavar="N", help="warm-up calls (default 3 on CUDA, 1 on CPU)")
     run.add_argument("--iters", type=int, metavar="N",
                      help="timed and profiled calls each (default 10 on CUDA, 5 on CPU)")
+    run.add_argument("--interleave", type=int, metavar="N",
+                     help="compare: N rounds of eager block calls with the baseline and the swap in turns after both "
+                          "measurements, a ratio that host drift cannot bias (default --iters on CUDA, 0 on CPU)")
     run.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                      help="skip the CUDA-graph replay timing (GPU; it shows the host overhead per block call)")
     run.add_argument("--time-limit", dest="time_limit", type=float, metavar="MIN",

@@ -48,6 +48,19 @@ def change(base: list[float] | None, new: list[float] | None, *, numerics_only: 
     return {**out, "verdict": "faster" if nm < bm else "slower", "why": ""}
 
 
+def paired(base_rounds: list[list[float]], new_rounds: list[list[float]]) -> dict:
+    """Interleaved rounds (``session.time_interleaved``): each round's ratio of medians (base / new), and a verdict
+    from their quartiles -- faster when even the 25th percentile ratio is above 1, slower when the 75th is below."""
+    ratios = [statistics.median(b) / statistics.median(n) for b, n in zip(base_rounds, new_rounds)]
+    p25, med, p75 = quartiles(ratios)
+    out = {"ratio": med, "round_ratios": ratios, "ratio_iqr": [p25, p75]}
+    if p25 > 1.0:
+        return {**out, "verdict": "faster", "why": ""}
+    if p75 < 1.0:
+        return {**out, "verdict": "slower", "why": ""}
+    return {**out, "verdict": "within noise", "why": "the per-round ratios' interquartile range contains 1"}
+
+
 def likely_causes(device: str) -> list[str]:
     """What is likely making timings noisy on this machine, in words (empty: nothing found)."""
     causes = []

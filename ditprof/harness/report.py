@@ -148,6 +148,13 @@ def fp8_launch_lines(report: dict) -> list[str]:
     return lines + [""]
 
 
+INTERLEAVED_NOTE = ("- The baseline's and the swap's measurements run one after the other, so a host or clock that "
+                    "drifts between them moves the block ratio (small blocks, where the host sets the eager time, "
+                    "most). The \"in turns\" row times eager calls of both after that, alternating every few calls "
+                    "(`--interleave` rounds): its ratio, the median of the rounds' ratios, is the one drift cannot "
+                    "bias; \"within noise\" when the rounds' ratios straddle 1.")
+
+
 def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
     """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
     b, s, ex, acc = report["baseline"], report["swapped"], report["extrapolation"], report["accuracy"]
@@ -179,6 +186,15 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
         ("execution", execution_of(b), execution_of(s) if s else "", ""),
         (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
          judged(b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
+    ]
+    inter = report.get("interleaved")
+    if inter:
+        # the two phases run one after the other: host or clock drift between them lands in the ratio above; in
+        # turns it hits both alike
+        rows.append((f"block, baseline and swap in turns ({inter['rounds']} rounds) median [min–max]",
+                     _band(inter["baseline_ms"]), _band(inter["swapped_ms"]),
+                     f"{inter['ratio']:.2f}x" + (" (within noise)" if inter["verdict"] == "within noise" else "")))
+    rows += [
         ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
         ("profiler overhead", overhead(b), overhead(s) if s else "", ""),
     ]
@@ -345,6 +361,7 @@ def markdown(report: dict) -> str:
               "minus replay is the host overhead per call; when it is large (small blocks) the eager block time "
               "measures the host, and the replay line is the one that shows what the attention swap buys. "
               "The replay's output is checked against the eager output.",
+              *([INTERLEAVED_NOTE] if report.get("interleaved") else []),
               "- The split assigns " + ("every GPU kernel to the op that launched it" if b["split_mode"] == "cuda"
                                         else "each aten op's self time on the host") +
               "; everything inside the `ditprof::attention` range (the attention call, for baseline and swap "

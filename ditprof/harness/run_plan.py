@@ -124,6 +124,10 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     if spec.device.type == "cuda" and spec.cuda_graph:
         per_backend += spec.iters + 1
     calls = round(backends * per_backend)
+    if spec.swap:  # the rounds in turns (runner._interleaved): per round and backend one untimed call + the timed ones
+        from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND
+
+        calls += 2 * getattr(spec, "interleave", 0) * (1 + INTERLEAVED_CALLS_PER_ROUND)
     return RunPlan(tokens=est["tokens"], text_tokens=est["text_tokens"], grid=est["grid"],
                    attention_flops=est["attention_flops"], gemm_flops=est["gemm_flops"], block_bytes=block_bytes,
                    input_module_bytes=est["input_module_bytes"], input_bytes=est["input_bytes"],

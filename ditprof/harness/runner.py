@@ -62,6 +62,9 @@ class RunSpec:
     text_tokens: int | None = None  # prompt length (default: the preset's / the family's pipeline default)
     json_out: bool = False  # --json: the report on stdout, everything else on stderr
     compile: str | None = None  # --compile MODE: torch.compile the block (harness.compile_mode); None: eager
+    # compare: rounds of eager block calls with the baseline and the swap taken in turns after both phases
+    # (session.time_interleaved); 0: none
+    interleave: int = 0
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -123,7 +126,23 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         time_limit_min=limit if limit is not None else DEFAULT_TIME_LIMIT_MIN, size_note=size_note,
         batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),
         json_out=bool(getattr(args, "json", False)), compile=compile_as,
+        interleave=_interleave_rounds(args, command, device),
     )
+
+
+def _interleave_rounds(args: Any, command: str, device: torch.device) -> int:
+    """--interleave N (compare only; default: --iters on CUDA, none on the CPU, where a block call's time is the
+    host's anyway); a bad value is a one-line error."""
+    n = getattr(args, "interleave", None)
+    if n is not None and n < 0:
+        raise DitprofError(f"--interleave must be >= 0 rounds (got {n})")
+    if command != "compare":
+        if n:
+            raise DitprofError("--interleave takes turns between a baseline and a swap: it is for ditprof compare")
+        return 0
+    if n is None:
+        return (args.iters if args.iters is not None else 10) if device.type == "cuda" else 0
+    return n
 
 
 def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str | None:
@@ -136,16 +155,11 @@ def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str |
 
 def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
                      stage: Path, progress: Progress | None, resident: int, console: Console) -> BackendRun:
-    uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
     if spec.compile:
         from ditprof.harness.compile_backends import for_compile
 
         b = for_compile(b)
-    # deferred_finite_checks: the fp8 backend's NaN/Inf check of q/k/v does not sync the host at every call
-    # (a sync that can cost the CPU its lead in small, host-bound blocks); it still raises, at the latest when
-    # the measurement ends
-    with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
-            swap.norm_ranges(loaded.module), deferred_finite_checks():
+    with _backend_in(loaded, b) as state:
         block, compiled, stats = loaded.module, contextlib.nullcontext(), None
         if spec.compile:  # compiled here, with the backend swapped in: the compile sees the swapped attention
             block = compile_mode.compile_block(loaded.module, spec.compile, spec.device)
@@ -182,6 +196,47 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
             if launches:
                 run.extra["fp8_launches"] = launches
     return run
+
+
+@contextlib.contextmanager
+def _backend_in(loaded: Any, b: backends.BackendInfo):
+    """The block with ``b``'s attention swapped in, as every timed call of a measurement sees it."""
+    uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
+    # deferred_finite_checks: the fp8 backend's NaN/Inf check of q/k/v does not sync the host at every call
+    # (a sync that can cost the CPU its lead in small, host-bound blocks); it still raises, at the latest when
+    # the measurement ends
+    with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
+            swap.norm_ranges(loaded.module), deferred_finite_checks():
+        yield state
+
+
+def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base_b: backends.BackendInfo,
+                 swap_b: backends.BackendInfo, progress: Progress | None) -> dict | None:
+    """Eager block calls with the baseline and the swap taken in turns (``spec.interleave`` rounds), after both
+    phases: the report's ``interleaved`` section, or None where it does not apply (no rounds, a compiled block,
+    a numerics emulation)."""
+    from ditprof.harness import noise
+    from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND, _band, time_interleaved
+    from ditprof.kernels import registry
+
+    if not spec.interleave or spec.compile or registry.is_numerics_only(swap_b.name):
+        return None
+    phase = Phases(progress, "interleaved")
+    phase("baseline / swapped in turns", 0, 1)
+    with torch.inference_mode():
+        rounds = time_interleaved({
+            "baseline": (lambda: _backend_in(loaded, base_b), lambda: inputs.run(loaded.module)),
+            "swapped": (lambda: _backend_in(loaded, swap_b), lambda: inputs.run(loaded.module)),
+        }, spec.device, spec.interleave)
+    phase("baseline / swapped in turns", 1, 1)
+    flat = {k: [x for r in v for x in r] for k, v in rounds.items()}
+    return {"rounds": spec.interleave, "calls_per_round": INTERLEAVED_CALLS_PER_ROUND,
+            "method": "eager block calls, baseline and swapped in turns (the order reversed every round), one untimed "
+                      "call after each switch; ratio = median over rounds of (baseline / swapped) round medians",
+            "timing_source": "cuda_events" if spec.device.type == "cuda" else "host_clock",
+            "baseline_samples_ms": flat["baseline"], "swapped_samples_ms": flat["swapped"],
+            "baseline_ms": _band(flat["baseline"]), "swapped_ms": _band(flat["swapped"]),
+            **noise.paired(rounds["baseline"], rounds["swapped"])}
 
 
 def _fp8_call_counts(backend: str, device) -> dict | None:
@@ -233,10 +288,13 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                     raise DitprofError("forced failure after the baseline run (test)")
                 swap_run = None
                 skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
+                inter = None
                 if swap_b and not skipped:
                     swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident,
                                                 console)
+                    inter = _interleaved(spec, loaded, inputs, base_b, swap_b, progress)
             rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
+            rep["interleaved"] = inter
             rep["plan"] = plan.as_dict()
             if skipped:
                 rep["swap_skipped"] = skipped

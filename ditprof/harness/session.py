@@ -139,6 +139,29 @@ def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tup
     return samples, "host_clock"
 
 
+INTERLEAVED_CALLS_PER_ROUND = 2
+
+
+def time_interleaved(runs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], device: torch.device, rounds: int,
+                     calls: int = INTERLEAVED_CALLS_PER_ROUND) -> dict[str, list[list[float]]]:
+    """Eager block calls of several setups taken in turns, so that drift of the host or the clocks during the
+    run lands on all of them alike (two phases one after the other put it into their ratio). ``runs``: name ->
+    (context factory, call); each turn enters the context, makes one untimed call (the first after a switch),
+    times ``calls`` calls as ``time_block`` does and leaves; the order of the turns reverses every round, so no
+    setup always follows the same one. Returns name -> per-round lists of milliseconds."""
+    names = list(runs)
+    out: dict[str, list[list[float]]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            enter, call = runs[name]
+            with enter():
+                call()
+                _sync(device)
+                samples, _ = time_block(call, device, calls)
+            out[name].append(samples)
+    return out
+
+
 # a replay may differ from the eager call only by a non-deterministic kernel's rounding (fp32 atomics): well
 # under one bf16 ulp (2^-8) in RMS
 GRAPH_REPLAY_TOLERANCE = 1e-3

@@ -318,7 +318,7 @@ def quantize_v_e4m3(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
     the exact quotient where descale < RECIP_MIN_DESCALE (or NaN). ``descale`` broadcasts against ``x``.
 
     One multiply per element instead of a correctly rounded quotient (the prep's V programs are issue-bound: H200,
-    interleaved, prep alone -4 to -7 %, NOTES session 16). It differs from e4m3(x / descale) only where x / descale
+    interleaved, prep alone -4 to -7 %, NOTES session 17). It differs from e4m3(x / descale) only where x / descale
     lies at an e4m3 midpoint (bf16 V over a per-head descale does, now and then): there the product, an fp32 ulp
     off, picks the neighbour that round-half-even would not; both are equally near."""
     xf = x.float()
