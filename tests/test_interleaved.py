@@ -11,7 +11,7 @@ import torch
 
 from ditprof import cli
 from ditprof.harness import noise
-from ditprof.harness.session import time_interleaved
+from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND, time_interleaved
 
 
 def test_turns_reverse_every_round_and_time_each_call_inside_its_context():
@@ -61,19 +61,24 @@ def test_compare_with_rounds_in_turns(one_thread, tmp_path):
                      "--iters", "2", "--warmup", "1", "--interleave", "3", "--out", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
     inter = rep["interleaved"]
-    assert (inter["rounds"], inter["calls_per_round"], inter["timing_source"]) == (3, 2, "host_clock")
+    c = inter["calls_per_round"]
+    assert (inter["rounds"], c, inter["timing_source"]) == (3, INTERLEAVED_CALLS_PER_ROUND, "host_clock")
     base, new = inter["baseline_samples_ms"], inter["swapped_samples_ms"]
-    assert len(base) == len(new) == 6 and min(base + new) > 0
+    assert len(base) == len(new) == 3 * c and min(base + new) > 0
     # the ratio is the median over rounds of the rounds' median ratios, recomputed from the samples
-    ratios = [statistics.median(base[2 * i:2 * i + 2]) / statistics.median(new[2 * i:2 * i + 2]) for i in range(3)]
+    ratios = [statistics.median(base[c * i:c * i + c]) / statistics.median(new[c * i:c * i + c]) for i in range(3)]
     assert inter["round_ratios"] == pytest.approx(ratios)
     assert inter["ratio"] == pytest.approx(statistics.median(ratios))
     assert inter["baseline_ms"]["min"] == min(base) and inter["swapped_ms"]["max"] == max(new)
     assert inter["verdict"] in ("faster", "slower", "within noise")
     md = (out / "report.md").read_text()
     assert "baseline and swap in turns (3 rounds)" in md and f"{inter['ratio']:.2f}x" in md
-    # the plan counted the rounds' calls: 2 backends x 3 rounds x (1 untimed + 2 timed)
-    assert rep["plan"]["calls"] >= 18
+    # the plan counted the rounds' calls: 2 backends x 3 rounds x (1 untimed + c timed) on top of the phases'
+    plain = cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--attention", "sdpa-math",
+                      "--iters", "2", "--warmup", "1", "--interleave", "0", "--out", str(tmp_path / "plain")])
+    assert plain == 0
+    calls0 = json.loads((tmp_path / "plain" / "report.json").read_text())["plan"]["calls"]
+    assert rep["plan"]["calls"] == calls0 + 2 * 3 * (1 + c)
 
 
 def test_no_rounds_by_default_on_the_cpu_nor_for_an_emulation(one_thread, tmp_path):

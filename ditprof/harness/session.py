@@ -139,7 +139,7 @@ def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tup
     return samples, "host_clock"
 
 
-INTERLEAVED_CALLS_PER_ROUND = 2
+INTERLEAVED_CALLS_PER_ROUND = 5
 
 
 def time_interleaved(runs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], device: torch.device, rounds: int,
