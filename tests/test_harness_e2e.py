@@ -17,15 +17,6 @@ PRESET = "wan-tiny"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    # the CI box has 2 cores shared with other jobs: oversubscribed OpenMP makes a 1 ms block take 100 ms
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 ACTIVE_BEFORE = {}
 
 

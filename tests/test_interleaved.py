@@ -47,14 +47,6 @@ def test_paired_verdicts():
     assert mixed["verdict"] == "within noise" and "contains 1" in mixed["why"]
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_compare_with_rounds_in_turns(one_thread, tmp_path):
     out = tmp_path / "run"
     assert cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--attention", "sdpa-math",

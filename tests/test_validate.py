@@ -17,15 +17,6 @@ from ditprof.model_blocks import load_block, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block
 
 
-@pytest.fixture
-def one_thread():
-    """Other processes on a 2-core CI box make multi-threaded CPU timings erratic; one thread is steadier."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _call(*argv):
     """Run a command without main()'s error printing, so DitprofError reaches the test."""
     from ditprof.cli import build_parser
