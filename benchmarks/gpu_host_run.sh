@@ -228,6 +228,11 @@ session17b)  # session 17, with part3 (FA3): peers at flux / ltx / h3, one call'
   step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
   step compare-flux 100 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
   ;;
+session17d)  # session 17, the last minutes: with V cheaper (reciprocal codes), does V's quantize pay for a launch of its own still? SPLIT_V=False timed interleaved
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
+  step prep-splitv 120 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "nosplit=SPLIT_V=False;nosplit_noprefetch=SPLIT_V=False,QK_PREFETCH=False" --json "$out/prep-splitv.json"
+  ;;
 session17c)  # session 17, last lease: is the flux compare's eager 0.82x (host overhead 1.53 ms vs 0.38 earlier) the host or session 17's prep? the op's host cost per call, the flux block interleaved sdpa / fp8, the compare again
   step host-overhead 60 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
   step eager-diag-flux 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag-flux.json"
