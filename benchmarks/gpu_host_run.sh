@@ -238,7 +238,7 @@ session17c)  # session 17, last lease: is the flux compare's eager 0.82x (host o
   step eager-diag-flux 150 python benchmarks/experimental/eager_host_diag.py --preset flux.1-dev --rounds 3 --iters 10 --json "$out/eager-diag-flux.json"
   step compare-flux 100 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
   ;;
-session16a)  # next session: V's codes by reciprocal (V_RECIP) and 16-row rotated K stats tiles (122 registers vs 216 at D 128) timed; the winner runs the INT8 prep GPU tests and every sm90 GPU test as the process default, then peers, the flux compare and one call's launches with it
+session16a)  # session 17, as run (V_RECIP is gone since: V by its reciprocal is the only path; it would now fail as an unknown knob): V's codes by reciprocal (V_RECIP) and 16-row rotated K stats tiles (122 registers vs 216 at D 128) timed; the winner runs the INT8 prep GPU tests and every sm90 GPU test as the process default, then peers, the flux compare and one call's launches with it
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
   step prep-knobs 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
     --settings "vrecip=V_RECIP=True;srot16=STATS_ROT_ROWS=16;vrecip_srot16=V_RECIP=True,STATS_ROT_ROWS=16" --json "$out/prep-knobs.json"
@@ -249,7 +249,7 @@ session16a)  # next session: V's codes by reciprocal (V_RECIP) and 16-row rotate
   [ -n "$best" ] && step gpu-tests 260 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
   ;;
-session16b)  # next session, with part3 (FA3): peers at flux / ltx / h3 and the flux compare with both session-15 prep changes (+ DITPROF_PREP_KNOBS if session16a found a winner: pass it in the environment)
+session16b)  # session 17, as run, with part3 (FA3): peers at flux / ltx / h3 and the flux compare with both session-15 prep changes (+ DITPROF_PREP_KNOBS if session16a found a winner: pass it in the environment)
   step attention-peers 150 python benchmarks/attention.py --shapes flux,ltx,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
   step compare-flux 100 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
   step host-overhead 60 python benchmarks/host_overhead.py --json "$out/host-overhead.json"
