@@ -15,6 +15,9 @@ import sys
 from ditprof import __version__
 from ditprof.errors import DitprofError
 
+# Commands that never import torch (they stay fast); every other command gets torch imported up front, with Ctrl-C
+# held back meanwhile (``interrupt.deferred``).
+LIGHT_COMMANDS = ("presets", "diff")
 # Modules that expose register(subparsers). Imported lazily so `ditprof presets` stays fast.
 COMMAND_MODULES = (
     "ditprof.model_blocks.commands",
@@ -46,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        if args.command not in LIGHT_COMMANDS:
+            with interrupt.deferred():
+                import torch  # noqa: F401 -- its import must not be interrupted halfway (interrupt.deferred)
         try:
             rc = args.func(args)
         except DitprofError as exc:

@@ -9,6 +9,7 @@ seconds, then removes the staging folders still open and exits 130 itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -78,3 +79,25 @@ def install() -> bool:
     threading.Thread(target=_watch, args=(r,), name="ditprof-interrupt", daemon=True).start()
     install.armed = True  # type: ignore[attr-defined]
     return True
+
+
+@contextlib.contextmanager
+def deferred():
+    """Hold a Ctrl-C back until the block ends, then raise it (main thread; elsewhere a plain block).
+
+    For importing torch: a KeyboardInterrupt raised in Python code that an extension module's initialisation
+    calls (numpy's, torch's operator registration through pybind11) can abort the process ("terminate called after
+    throwing ... error_already_set") or leave a half-initialised module behind, so that the next import fails
+    ("cannot load module more than once per process") and the run ends with a traceback instead of one line. The
+    watchdog still sees the signal: an import that outlasts ``GRACE_S`` after it ends the process as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt

@@ -60,6 +60,31 @@ def test_interrupt_during_import(tmp_path):
     _no_run_left(tmp_path, out)
 
 
+def test_deferred_holds_ctrl_c_until_the_block_ends():
+    """interrupt.deferred: a SIGINT inside the block raises nothing there, KeyboardInterrupt at its end, and the
+    previous handler is back; without a signal the block ends normally. In a child process (no watchdog here)."""
+    code = (
+        "import os, signal, time\n"
+        "from ditprof import interrupt\n"
+        "before = signal.getsignal(signal.SIGINT)\n"
+        "with interrupt.deferred():\n"
+        "    pass\n"
+        "steps = []\n"
+        "try:\n"
+        "    with interrupt.deferred():\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(0.2)\n"
+        "        steps.append('inside')\n"
+        "except KeyboardInterrupt:\n"
+        "    steps.append('raised at the end')\n"
+        "assert signal.getsignal(signal.SIGINT) is before, 'handler not restored'\n"
+        "print(steps)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "['inside', 'raised at the end']"
+
+
 @pytest.mark.parametrize("after_plan_s", [0.0, 4.0])
 def test_interrupt_inside_a_long_torch_op(tmp_path, after_plan_s):
     """A wan-tiny block at 120k tokens: each call is one long SDPA op (seconds on a CPU) that Python cannot
