@@ -77,11 +77,14 @@ def test_no_rounds_by_default_on_the_cpu_nor_for_an_emulation(one_thread, tmp_pa
     out = tmp_path / "run"
     assert cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--iters", "2", "--warmup", "1",
                      "--out", str(out)]) == 0
-    assert json.loads((out / "report.json").read_text())["interleaved"] is None
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["interleaved"] is None
     out2 = tmp_path / "emu"
     assert cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--iters", "2", "--warmup", "1",
                      "--attention", "fp8-emulated", "--interleave", "2", "--tokens", "64", "--out", str(out2)]) == 0
-    assert json.loads((out2 / "report.json").read_text())["interleaved"] is None  # numerics only: no speed
+    rep2 = json.loads((out2 / "report.json").read_text())
+    assert rep2["interleaved"] is None  # numerics only: no speed
+    assert rep2["plan"]["calls"] == rep["plan"]["calls"]  # and the plan counts no rounds for it
 
 
 @pytest.mark.parametrize("argv, words", [

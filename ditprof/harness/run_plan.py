@@ -125,6 +125,7 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
         per_backend += spec.iters + 1
     calls = round(backends * per_backend)
     if spec.swap:  # the rounds in turns (runner._interleaved): per round and backend one untimed call + the timed ones
+        # (spec.interleave is 0 where they do not run)
         from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND
 
         calls += 2 * getattr(spec, "interleave", 0) * (1 + INTERLEAVED_CALLS_PER_ROUND)

@@ -126,19 +126,25 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         time_limit_min=limit if limit is not None else DEFAULT_TIME_LIMIT_MIN, size_note=size_note,
         batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),
         json_out=bool(getattr(args, "json", False)), compile=compile_as,
-        interleave=_interleave_rounds(args, command, device),
+        interleave=_interleave_rounds(args, command, device, swap_name, compile_as),
     )
 
 
-def _interleave_rounds(args: Any, command: str, device: torch.device) -> int:
+def _interleave_rounds(args: Any, command: str, device: torch.device, swap_name: str | None,
+                       compile_as: str | None) -> int:
     """--interleave N (compare only; default: --iters on CUDA, none on the CPU, where a block call's time is the
-    host's anyway); a bad value is a one-line error."""
+    host's anyway); none for a compiled block or a numerics emulation (no speed to compare); a bad value is a
+    one-line error. The one decision: the run and its plan both read the result."""
+    from ditprof.kernels import registry
+
     n = getattr(args, "interleave", None)
     if n is not None and n < 0:
         raise DitprofError(f"--interleave must be >= 0 rounds (got {n})")
     if command != "compare":
         if n:
             raise DitprofError("--interleave takes turns between a baseline and a swap: it is for ditprof compare")
+        return 0
+    if compile_as or (swap_name and registry.is_numerics_only(swap_name)):
         return 0
     if n is None:
         return (args.iters if args.iters is not None else 10) if device.type == "cuda" else 0
@@ -213,13 +219,11 @@ def _backend_in(loaded: Any, b: backends.BackendInfo):
 def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base_b: backends.BackendInfo,
                  swap_b: backends.BackendInfo, progress: Progress | None) -> dict | None:
     """Eager block calls with the baseline and the swap taken in turns (``spec.interleave`` rounds), after both
-    phases: the report's ``interleaved`` section, or None where it does not apply (no rounds, a compiled block,
-    a numerics emulation)."""
+    phases: the report's ``interleaved`` section, or None without rounds (``_interleave_rounds`` says when)."""
     from ditprof.harness import noise
     from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND, _band, time_interleaved
-    from ditprof.kernels import registry
 
-    if not spec.interleave or spec.compile or registry.is_numerics_only(swap_b.name):
+    if not spec.interleave:
         return None
     phase = Phases(progress, "interleaved")
     phase("baseline / swapped in turns", 0, 1)

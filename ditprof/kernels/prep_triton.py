@@ -102,7 +102,7 @@ STATS_ROT_ROWS = 0
 # many programs per SM: the [rows, D] accumulators of the elementwise fold then take 122 registers instead of 216
 # (sm_90, D = 128), 4 programs per SM instead of 2, which pays where the grid streams in many waves (H200, prep
 # alone, interleaved: h3 (51 programs per SM) -3.4 %) but not in a grid of a few waves, where each program's serial
-# loop is the latency (flux, 6.5 per SM: +2.0 %) nor at head_dim 64 (ltx +6.8 %, CogVideoX +2.1 %); NOTES, session 16
+# loop is the latency (flux, 6.5 per SM: +2.0 %) nor at head_dim 64 (ltx +6.8 %, CogVideoX +2.1 %); NOTES, session 17
 STATS_ROT16_PROGRAMS_PER_SM = 24
 # tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
 # test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
