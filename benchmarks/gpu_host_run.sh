@@ -216,6 +216,11 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session18a)  # session 18: Q rotated and quantized in the kernel (fp8_fwd_sm90_qrot.py) -- its GPU tests, then prep without Q + the variant vs the shipped prep + kernel (plain grid both), call anatomy at h3 / CogVideoX
+  step qrot-gpu-tests 240 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_qrot_gpu.py
+  step qrot-bench 240 python benchmarks/experimental/qrot_bench.py --shapes flux,ltx,cogvideox,h3 --rounds 15 --json "$out/qrot-bench.json"
+  step call-anatomy 90 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
+  ;;
 session17a)  # session 17: V by its reciprocal (the only path now, the torch chain too) and the rotated-K-stats rows rule (16 at head_dim 128 with >= 24 stats programs per SM) timed against 32 / 16 forced at seven shapes; the e4m3 and INT8 prep GPU tests and every sm90 GPU test with the new defaults
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
   step prep-rot 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \

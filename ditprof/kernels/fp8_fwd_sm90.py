@@ -856,9 +856,9 @@ class Sm90Fp8Attention:
 
 # ---------------------------------------------------------------------- compile / run API
 def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, ones_elems: int,
-                    qk_dtype=Float8E4M3FN, q_stages: int = 1):
+                    qk_dtype=Float8E4M3FN, q_stages: int = 1, extra_fields: dict | None = None):
     """The kernel's shared-memory struct (built outside the jit function: the DSL rewrites its control flow),
-    with the row-sum wgmma's constant tile of ones."""
+    with the row-sum wgmma's constant tile of ones (``extra_fields``: an experimental variant's own tiles, last)."""
     f8 = Float8E4M3FN
 
     # annotations spelled out: this module's `from __future__ import annotations` would leave them as strings
@@ -875,6 +875,7 @@ def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, on
         fields["sOnes"] = cute.struct.Align[cute.struct.MemRange[f8, ones_elems], 1024]
     if qk_dtype is Int8:  # S_BIAS_BITS x 4: the INT8 Q K^T accumulator's preset, one LDS.128 per 4 registers
         fields["sBias"] = cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+    fields.update(extra_fields or {})
     SharedStorage = type("SharedStorage", (), {"__annotations__": fields})
     return cute.struct(SharedStorage)
 

@@ -793,7 +793,10 @@ class PrepPlan:
     (``kernels.launch``) pays only the launches per call. ``prepare_triton`` builds one per call."""
 
     def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
-                 stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False):
+                 stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False,
+                 skip_q: bool = False):
+        # skip_q (INT8 Q/K only): no Q programs, q8 and q_scales are not written -- for a kernel that rotates and
+        # quantizes Q itself (benchmarks/experimental/fp8_fwd_sm90_qrot.py)
         quant_block = quant_block or QUANT_BLOCK
         quant_warps = quant_warps or QUANT_WARPS
         stats_r = stats_r or STATS_R
@@ -821,8 +824,10 @@ class PrepPlan:
         stats_chunk = stats_chunk or stats_chunk_for(BH, Sk, self.qk_int8, q.device)
         # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
         ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
+        if skip_q and not self.qk_int8:
+            raise ValueError("skip_q needs the INT8 Q/K format (qk_int8=True)")
         if self.qk_int8:
-            nq, nk = _cdiv(self.Sq_pad, QK_ROWS), _cdiv(self.Sk_pad, QK_ROWS)
+            nq, nk = (0 if skip_q else _cdiv(self.Sq_pad, QK_ROWS)), _cdiv(self.Sk_pad, QK_ROWS)
         else:
             nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
         nv = _cdiv(self.Sk_pad, quant_block)
