@@ -22,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "h3": (1, 56, 30272, 128)}
+SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "cogvideox": (1, 48, 17776, 64),
+          "h3": (1, 56, 30272, 128)}
 
 
 def kernel_events(trace: dict) -> list[dict]:
