@@ -216,6 +216,10 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session18b)  # session 18, second round: the qrot variant with 32-bit Q loads and 16-bit code stores -- GPU tests, then the bench
+  step qrot-gpu-tests 240 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_qrot_gpu.py
+  step qrot-bench 240 python benchmarks/experimental/qrot_bench.py --shapes flux,ltx,cogvideox,h3 --rounds 15 --json "$out/qrot-bench.json"
+  ;;
 session18a)  # session 18: Q rotated and quantized in the kernel (fp8_fwd_sm90_qrot.py) -- its GPU tests, then prep without Q + the variant vs the shipped prep + kernel (plain grid both), call anatomy at h3 / CogVideoX
   step qrot-gpu-tests 240 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_qrot_gpu.py
   step qrot-bench 240 python benchmarks/experimental/qrot_bench.py --shapes flux,ltx,cogvideox,h3 --rounds 15 --json "$out/qrot-bench.json"
