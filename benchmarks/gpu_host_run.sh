@@ -216,6 +216,13 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session18c)  # session 18, third round: the qrot variant with 32-bit Q loads (byte code stores again) -- GPU tests, then the bench
+  step qrot-gpu-tests 240 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_qrot_gpu.py
+  step qrot-bench 240 python benchmarks/experimental/qrot_bench.py --shapes flux,ltx,cogvideox,h3 --rounds 15 --json "$out/qrot-bench.json"
+  ;;
+session18d)  # session 18, with part3 (FA3): issue 17's table at all seven shapes, one process, with today's code
+  step attention-peers 420 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3,wan14b,hunyuan --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  ;;
 session18b)  # session 18, second round: the qrot variant with 32-bit Q loads and 16-bit code stores -- GPU tests, then the bench
   step qrot-gpu-tests 240 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_qrot_gpu.py
   step qrot-bench 240 python benchmarks/experimental/qrot_bench.py --shapes flux,ltx,cogvideox,h3 --rounds 15 --json "$out/qrot-bench.json"

@@ -33,7 +33,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import BFloat16, Float16, Float32, Int16, Int32, const_expr, cute, pipeline
+from cutlass import BFloat16, Float16, Float32, Int8, Int32, const_expr, cute, pipeline
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -189,11 +189,11 @@ class Sm90Fp8QRotAttention(Sm90Fp8Attention):
         tAcQ = thr.partition_A(cQ)
         tArQ = cute.make_rmem_tensor(thr.partition_shape_A((TILE_M_WG, D)), self.q_dtype)
         # the A fragment holds column pairs: one 32-bit load per pair (rows >= Sq: zeros, never read out of bounds)
-        tAgQ32 = cute.recast_tensor(thr.partition_A(gQ), Int32)
+        tAgQ = thr.partition_A(gQ)
         tArQ32 = cute.recast_tensor(tArQ, Int32)
         for i in cutlass.range_constexpr(cute.size(tArQ32)):
             if row0 + tAcQ[2 * i][0] < sq:
-                tArQ32[i] = ld_global_b32(tAgQ32.iterator + cute.crd2idx(i, tAgQ32.layout))
+                tArQ32[i] = ld_global_b32(tAgQ.iterator + cute.crd2idx(2 * i, tAgQ.layout))
             else:
                 tArQ32[i] = Int32(0)
         tRrR = thr.make_fragment_B(thr.partition_B(sR))  # (MMA, 1, D/16, 1)
@@ -224,16 +224,14 @@ class Sm90Fp8QRotAttention(Sm90Fp8Attention):
                 ds = m / Float32(127.0)
             q_rows[r] = ds
             mul_rows[r] = (Float32(1.0) / ds) * inv_d
-        # each thread's column pair (8j + 2 quad, +1) as one 16-bit store into the swizzled int8 tile
-        sQ16 = cute.recast_tensor(sQ[None, None, wg], Int16)
-        warp = wg_tidx // 32
-        lane = wg_tidx % 32
+        # byte stores through the accumulator's own partition of the int8 tile (CuTe applies the swizzle; a 16-bit
+        # recast of the swizzled tile wrote elsewhere: session 18's second GPU round)
+        tCsQ = thr.partition_C(sQ[None, None, wg])
         for r in cutlass.range_constexpr(2):
-            row = warp * 16 + lane // 4 + 8 * r
             for j in cutlass.range_constexpr(D // 8):
-                lo = cvt_rni_s32(acc[2 * r + 4 * j] * mul_rows[r])
-                hi = cvt_rni_s32(acc[1 + 2 * r + 4 * j] * mul_rows[r])
-                sQ16[row, 4 * j + lane % 4] = Int16((lo & 0xFF) | (hi << 8))
+                for c in cutlass.range_constexpr(2):
+                    v = c + 2 * r + 4 * j
+                    tCsQ[v] = Int8(cvt_rni_s32(acc[v] * mul_rows[r]))
         cute.arch.fence_proxy("async.shared", space="cta")  # generic stores, read by the Q K^T wgmma
         cute.arch.barrier(barrier_id=Q_BARRIER0 + wg, number_of_threads=128)
         return q_rows
