@@ -92,6 +92,7 @@ TILE_M_WG = 64  # query rows per consumer warpgroup (wgmma M)
 REGS_PRODUCER = 24
 # setmaxnreg budgets per consumer count: 128 * (24 + n * R) must fit the 64K-register file
 REGS_CONSUMER = {2: 240, 3: 160}
+Q_BARRIER0 = 1  # q_rot: named barriers 1..3, one per consumer warpgroup (0 is the CTA barrier)
 PIN_ZERO_SLOT = 16  # smem scratch slot holding 0.0 (slots 0..15: per-warp fence stores)
 SUM_COLS = 8  # width of the ones tile of the row-sum wgmma (the narrowest wgmma N)
 MAX_CHAINS = 4  # independent FMNMX chains per row in the softmax: shorter dependency latency
@@ -132,6 +133,34 @@ def st_global_v4_b32(ptr: cute.Pointer, w0: Int32, w1: Int32, w2: Int32, w3: Int
                                                                    for w in (w0, w1, w2, w3)]
     llvm.inline_asm(None, ops, "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r,~{memory}",
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_global_b32(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """One 32-bit global load (``ptr`` 4-byte aligned): LLVM splits a 32-bit load of a 16-bit pair it cannot prove
+    aligned into two 16-bit loads."""
+    res = llvm.inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)], "ld.global.b32 $0, [$1];",
+                          "=r,l", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                          loc=loc, ip=ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def cvt_rni_s32(x: Float32, *, loc=None, ip=None) -> Int32:
+    """Round to the nearest integer, ties to even (``cvt.rni.s32.f32``)."""
+    res = llvm.inline_asm(T.i32(), [Float32(x).ir_value(loc=loc, ip=ip)], "cvt.rni.s32.f32 $0, $1;", "=r,f",
+                          has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                          loc=loc, ip=ip)
+    return Int32(res)
+
+
+@dsl_user_op
+def fmax_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """max(a, b), NaN if either is NaN (``max.NaN.f32``; ``fmax`` drops a NaN)."""
+    res = llvm.inline_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                          "max.NaN.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Float32(res)
 
 
 def quad_transpose(x: list, quad) -> list:
@@ -222,8 +251,10 @@ class Sm90Fp8Attention:
     """Compile-time configuration + the jit entry point (``__call__``) and the kernel."""
 
     def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None,
-                 key_lens: bool = False, qk_int8: bool = False):
+                 key_lens: bool = False, qk_int8: bool = False, q_rot: bool = False):
         config = config or config_for("sm_90a", head_dim)
+        if q_rot and not qk_int8:
+            raise ValueError("q_rot (Q rotated and quantized in the kernel) needs the INT8 Q/K format")
         if head_dim not in (64, 128):
             raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
         if config.tile_n % 32 or not 32 <= config.tile_n <= 256:
@@ -248,6 +279,9 @@ class Sm90Fp8Attention:
         # q_scales pointer is not used at all and the kernel is the e4m3 one
         self.qk_int8 = qk_int8
         self.qk_dtype = Int8 if qk_int8 else Float8E4M3FN
+        # INT8 with Q rotated and quantized here ("Q in the kernel" below): q is the 16-bit input, the q_scales
+        # pointer is the prep's rotation matrix transposed; off: q8 and q_scales come from the prep
+        self.q_rot = q_rot
 
     # ------------------------------------------------------------------ host side (traced at compile)
     @cute.jit
@@ -310,7 +344,7 @@ class Sm90Fp8Attention:
         if const_expr(self.key_lens):
             mKeyLens = cute.make_tensor(pKeyLens, cute.make_layout((batch,)))
         mQScales = None
-        if const_expr(self.qk_int8):
+        if const_expr(self.qk_int8 and not self.q_rot):
             mQScales = cute.make_tensor(
                 pQScales, cute.make_layout((sq_pad, heads, batch), stride=(1, sq_pad, heads * sq_pad)))
 
@@ -345,17 +379,31 @@ class Sm90Fp8Attention:
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, pv_tiler, f8, self.kv_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
-            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (TILE_M_WG, D))
+        extra_fields = None
+        if const_expr(self.q_rot):
+            # the TMA slot carries the rotation matrix, the q_scales slot the 16-bit Q (read by the consumers)
+            mQScales = cute.make_tensor(
+                cute.recast_ptr(pQ, dtype=self.dtype_out),
+                cute.make_layout((sq, D, heads, batch), stride=(heads * D, 1, D, sq * heads * D)))
+            mRot = cute.make_tensor(cute.recast_ptr(pQScales, dtype=self.dtype_out),
+                                    cute.make_layout((D, D), stride=(D, 1)))
+            sR_layout = self.rot_smem_layout()
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mRot, cute.slice_(sR_layout, (None, None, 0)), (D, D))
+            extra_fields = {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(sR_layout)],
+                                                    1024]}
+        else:
+            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
+                g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (TILE_M_WG, D))
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(
             g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, D))
         tma_v, mV_tma = cpasync.make_tiled_tma_atom(
             g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (D, self.tile_n))
-        self.q_bytes = TILE_M_WG * D * self.num_wg
+        self.q_bytes = D * D * 2 if const_expr(self.q_rot) else TILE_M_WG * D * self.num_wg
         self.kv_bytes = self.tile_n * D
 
         SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
-                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8, self.Q_STAGES)
+                                        cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8, self.Q_STAGES,
+                                        extra_fields)
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         return ((qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
@@ -438,18 +486,28 @@ class Sm90Fp8Attention:
                                sPin=sPin, n_tiles=n_tiles, bias_ptr=bias_ptr)
 
     def producer(self, k: SimpleNamespace, w: SimpleNamespace, s: SimpleNamespace):
-        """The producer warp: Q of the work tile, then its K/V tiles."""
-        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV, s.sQ,
-                                                                 s.sK, s.sV)
+        """The producer warp: Q of the work tile (``q_rot``: the rotation matrix), then its K/V tiles."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        self.load_q(s.q_pipe, q_state, k.tma_q, tQgQ, tQsQ, w.m_block, w.head, w.bat)
+        if self.q_rot:
+            tKsK, tKgK, tVsV, tVgV = self.producer_views_kv(k.tma_k, k.mK, k.tma_v, k.mV, s.sK, s.sV)
+            self.load_rot(s.q_pipe, q_state, k.tma_q, k.mQ, s.storage)
+        else:
+            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV,
+                                                                     s.sQ, s.sK, s.sV)
+            self.load_q(s.q_pipe, q_state, k.tma_q, tQgQ, tQsQ, w.m_block, w.head, w.bat)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         self.load_kv(s.k_pipe, s.v_pipe, kv_state, s.n_tiles, k.tma_k, tKgK, tKsK, k.tma_v, tVgV, tVsV, w.head, w.bat)
 
     def consumer(self, k: SimpleNamespace, w: SimpleNamespace, s: SimpleNamespace, f: SimpleNamespace, warp_idx):
-        """A consumer warpgroup on the work tile: the key loop (``attend``), then the epilogue."""
+        """A consumer warpgroup on the work tile: (``q_rot``: its Q rows quantized,) the key loop (``attend``), then
+        the epilogue."""
         row0 = w.m_block * self.tile_m + f.wg * TILE_M_WG
-        qk_scale = self.tile_qk_scale(k.mScales, k.mQScales, k.scale_log2, row0, w.head, w.bat, k.sq, f.wg_tidx)
+        if self.q_rot:
+            qk_scale = self.quantize_q(k.mQScales, k.mScales, k.scale_log2, self.rot_tensor(s.storage), s.sQ,
+                                       s.q_pipe, row0, w.head, w.bat, k.sq, f.wg, f.wg_tidx)
+        else:
+            qk_scale = self.tile_qk_scale(k.mScales, k.mQScales, k.scale_log2, row0, w.head, w.bat, k.sq,
+                                          f.wg_tidx)
         row_max = cute.make_rmem_tensor((2,), Float32)
         row_sum = cute.make_rmem_tensor((2,), Float32)
         row_max.fill(-Float32.inf)
@@ -521,6 +579,18 @@ class Sm90Fp8Attention:
         cute.arch.sync_threads()
         return bias_ptr
 
+    def producer_views_kv(self, tma_k, mK, tma_v, mV, sK, sV):
+        """``producer_views`` without Q (``q_rot``): the K and V partitions."""
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+        gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))
+        gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        return tKsK, tKgK, tVsV, tVgV
+
     def producer_views(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV):
         """The producer warp's TMA descriptor prefetches and the (smem, gmem) partitions of Q, K and V."""
         return tma_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, self.head_dim, self.tile_n)
@@ -533,6 +603,94 @@ class Sm90Fp8Attention:
             # boxes past the padded length (3 consumer warpgroups) are zero-filled by the TMA unit
             cute.copy(tma_q, tQgQ[(None, m_block * self.num_wg + w, 0, head, bat)], tQsQ[(None, slot0 + w)],
                       tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+
+    # ------------------------------------------------------------------ Q in the kernel (q_rot)
+    def rot_smem_layout(self):
+        """The rotation matrix's tile (Rpm1^T, the rotation wgmma's K-major B operand; static, so built again
+        wherever it is used: a layout made in the host trace cannot be used inside the kernel)."""
+        D = self.head_dim
+        return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (TILE_M_WG, D, D), self.dtype_out, 1)
+
+    def rot_tensor(self, storage):
+        layout = self.rot_smem_layout()
+        return storage.sR.get_tensor(layout.outer, swizzle=layout.inner)
+
+    @cute.jit
+    def load_rot(self, q_pipe, q_state, tma_r: cute.CopyAtom, mRot: cute.Tensor, storage):
+        """The rotation matrix into its tile, on the Q pipeline's mbarrier (once per CTA)."""
+        cpasync.prefetch_descriptor(tma_r)
+        gR = cute.flat_divide(mRot, (self.head_dim, self.head_dim))
+        tRsR, tRgR = cpasync.tma_partition(tma_r, 0, cute.make_layout(1), cute.group_modes(self.rot_tensor(storage), 0, 2),
+                                           cute.group_modes(gR, 0, 2))
+        q_pipe.producer_acquire(q_state)
+        cute.copy(tma_r, tRgR[(None, 0, 0)], tRsR[(None, 0)], tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+
+    @cute.jit
+    def quantize_q(self, mQ16: cute.Tensor, mScales: cute.Tensor, scale_log2: Float32, sR: cute.Tensor,
+                   sQ: cute.Tensor, q_pipe, row0: Int32, head: Int32, bat: Int32, sq: Int32, wg: Int32,
+                   wg_tidx: Int32):
+        """The warpgroup's 64 rows of Q rotated and quantized into its Q tile (the INT8 prep's numerics for Q);
+        returns qk_scale (the thread's two rows, as ``tile_qk_scale``). A non-finite row sets Q's sticky flag."""
+        D = self.head_dim
+        rot_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype_out, self.dtype_out, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
+            (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
+        rot_mma_zero = sm90_utils.make_trivial_tiled_mma(
+            self.dtype_out, self.dtype_out, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
+            (TILE_M_WG, D), warpgroup.OperandSource.RMEM)
+        set_accumulate((rot_mma_zero,), (rot_mma,))
+        thr = rot_mma.get_slice(wg_tidx)
+        gQ = cute.local_tile(mQ16[None, None, head, bat], (TILE_M_WG, D), (row0 // TILE_M_WG, 0))
+        tAgQ = thr.partition_A(gQ)
+        tAcQ = thr.partition_A(cute.make_identity_tensor((TILE_M_WG, D)))
+        tArQ = cute.make_rmem_tensor(thr.partition_shape_A((TILE_M_WG, D)), self.dtype_out)
+        # the A fragment holds column pairs: one 32-bit load per pair; rows >= sq are zeros (not read)
+        tArQ32 = cute.recast_tensor(tArQ, Int32)
+        for i in cutlass.range_constexpr(cute.size(tArQ32)):
+            if row0 + tAcQ[2 * i][0] < sq:
+                tArQ32[i] = ld_global_b32(tAgQ.iterator + cute.crd2idx(2 * i, tAgQ.layout))
+            else:
+                tArQ32[i] = Int32(0)
+        tRrR = thr.make_fragment_B(thr.partition_B(sR))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_M_WG, D)), Float32)
+        q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tArQ, mode=[2])):
+            cute.gemm(rot_mma_zero if kb == 0 else rot_mma, acc, tArQ[None, None, kb], tRrR[None, None, kb, 0], acc)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+        # acc value v = c + 2r + 4j: row r of the thread, column 8j + 2 quad + c. Q' = acc / D (exact); descale =
+        # RN(amax|Q'| / 127) (1.0 for a zero row), codes = rni(Q' * RN(1 / descale)) = rni(acc * (RN(1 / descale) / D))
+        # (a power of two: the same product), |codes| <= 127 by construction. The amax propagates NaN (max.NaN)
+        qk_scale = cute.make_rmem_tensor((2,), Float32)
+        mul = cute.make_rmem_tensor((2,), Float32)
+        k_scale = mScales[1, head, bat] * scale_log2
+        inv_d = Float32(1.0 / D)
+        for r in cutlass.range_constexpr(2):
+            m = Float32(0.0)
+            for j in cutlass.range_constexpr(D // 8):
+                for c in cutlass.range_constexpr(2):
+                    m = fmax_nan(m, cute.arch.fmax(acc[c + 2 * r + 4 * j], -acc[c + 2 * r + 4 * j]))
+            m = cute.arch.warp_reduction_max(m, threads_in_group=4) * inv_d
+            ds = Float32(1.0)
+            if m != Float32(0.0):
+                ds = m / Float32(127.0)
+            if ds - ds != Float32(0.0):  # NaN or Inf in the row (rows >= sq are zeros)
+                flags = cute.make_tensor(cute.recast_ptr(mScales.iterator + cute.size(mScales), dtype=Int32),
+                                         cute.make_layout(3))
+                flags[0] = Int32(1)
+            qk_scale[r] = ds * k_scale
+            mul[r] = (Float32(1.0) / ds) * inv_d
+        tCsQ = thr.partition_C(sQ[None, None, wg])  # byte stores: CuTe applies the tile's swizzle
+        for j in cutlass.range_constexpr(D // 8):
+            for r in cutlass.range_constexpr(2):
+                for c in cutlass.range_constexpr(2):
+                    v = c + 2 * r + 4 * j
+                    tCsQ[v] = Int8(cvt_rni_s32(acc[v] * mul[r]))
+        cute.arch.fence_proxy("async.shared", space="cta")  # generic stores, read by the Q K^T wgmma
+        cute.arch.barrier(barrier_id=Q_BARRIER0 + wg, number_of_threads=128)
+        return qk_scale
 
     @cute.jit
     def load_kv(self, k_pipe, v_pipe, kv_state, n_tiles: Int32, tma_k: cute.CopyAtom, tKgK: cute.Tensor,
@@ -880,14 +1038,16 @@ def _shared_storage(kv_stages: int, q_elems: int, k_elems: int, v_elems: int, on
     return cute.struct(SharedStorage)
 
 
-def smem_bytes(head_dim: int = 128, config: Sm90Config | None = None) -> int:
+def smem_bytes(head_dim: int = 128, config: Sm90Config | None = None, q_rot: bool = False) -> int:
     """Dynamic shared memory per CTA: mbarriers (padded to the 1024-byte alignment of the tiles), Q (consumer_wgs x
-    64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each), the row-sum wgmma's ones tile."""
+    64 rows), K and V rings (kv_stages x tile_n x head_dim bytes each), the row-sum wgmma's ones tile (``q_rot``:
+    and the 16-bit rotation matrix)."""
     c = config or config_for("sm_90a", head_dim)
     barriers = (2 + 4 * c.kv_stages) * 8
     total = (-(-barriers // 1024) * 1024 + TILE_M_WG * c.consumer_wgs * head_dim
              + 2 * c.kv_stages * c.tile_n * head_dim + SUM_COLS * c.tile_n)
-    return -(-total // 1024) * 1024  # the struct's size is a multiple of its 1024-byte alignment
+    rot = 2 * head_dim * head_dim if q_rot else 0
+    return -(-total // 1024) * 1024 + rot  # the struct's size is a multiple of its 1024-byte alignment
 
 
 def _out_dtype(dtype_out):
@@ -901,7 +1061,7 @@ def _out_dtype(dtype_out):
     raise ValueError(f"unsupported output dtype {dtype_out}")
 
 
-def _compile_args(dtype_out):
+def _compile_args(dtype_out, q_rot: bool = False):
     from cutlass.cute.runtime import make_ptr
 
     gm = cute.AddressSpace.gmem
@@ -910,7 +1070,8 @@ def _compile_args(dtype_out):
         make_ptr(Uint8, 0, gm, assumed_align=16),
         make_ptr(Uint8, 0, gm, assumed_align=16),
         make_ptr(Float32, 0, gm, assumed_align=4),
-        make_ptr(Float32, 0, gm, assumed_align=4),  # q_scales (unused unless compiled with qk_int8=True)
+        # q_scales (unused unless compiled with qk_int8=True; with q_rot the rotation matrix, read by TMA)
+        make_ptr(Float32, 0, gm, assumed_align=16 if q_rot else 4),
         make_ptr(Int32, 0, gm, assumed_align=4),  # key_lens (unused unless compiled with key_lens=True)
         make_ptr(dtype_out, 0, gm, assumed_align=4),
         make_ptr(Float32, 0, gm, assumed_align=4),
@@ -921,7 +1082,7 @@ def _compile_args(dtype_out):
 
 def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
                  tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
-                 qk_int8: bool = False):
+                 qk_int8: bool = False, q_rot: bool = False):
     """Compile the kernel. Arguments are pointers + sizes, so the same compiled function serves any shape.
 
     ``config``: ``config_for(arch, head_dim)`` unless given. ``fake=True``: no GPU needed (stream faked); pass e.g.
@@ -931,14 +1092,17 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     batch item b attends to its first key_lens[b] keys (key-padding masks; CUDA-graph capturable).
     ``qk_int8``: q8 and k8 are int8 (the prep's rotated INT8 Q/K): S = Q8 K8^T on the s8 wgmma, each query row
     scaled by its own descale from ``q_scales`` (float32 (B, H, Sq_pad)) times the K descale (scales[..., 1]).
+    ``q_rot`` (with ``qk_int8``): Q rotated and quantized in the kernel ("Q in the kernel" in the module docstring):
+    the q argument is the 16-bit input (B, Sq, H, D) contiguous, q_scales the rotation matrix Rpm1^T (D, D) in the
+    input dtype (16-byte aligned), and ``scales`` must be followed in memory by the prep's three int32 flags.
     Arguments: q8, k8, v8t, scales, q_scales, key_lens, out, lse, B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale,
     stream.
     """
     dtype_out = _out_dtype(dtype_out)
     config = config or config_for(arch, head_dim)
-    kern = Sm90Fp8Attention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
-    return compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                          tvm_ffi=tvm_ffi, smem=smem_bytes(head_dim, config))
+    kern = Sm90Fp8Attention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8, q_rot=q_rot)
+    return compile_kernel(kern, _compile_args(dtype_out, q_rot), fake=fake, arch=arch, options_extra=options_extra,
+                          tvm_ffi=tvm_ffi, smem=smem_bytes(head_dim, config, q_rot))
 
 
 def compile_kernel(kern, args: tuple, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
