@@ -96,7 +96,7 @@ def main() -> int:
         "launch record alone (no op dispatch)": lambda: L.fp8_attention_cuda(q, k, v, scale),
         f"prep plan: {len(plan.launches)} direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
         "kernel launch alone (TVM-FFI call, ints)" if rec.streamk is None else
-        "kernel + merge launches alone (stream-K grid)": lambda: rec._launch_kernel(ws, out, None, scale, stream),
+        "kernel + merge launches alone (stream-K grid)": lambda: rec._launch_kernel(ws, q, out, None, scale, stream),
         "record lookup (launch.record_for)": lambda: L.record_for(q, k, v, False),
         "output allocation (torch.empty)": lambda: torch.empty(rec.out_shape, dtype=rec.dtype, device=rec.device),
         "the op with a key mask (compaction + key lengths)": lambda: op_entry(q, k, v, key_mask=keep),

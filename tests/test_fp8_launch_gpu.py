@@ -71,3 +71,54 @@ def test_records_made_in_inference_mode_serve_calls_outside_it():
         launch.fp8_attention_cuda(q, k, v, 0.1)
         launch.finish_finite_checks()
     assert all(torch.equal(o, inside) for o in outside)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_q_in_the_kernel_gives_the_prep_path_bits(D, monkeypatch):
+    """fp8-sm90 INT8 on the plain grid rotates and quantizes Q in the kernel (``q_rot``: the prep skips Q): the same
+    output bits as the prep's Q (``DITPROF_FP8_QROT=0``); a non-contiguous q keeps the prep's Q."""
+    _cuda()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("q_rot is fp8-sm90's")
+    from ditprof.kernels import launch
+
+    q, k, v = _qkv(11, B=2, Sq=1000, Sk=777, H=3, D=D)
+    scale = D ** -0.5
+    rec = launch.record_for(q, k, v, False)
+    assert rec.q_rot and rec.summary()["q_in_kernel"] and rec.streamk is None
+    out = torch.full_like(q, float("nan"))
+    out.copy_(launch.fp8_attention_cuda(q, k, v, scale))
+    monkeypatch.setenv("DITPROF_FP8_QROT", "0")
+    assert not launch.record_for(q, k, v, False).q_rot
+    want = launch.fp8_attention_cuda(q, k, v, scale)
+    monkeypatch.delenv("DITPROF_FP8_QROT")
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, strided
+    assert not launch.record_for(qt, k, v, False).q_rot
+    strided = launch.fp8_attention_cuda(qt, k, v, scale)
+    launch.finish_finite_checks()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, want) and torch.equal(strided, want)
+
+
+def test_q_in_the_kernel_flags_inf_and_nan_rows():
+    """With Q quantized in the kernel, a row holding Inf or NaN still raises the one-line error (the kernel sets Q's
+    sticky flag), and a clean call after it does not."""
+    _cuda()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("q_rot is fp8-sm90's")
+    from ditprof.errors import DitprofError
+    from ditprof.kernels import launch
+
+    launch.finish_finite_checks()
+    q, k, v = _qkv(12, B=1, Sq=700, Sk=300, H=2)
+    assert launch.record_for(q, k, v, False).q_rot
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        q[0, 699, 1, 3] = bad  # the last row of the last, partial query block
+        with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
+            launch.fp8_attention_cuda(q, k, v, 0.1)
+            launch.finish_finite_checks()
+        q[0, 699, 1, 3] = 0.5
+    out = launch.fp8_attention_cuda(q, k, v, 0.1)
+    launch.finish_finite_checks()
+    assert torch.isfinite(out).all()

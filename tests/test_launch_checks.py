@@ -53,7 +53,7 @@ def _record(plan):
     from ditprof.kernels.launch import Fp8Launch
 
     rec = object.__new__(Fp8Launch)
-    rec.streamk, rec.sizes = plan, (1, 2, 3, 4, 5, 6)
+    rec.streamk, rec.sizes, rec.q_rot = plan, (1, 2, 3, 4, 5, 6), False
     rec.spec = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, True, True, streamk=plan is not None)
     rec.calls, rec.merges = [], []
     rec.fn = lambda *a: rec.calls.append(a)
@@ -67,14 +67,20 @@ def _record(plan):
 
 def test_tvm_ffi_launch_arguments_of_both_grids():
     """The TVM-FFI call's argument order: q8, k8, v8t, scales, q_scales, key_lens (the scales stand in), out, lse,
-    [o_part, lse_part], sizes, scale, [n_full, n_tail, T], stream; the stream-K grid then merges into out."""
+    [o_part, lse_part], sizes, scale, [n_full, n_tail, T], stream; the stream-K grid then merges into out. With Q in
+    the kernel (q_rot) the first pointer is the call's own 16-bit q (the workspace's q_scales slot then holds the
+    rotation matrix)."""
+    q = _Ptr(40)
     rec, ws = _record(None)
-    rec._launch_kernel(ws, _Ptr(50), None, 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), None, 0.5, 7)
     assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 1, 2, 3, 4, 5, 6, 0.5, 7)]
-    rec._launch_kernel(ws, _Ptr(50), _Ptr(60), 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), _Ptr(60), 0.5, 7)
     assert rec.calls[1][5] == 60  # key_lens
+    rec.q_rot = True
+    rec._launch_kernel(ws, q, _Ptr(50), None, 0.5, 7)
+    assert rec.calls[2] == (40, 11, 12, 13, 15, 13, 50, 14, 1, 2, 3, 4, 5, 6, 0.5, 7)
     rec, ws = _record((528, 48, 132, 29))
-    rec._launch_kernel(ws, _Ptr(50), None, 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), None, 0.5, 7)
     assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 100, 101, 1, 2, 3, 4, 5, 6, 0.5, 528, 48, 132, 7)]
     (o_part, lse_part, out, stream), = rec.merges
     assert (o_part.p, lse_part.p, out.p, stream) == (100, 101, 50, 7)

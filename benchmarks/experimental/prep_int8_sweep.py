@@ -175,7 +175,7 @@ def end_to_end(shapes: dict, settings: dict, rounds: int, steady_s: float = 0.0)
             rec.plan.launch(q, k, v, ws, stream)
             prepared[name] = (ws, torch.empty(rec.out_shape, dtype=rec.dtype, device=q.device))
         calls = {name: (lambda rec=rec: rec(q, k, v, scale)) for name, rec in records.items()}
-        kernels = {name: (lambda rec=rec, ws=ws, o=o: rec._launch_kernel(ws, o, None, scale, stream))
+        kernels = {name: (lambda rec=rec, ws=ws, o=o: rec._launch_kernel(ws, q, o, None, scale, stream))
                    for (name, rec), (ws, o) in zip(records.items(), prepared.values())}
         res = {}
         for part, fns in (("call", calls), ("kernel", kernels)):

@@ -143,7 +143,8 @@ def fp8_launch_lines(report: dict) -> list[str]:
         sk = la.get("streamk")
         grid = (f"stream-K ({sk['n_full']} whole + {sk['n_tail']} spread over {sk['tail_ctas']} CTAs)"
                 if sk else la["grid"])
-        lines.append(f"| {label} | {tuple(la['q_shape'])} | {la['k_len']} | {la['kernel']} | {la['qk_format']} "
+        qk = la["qk_format"] + (", Q quantized in the kernel" if la.get("q_in_kernel") else "")
+        lines.append(f"| {label} | {tuple(la['q_shape'])} | {la['k_len']} | {la['kernel']} | {qk} "
                      f"| {grid} | {la['launch']} | {la['calls']} |")
     return lines + [""]
 

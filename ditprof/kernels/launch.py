@@ -77,6 +77,7 @@ class KernelSpec:
     tvm_ffi: bool = False  # compiled for TVM-FFI's C ABI (raw ints for pointers and the stream)
     qk_int8: bool = False  # Q and K int8 with per-row Q descales (kernels.qk_format "int8")
     streamk: bool = False  # fp8-sm90 on the stream-K grid (fp8_fwd_sm90_streamk: workspace + merge)
+    q_rot: bool = False  # fp8-sm90 INT8 with Q rotated and quantized in the kernel (16-bit q, the rotation matrix)
 
 
 _COMPILED: dict = {}
@@ -94,16 +95,19 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
         if spec.streamk:
             from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
+            if spec.q_rot:
+                raise ValueError("the stream-K grid takes the prep's Q (no q_rot build)")
+
             return compile_streamk(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch,
                                    options_extra=options_extra, tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens,
                                    qk_int8=spec.qk_int8)
         return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
-                              tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8)
+                              tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8, q_rot=spec.q_rot)
     if spec.kernel == "fp8-sm120":
         from ditprof.kernels import fp8_fwd_sm120 as K
 
-        if spec.tvm_ffi or spec.streamk:
-            raise ValueError("fp8-sm120 launches through cute's JIT executor, on its plain grid")
+        if spec.tvm_ffi or spec.streamk or spec.q_rot:
+            raise ValueError("fp8-sm120 launches through cute's JIT executor, on its plain grid, with the prep's Q")
         return K.compile_fp8_fwd(spec.arch, spec.head_dim, spec.out_dtype, write_lse=spec.write_lse,
                                  early_v=K.default_early_v(spec.arch), extra_options=options_extra,
                                  key_lens=spec.key_lens, qk_int8=spec.qk_int8)
@@ -261,6 +265,33 @@ def streamk_enabled(setting: Optional[str]) -> bool:
     raise DitprofError(f"DITPROF_FP8_STREAMK must be 0 or 1, got {setting!r}")
 
 
+def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> bool:
+    """Whether a launch record quantizes Q in the kernel (``q_rot``): fp8-sm90 INT8 on the plain grid (the stream-K
+    grid keeps the prep's Q) with a contiguous (B, Sq, H, D) q, unless ``DITPROF_FP8_QROT`` is "0". The prep then
+    skips Q: H200, plain grid, same process (benchmarks/NOTES.md, session 18): the same output bits, the call
+    -0.9 % (h3) to -1.7 % (CogVideoX). The general path (``interface.launch_prepared``) takes the prep's Q."""
+    setting = env_setting(b"DITPROF_FP8_QROT")
+    if setting not in (None, "", "0", "1"):
+        raise DitprofError(f"DITPROF_FP8_QROT must be 0 or 1, got {setting!r}")
+    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and streamk is None and setting != "0"
+            and q.is_contiguous() and q.data_ptr() % 16 == 0)
+
+
+_ROTATIONS_T: dict = {}
+
+
+def rotation_t(D: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Rpm1^T (D, D) contiguous in ``dtype`` on ``device`` (the q_rot kernel's rotation wgmma takes its B operand
+    K-major), made once per (D, dtype, device) and shared read-only."""
+    key = (D, dtype, torch.device(device))
+    r = _ROTATIONS_T.get(key)
+    if r is None:
+        from ditprof.kernels.rotation import rotation_pm1
+
+        r = _ROTATIONS_T[key] = rotation_pm1(D, torch.float64).t().contiguous().to(dtype=dtype, device=device)
+    return r
+
+
 # ------------------------------------------------------------------------------------------------ arch
 
 def arch_for_capability(cap: tuple[int, int]) -> str:
@@ -366,9 +397,6 @@ class Fp8Launch:
         Sk = k.shape[1]
         self.device = q.device
         self.device_index = q.device.index
-        # the descales over each item's own keys
-        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens, qk_int8=qk_int8)
-        self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.B, self.Sq, self.Sk, self.H = B, Sq, Sk, H
         self.out_shape = (B, Sq, H, D)
         self.dtype = q.dtype
@@ -376,6 +404,15 @@ class Fp8Launch:
                              key_lens=key_lens, qk_int8=qk_int8)
         # the stream-K grid (one kernel + one merge launch) where streamk_for takes the call
         self.streamk = streamk_for(kernel, self.spec.arch, B, H, Sq, Sk, D, key_lens, self.device_index, streamk)
+        # Q rotated and quantized in the kernel where q_rot_for takes the call (the prep then skips Q)
+        self.q_rot = q_rot_for(self.spec, self.streamk, q)
+        self.rot = None
+        if self.q_rot:
+            self.spec = dataclasses.replace(self.spec, q_rot=True)
+            self.rot = rotation_t(D, q.dtype, q.device)  # made now: never inside a graph capture
+        # the descales over each item's own keys
+        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens, qk_int8=qk_int8, skip_q=self.q_rot)
+        self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.merge = None
         with torch.cuda.device(self.device):
             if self.streamk is not None:
@@ -405,7 +442,13 @@ class Fp8Launch:
             if self.streamk is not None:
                 o_part, lse_part = streamk_workspace(self.streamk, self.out_shape[3], self.dtype, self.device)
                 ws["streamk"] = (o_part, lse_part, self.streamk[:3])
-        # q_scales: the per-row Q descales with int8 Q/K; otherwise never read (the scales stand in)
+        # q_scales: the per-row Q descales with int8 Q/K (q_rot: the rotation matrix); otherwise never read (the
+        # scales stand in)
+        if self.q_rot:
+            ws["q_scales"] = self.rot
+            # the kernel sets Q's non-finite flag right after the scales (PrepPlan.buffers allocates them so)
+            if ws["flags"].data_ptr() != ws["scales"].data_ptr() + ws["scales"].numel() * 4:
+                raise DitprofError("internal: the prep's flags do not follow its scales")
         ws["ptrs"] = tuple(ws[n].data_ptr() for n in ("q8", "k8", "v8t", "scales", "lse")) + (
             ws["q_scales" if "q_scales" in ws else "scales"].data_ptr(),)
         sk = ws["streamk"]
@@ -433,7 +476,7 @@ class Fp8Launch:
                 ws = self._workspace()
             self.plan.launch(q, k, v, ws, stream, key_lens=key_lens)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-            self._launch_kernel(ws, out, key_lens, float(softmax_scale), stream)
+            self._launch_kernel(ws, q, out, key_lens, float(softmax_scale), stream)
             if not capturing:
                 sync = sync_checks()
                 if not self.reuse or sync:
@@ -460,6 +503,7 @@ class Fp8Launch:
         return {"q_shape": list(self.out_shape), "k_len": self.Sk, "dtype": DTYPE_NAMES[self.dtype],
                 "kernel": self.spec.kernel, "qk_format": "int8" if self.spec.qk_int8 else "e4m3",
                 "key_lens": self.spec.key_lens, "grid": "stream-K" if grid else "plain", "streamk": grid,
+                "q_in_kernel": self.spec.q_rot,
                 "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit"}
 
     def check(self, ws: dict, stream: torch.cuda.Stream, queue) -> None:
@@ -468,10 +512,12 @@ class Fp8Launch:
         _UNCHECKED.pop(id(ws), None)
         queue.append(self.ring.start(ws["flags"], stream, zero=self.reuse))
 
-    def _launch_kernel(self, ws: dict, out, key_lens, softmax_scale: float, stream: int) -> None:
+    def _launch_kernel(self, ws: dict, q, out, key_lens, softmax_scale: float, stream: int) -> None:
         if self.spec.tvm_ffi:
             try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
                 q8, k8, v8t, sc, lse, qs = ws["ptrs"]
+                if self.q_rot:  # the kernel reads the 16-bit q itself
+                    q8 = q.data_ptr()
                 parts, plan = ws["streamk_ptrs"]  # both empty on the plain grid
                 self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
                         lse, *parts, *self.sizes, softmax_scale, *plan, stream)
@@ -480,7 +526,8 @@ class Fp8Launch:
             except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
                 pass
         self.spec, self.fn = launch_compiled(
-            self.spec, self.fn, ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"), key_lens, out,
+            self.spec, self.fn, q if self.q_rot else ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"),
+            key_lens, out,
             ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream, streamk=ws["streamk"])
         self._merge(ws, out, stream)
 
@@ -501,6 +548,10 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     JIT executor for good."""
     D = q8.shape[3]
     sq_pad, sk_pad = q8.shape[2], k8.shape[2]
+    if spec.q_rot:  # q8 is the 16-bit q (B, Sq, H, D), q_scales the rotation matrix
+        from ditprof.kernels.prep import padded_lengths
+
+        sq_pad = padded_lengths(Sq, Sk)[0]
     if spec.qk_int8 != (q_scales is not None):
         raise DitprofError("int8 Q/K kernels take per-row Q descales (q_scales), e4m3 ones do not")
     if spec.kernel == "fp8-sm90" and out.data_ptr() % 16:
@@ -539,8 +590,8 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     if spec.kernel == "fp8-sm90":
         ws = (ptr(out_ty, ws_ptrs[0], 16), ptr(cutlass.Float32, ws_ptrs[1], 4)) if ws_ptrs else ()
         fn(ptr(qk8, q8, 16), ptr(qk8, k8, 16), ptr(f8, v8t, 16), ptr(cutlass.Float32, scales, 4),
-           ptr(cutlass.Float32, qs_ptr, 4), ptr(cutlass.Int32, lens_ptr, 4), ptr(out_ty, out, 16),
-           ptr(cutlass.Float32, lse, 4), *ws,
+           ptr(cutlass.Float32, qs_ptr, 16 if spec.q_rot else 4), ptr(cutlass.Int32, lens_ptr, 4),
+           ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4), *ws,
            I32(B), I32(H), I32(Sq), I32(Sk), I32(sq_pad), I32(sk_pad), cutlass.Float32(softmax_scale),
            *(I32(x) for x in trailing), cuda.CUstream(stream))
     else:
@@ -562,9 +613,10 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
     kernel = kernel or env_setting(b"DITPROF_FP8_KERNEL")  # a forced kernel is part of the configuration
     fmt = env_setting(b"DITPROF_FP8_QK")  # so is a Q/K format (kernels.qk_format)
     grid = env_setting(b"DITPROF_FP8_STREAMK")  # and the stream-K switch
+    qrot = env_setting(b"DITPROF_FP8_QROT")  # and the Q-in-the-kernel switch
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid)
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid, qrot)
     rec = _RECORDS.get(key)
     if rec is None:
         rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8", grid)

@@ -883,7 +883,10 @@ class PrepPlan:
             q8 = torch.empty((B, H, self.Sq_pad, D), dtype=qk, device=device)
             k8 = torch.empty((B, H, self.Sk_pad, D), dtype=qk, device=device)
             v8t = torch.empty((B, H, D, self.Sk_pad), dtype=f8, device=device)
-            scales = torch.empty((B, H, 3), dtype=torch.float32, device=device)
+            # the scales, then the three flags, in one allocation: a kernel that quantizes Q itself (fp8-sm90's
+            # q_rot) sets Q's flag right after the scales it is given
+            scales_flags = torch.zeros((BH * 3 + 3,), dtype=torch.int32, device=device)
+            scales = scales_flags[:BH * 3].view(torch.float32).view(B, H, 3)
             if self.qk_int8:
                 q_scales = torch.empty((B, H, self.Sq_pad), dtype=torch.float32, device=device)
         extra = {}
@@ -904,7 +907,7 @@ class PrepPlan:
             kmax=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
             kmin=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
             # sticky non-finite flags of q, k, v (the finalize kernel sets them; whoever reads them zeroes them)
-            flags=torch.zeros((3,), dtype=torch.int32, device=device),
+            flags=scales_flags[BH * 3:] if out is None else torch.zeros((3,), dtype=torch.int32, device=device),
             # programs of each (b, h) that finished their stats (the last one resets it to 0)
             count=torch.zeros((BH,), dtype=torch.int32, device=device),
         )
