@@ -273,8 +273,10 @@ def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> 
     setting = env_setting(b"DITPROF_FP8_QROT")
     if setting not in (None, "", "0", "1"):
         raise DitprofError(f"DITPROF_FP8_QROT must be 0 or 1, got {setting!r}")
+    # not for a record first made inside a graph capture: the rotation matrix's copy to the device cannot be
+    # captured (such a record keeps the prep's Q)
     return (spec.kernel == "fp8-sm90" and spec.qk_int8 and streamk is None and setting != "0"
-            and q.is_contiguous() and q.data_ptr() % 16 == 0)
+            and q.is_contiguous() and q.data_ptr() % 16 == 0 and not torch.cuda.is_current_stream_capturing())
 
 
 _ROTATIONS_T: dict = {}
