@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 import cuda.bindings.driver as cuda
 import cutlass
-from cutlass import BFloat16, Float32, Int32, const_expr, cute, pipeline
+from cutlass import BFloat16, Float32, Int32, cute, pipeline
 
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import TILE_M_WG, Sm90Config, Sm90Fp8Attention
@@ -56,14 +56,10 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
     Q_STAGES = 2
 
     def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None,
-                 key_lens: bool = False, qk_int8: bool = False, q_rot: bool = False):
+                 key_lens: bool = False, qk_int8: bool = False):
         if key_lens:
             raise ValueError("the stream-K fp8-sm90 variant has no key_lens mode")
-        super().__init__(head_dim, dtype_out, config, key_lens=False, qk_int8=qk_int8, q_rot=q_rot)
-        if q_rot:
-            # one Q box per warpgroup: it quantizes a second segment's Q into it after the first segment's Q K^T
-            # (its own, complete), and the pipeline carries only the rotation matrix, once
-            self.Q_STAGES = 1
+        super().__init__(head_dim, dtype_out, config, key_lens=False, qk_int8=qk_int8)
 
     @cute.jit
     def __call__(
@@ -129,27 +125,21 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
     def producer(self, k, w, s):
         _, _, n_m, heads, _, _, _ = k.extra
         self.produce(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV, s.sQ, s.sK, s.sV, s.q_pipe, s.k_pipe, s.v_pipe,
-                     n_m, heads, w.tile, w.begin0, w.end0, w.end1, s.storage)
+                     n_m, heads, w.tile, w.begin0, w.end0, w.end1)
 
     @cute.jit
     def produce(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, n_m, heads, w_tile,
-                begin0, end0, end1, storage):
-        """The producer warp: per segment, Q into Q box ``seg`` (``q_rot``: the rotation matrix once), then the
-        segment's K/V tiles (one ring state)."""
+                begin0, end0, end1):
+        """The producer warp: per segment, Q into Q box ``seg``, then the segment's K/V tiles (one ring state)."""
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.Q_STAGES)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-        if const_expr(self.q_rot):
-            tKsK, tKgK, tVsV, tVgV = self.producer_views_kv(tma_k, mK, tma_v, mV, sK, sV)
-            self.load_rot(q_pipe, q_state, tma_q, mQ, storage)
-        else:
-            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.producer_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV)
         n_seg = 1 + cutlass.min(end1, 1)
         for seg in cutlass.range(n_seg, unroll=1):
             tile, begin, end = self.segment(w_tile, begin0, end0, end1, seg)
             m_block, head, bat = work_coords(tile, n_m, heads)
-            if const_expr(not self.q_rot):
-                self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat, q_state.index * self.num_wg)
-                q_state.advance()
+            self.load_q(q_pipe, q_state, tma_q, tQgQ, tQsQ, m_block, head, bat, q_state.index * self.num_wg)
+            q_state.advance()
             for j in cutlass.range(begin, end, unroll=1):
                 k_pipe.producer_acquire(kv_state)
                 cute.copy(tma_k, tKgK[(None, j, 0, head, bat)], tKsK[(None, kv_state.index)],
@@ -161,23 +151,13 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
 
     def consumer(self, k, w, s, f, warp_idx):
         mOPart, mLSEPart, n_m, heads, n_full, _, _ = k.extra
-        sR = self.rot_tensor(s.storage) if self.q_rot else None
         self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, k.mScales, k.mQScales, k.scale_log2, k.mO, k.mLSE, mOPart,
                      mLSEPart, k.sq, k.sk, s.sPin, warp_idx, s.bias_ptr, n_m, heads, n_full, w.cta, w.n_kt, w.tile,
-                     w.begin0, w.end0, w.end1, s.sQ, sR)
-
-    @cute.jit
-    def segment_qk_scale(self, f, q_pipe, mScales, mQScales, scale_log2, row0, head, bat, sq, sQ, sR):
-        """The segment's qk_scale: the prep's per-row Q descales, or (``q_rot``) the warpgroup's Q rows quantized
-        into its Q box here."""
-        if const_expr(self.q_rot):
-            return self.quantize_q(mQScales, mScales, scale_log2, sR, sQ, q_pipe, row0, head, bat, sq, f.wg,
-                                   f.wg_tidx)
-        return self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
+                     w.begin0, w.end0, w.end1)
 
     @cute.jit
     def consume(self, f, q_pipe, k_pipe, v_pipe, mScales, mQScales, scale_log2, mO, mLSE, mOPart, mLSEPart, sq, sk,
-                sPin, warp_idx, bias_ptr, n_m, heads, n_full, cta, n_kt, w_tile, begin0, end0, end1, sQ, sR):
+                sPin, warp_idx, bias_ptr, n_m, heads, n_full, cta, n_kt, w_tile, begin0, end0, end1):
         """Per segment: the shipped ``attend`` over its key tiles (Q box ``seg``), then the shipped ``epilogue``
         into O (a whole tile) or into workspace slot 2 (cta - n_full) + seg."""
         row_max = cute.make_rmem_tensor((2,), Float32)
@@ -192,7 +172,7 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
             m_block, head, bat = work_coords(w_tile, n_m, heads)
             row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            qk_scale = self.segment_qk_scale(f, q_pipe, mScales, mQScales, scale_log2, row0, head, bat, sq, sQ, sR)
+            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
             self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg, n_kt, qk_scale, row_max, row_sum,
                         None, bat, sk, sPin, warp_idx, bias_ptr)
             self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq, row0, head, bat,
@@ -200,12 +180,12 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
         else:
             self.consume_tail(f, q_pipe, k_pipe, v_pipe, row_max, row_sum, mScales, mQScales,
                               scale_log2, mO, mLSE, mOPart, mLSEPart, sq, sk, sPin, warp_idx, bias_ptr, n_m, heads,
-                              n_full, cta, n_kt, w_tile, begin0, end0, end1, sQ, sR)
+                              n_full, cta, n_kt, w_tile, begin0, end0, end1)
 
     @cute.jit
     def consume_tail(self, f, q_pipe, k_pipe, v_pipe, row_max, row_sum, mScales, mQScales,
                      scale_log2, mO, mLSE, mOPart, mLSEPart, sq, sk, sPin, warp_idx, bias_ptr, n_m, heads, n_full,
-                     cta, n_kt, w_tile, begin0, end0, end1, sQ, sR):
+                     cta, n_kt, w_tile, begin0, end0, end1):
         """A tail CTA's one or two segments."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.Q_STAGES)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
@@ -214,7 +194,7 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
             tile, begin, end = self.segment(w_tile, begin0, end0, end1, seg)
             m_block, head, bat = work_coords(tile, n_m, heads)
             row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            qk_scale = self.segment_qk_scale(f, q_pipe, mScales, mQScales, scale_log2, row0, head, bat, sq, sQ, sR)
+            qk_scale = self.tile_qk_scale(mScales, mQScales, scale_log2, row0, head, bat, sq, f.wg_tidx)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
             f.acc_O.fill(0.0)
@@ -224,8 +204,7 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
             keys = (end - begin) * self.tile_n + holds_last * (sk - end * self.tile_n)
             v_state = self.attend(f, q_pipe, q_state, k_pipe, v_pipe, kv_state, f.wg + q_state.index * self.num_wg,
                                   end - begin, qk_scale, row_max, row_sum, None, bat, keys, sPin, warp_idx, bias_ptr)
-            if const_expr(not self.q_rot):  # q_rot: one Q stage, its phase (the rotation matrix) done for good
-                q_state.advance()
+            q_state.advance()
             v_state.advance()
             kv_state = v_state
             o_scale = mScales[2, head, bat]
@@ -239,36 +218,34 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
 
 
 # ---------------------------------------------------------------------- compile / run
-def _compile_args(dtype_out, q_rot: bool = False):
+def _compile_args(dtype_out):
     from cutlass.cute.runtime import make_ptr
 
     gm = cute.AddressSpace.gmem
-    args = list(K._compile_args(dtype_out, q_rot))
+    args = list(K._compile_args(dtype_out))
     ws = [make_ptr(dtype_out, 0, gm, assumed_align=16), make_ptr(Float32, 0, gm, assumed_align=4)]
     return tuple(args[:8] + ws + args[8:] + [Int32(0), Int32(0), Int32(0)])
 
 
 def compile_streamk(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
                     tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
-                    qk_int8: bool = False, q_rot: bool = False):
-    """``K.compile_sm90``'s contract (key_lens refused; ``q_rot`` as there) with the workspace pointers after
-    ``lse`` and (n_full, n_tail, T) before the stream."""
+                    qk_int8: bool = False):
+    """``K.compile_sm90``'s contract (key_lens refused) with the workspace pointers after ``lse`` and
+    (n_full, n_tail, T) before the stream."""
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     if config.consumer_wgs * TILE_M_WG != TILE_M:
         raise ValueError(f"the stream-K schedule takes {TILE_M}-row work tiles, the config has "
                          f"{config.consumer_wgs * TILE_M_WG}")
-    kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8, q_rot=q_rot)
-    return K.compile_kernel(kern, _compile_args(dtype_out, q_rot), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config, q_rot))
+    kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
+    return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config))
 
 
-def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None, q_rot: bool = False) -> int:
+def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None) -> int:
     """The plain kernel's shared memory (``fp8_fwd_sm90.smem_bytes``) plus the second Q box (a tail CTA's second
-    segment loads its Q while the first one's keys stream; ``q_rot``: one box, and the rotation matrix)."""
+    segment loads its Q while the first one's keys stream)."""
     config = config or K.config_for("sm_90a", head_dim)
-    if q_rot:
-        return K.smem_bytes(head_dim, config, q_rot=True)
     return K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim
 
 

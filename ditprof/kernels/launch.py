@@ -95,10 +95,12 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
         if spec.streamk:
             from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
+            if spec.q_rot:
+                raise ValueError("the stream-K grid takes the prep's Q (no q_rot build)")
 
             return compile_streamk(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch,
                                    options_extra=options_extra, tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens,
-                                   qk_int8=spec.qk_int8, q_rot=spec.q_rot)
+                                   qk_int8=spec.qk_int8)
         return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
                               tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8, q_rot=spec.q_rot)
     if spec.kernel == "fp8-sm120":
@@ -263,18 +265,17 @@ def streamk_enabled(setting: Optional[str]) -> bool:
     raise DitprofError(f"DITPROF_FP8_STREAMK must be 0 or 1, got {setting!r}")
 
 
-def q_rot_for(spec: "KernelSpec", q: torch.Tensor) -> bool:
-    """Whether a launch record quantizes Q in the kernel (``q_rot``): fp8-sm90 INT8 (either grid) with a contiguous,
-    16-byte aligned (B, Sq, H, D) q, unless ``DITPROF_FP8_QROT`` is "0". The prep then skips Q: the same output bits;
-    H200, one process, the op's call (benchmarks/NOTES.md, session 18): CogVideoX -1.5 %, h3 -0.4 / -0.5 %,
-    HunyuanVideo -0.3 %, Wan 14B within noise. The general path (``interface.launch_prepared``) takes the prep's
-    Q."""
+def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> bool:
+    """Whether a launch record quantizes Q in the kernel (``q_rot``): fp8-sm90 INT8 on the plain grid (the stream-K
+    grid keeps the prep's Q) with a contiguous (B, Sq, H, D) q, unless ``DITPROF_FP8_QROT`` is "0". The prep then
+    skips Q: H200, plain grid, same process (benchmarks/NOTES.md, session 18): the same output bits, the call
+    -0.9 % (h3) to -1.7 % (CogVideoX). The general path (``interface.launch_prepared``) takes the prep's Q."""
     setting = env_setting(b"DITPROF_FP8_QROT")
     if setting not in (None, "", "0", "1"):
         raise DitprofError(f"DITPROF_FP8_QROT must be 0 or 1, got {setting!r}")
     # not for a record first made inside a graph capture: the rotation matrix's copy to the device cannot be
     # captured (such a record keeps the prep's Q)
-    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and setting != "0"
+    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and streamk is None and setting != "0"
             and q.is_contiguous() and q.data_ptr() % 16 == 0 and not torch.cuda.is_current_stream_capturing())
 
 
@@ -406,7 +407,7 @@ class Fp8Launch:
         # the stream-K grid (one kernel + one merge launch) where streamk_for takes the call
         self.streamk = streamk_for(kernel, self.spec.arch, B, H, Sq, Sk, D, key_lens, self.device_index, streamk)
         # Q rotated and quantized in the kernel where q_rot_for takes the call (the prep then skips Q)
-        self.q_rot = q_rot_for(self.spec, q)
+        self.q_rot = q_rot_for(self.spec, self.streamk, q)
         self.rot = None
         if self.q_rot:
             self.spec = dataclasses.replace(self.spec, q_rot=True)
