@@ -216,6 +216,10 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session18f)  # session 18, as run (reverted since: the stream-K grid keeps the prep's Q; commit b278020 has the build): Q in the kernel on the stream-K grid too -- every sm90 GPU test, the op A/B at the stream-K shapes (flux, ltx, Wan 1.3B) and CogVideoX
+  step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  step qrot-op-ab 150 python benchmarks/experimental/qrot_op_ab.py --shapes flux,ltx,wan1.3b,cogvideox --rounds 25 --json "$out/qrot-op-ab.json"
+  ;;
 session18e)  # session 18: Q in the kernel shipped (fp8-sm90 INT8, plain grid) -- every sm90 GPU test, the op A/B (Q in the kernel vs the prep's Q, one process), the INT8 prep's GPU tests
   step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step qrot-op-ab 150 python benchmarks/experimental/qrot_op_ab.py --shapes flux,cogvideox,wan1.3b,h3,wan14b --rounds 15 --json "$out/qrot-op-ab.json"

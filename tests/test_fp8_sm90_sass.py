@@ -89,3 +89,37 @@ def test_int8_qk_kernel_sass(tmp_path, head_dim):
     assert base.get("QGMMA", 0) > 0 and base.get("LDS", 0) >= 2 * 160 // 8, base
     assert sass.lower().count("0x4b400000") == 1 and "I2F.F32.S32" not in sass  # one: the smem constant's store
     assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res
+
+
+def _compiled_sass(tmp: Path, fn, head_dim: int, **kw) -> tuple[str, dict]:
+    fn(head_dim, "bfloat16", fake=True, options_extra=f"--keep-cubin --dump-dir {tmp}", **kw)
+    cubin = max(glob.glob(os.path.join(tmp, "*.cubin")), key=os.path.getmtime)
+    return (subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True, check=True).stdout,
+            cubin_resources(cubin))
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_q_in_the_kernel_sass(tmp_path, head_dim):
+    """``q_rot`` (Q rotated and quantized in the consumer warpgroups): the rotation on the 16-bit wgmma (HGMMA,
+    D/16 k-steps), Q's amax with the NaN-propagating max, the INT8 Q K^T and the key-tile loop as the prep's-Q
+    build (a few instructions of register allocation apart), no local memory inside the loop."""
+    sys.path.insert(0, str(EXPERIMENTAL))
+    try:
+        from sass_helpers import key_tile_loop
+    finally:
+        sys.path.remove(str(EXPERIMENTAL))
+    fn = K.compile_sm90
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    sass, res = _compiled_sass(tmp_path / "a", fn, head_dim, qk_int8=True, q_rot=True)
+    ref, _ = _compiled_sass(tmp_path / "b", fn, head_dim, qk_int8=True)
+    base, _ = sass_opcodes(sass)
+    ref_base, _ = sass_opcodes(ref)
+    assert base.get("HGMMA", 0) == head_dim // 16 and "HGMMA" not in ref, base
+    assert base.get("IGMMA", 0) == ref_base.get("IGMMA", 0) > 0 and base.get("QGMMA") == ref_base.get("QGMMA"), base
+    assert "FMNMX.NAN" in sass
+    tile = K.config_for("sm_90a", head_dim).tile_n
+    loop, ref_loop = (key_tile_loop(s, rf"IGMMA\.64x{tile}") for s in (sass, ref))
+    assert abs(len(loop) - len(ref_loop)) <= 8, (len(loop), len(ref_loop))
+    assert not any(x.startswith(("LDL", "STL", "HGMMA")) for x in loop)
+    assert res["stack_frame_bytes"] <= 16, res  # at most a few values kept across the loop
