@@ -59,6 +59,20 @@ Numerics (ARCHITECTURE.md, "FP8 numerics") with the tiling's differences
 * Epilogue: O = O * descale_v / l  (l already carries the x256), LSE = ln2 * (m*qk_scale - 8 + log2 l).
   Rows >= Sq are not written.
 
+Q in the kernel (``q_rot``, INT8 only; the op's launch record uses it on the plain grid)
+----------------------------------------------------------------------------------------
+Q's INT8 scales are per row, so the CTA that reads Q can quantize it: the prep then skips Q (at H3 434 MB read and
+108 MB written less, the INT8 prep 0.96 -> 0.74 ms). The producer loads the prep's +-1 matrix transposed (the
+16-bit wgmma's K-major B operand, 32 KiB at head_dim 128) by TMA on the Q pipeline instead of Q; each consumer
+warpgroup loads its 64 rows of the 16-bit q straight into the A-operand registers of a 16-bit wgmma (column pairs
+in 32-bit loads; rows >= Sq zeros), Q' = Q Rpm1 / D on the tensor cores (fp32), the row amax over the quad (a
+NaN-propagating max: a row with NaN or Inf sets Q's sticky flag, which follows ``scales`` in memory), descale
+RN(amax / 127), codes rni(Q' * RN(1 / descale)) -- the prep's codes: the H200 gave the prep path's output bits at
+every shape tried -- written byte by byte through the accumulator's partition of the int8 Q tile (CuTe applies the
+swizzle), then a proxy fence and a named barrier of the warpgroup. The key loop is unchanged. On the stream-K grid
+it lost (a tail segment's Q is then quantized on the critical path instead of prefetched: flux +1.4 %), so that
+grid keeps the prep's Q.
+
 Inputs (the shared prep's contract): q8 (B,H,Sq_pad,D) with Sq_pad % 128 == 0, k8 (B,H,Sk_pad,D),
 v8t (B,H,D,Sk_pad) with Sk_pad % 32 == 0 (TMA zero-fills the box beyond Sk_pad), scales (B,H,3) fp32.
 Outputs: out (B,Sq,H,D) bf16 (or fp16), lse (B,H,Sq) fp32. head_dim 128 (64 also compiles).

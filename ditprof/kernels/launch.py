@@ -266,10 +266,11 @@ def streamk_enabled(setting: Optional[str]) -> bool:
 
 
 def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> bool:
-    """Whether a launch record quantizes Q in the kernel (``q_rot``): fp8-sm90 INT8 on the plain grid (the stream-K
-    grid keeps the prep's Q) with a contiguous (B, Sq, H, D) q, unless ``DITPROF_FP8_QROT`` is "0". The prep then
-    skips Q: H200, plain grid, same process (benchmarks/NOTES.md, session 18): the same output bits, the call
-    -0.9 % (h3) to -1.7 % (CogVideoX). The general path (``interface.launch_prepared``) takes the prep's Q."""
+    """Whether a launch record quantizes Q in the kernel (``q_rot``): fp8-sm90 INT8 on the plain grid with a
+    contiguous, 16-byte aligned (B, Sq, H, D) q, unless ``DITPROF_FP8_QROT`` is "0". The prep then skips Q. H200, the
+    op's call, both records in one process (benchmarks/NOTES.md, session 18): the same output bits; CogVideoX -1.5 %,
+    h3 -0.4 / -0.5 %, HunyuanVideo -0.3 %, Wan 14B within noise. The stream-K grid keeps the prep's Q (with Q in the
+    kernel: flux +1.4 %, Wan 1.3B +2.3 %), and so does the general path (``interface.launch_prepared``)."""
     setting = env_setting(b"DITPROF_FP8_QROT")
     if setting not in (None, "", "0", "1"):
         raise DitprofError(f"DITPROF_FP8_QROT must be 0 or 1, got {setting!r}")
