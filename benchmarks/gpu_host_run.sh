@@ -216,6 +216,10 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session18g)  # session 18, last: the q_rot GPU tests moved to tests/ (the shipped build through launch_compiled, both launch paths), the bench on the shipped build at flux / h3
+  step qrot-gpu-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_sm90_qrot_gpu.py
+  step qrot-bench 120 python benchmarks/experimental/qrot_bench.py --shapes flux,h3 --rounds 10 --json "$out/qrot-bench.json"
+  ;;
 session18f)  # session 18, as run (reverted since: the stream-K grid keeps the prep's Q; commit b278020 has the build): Q in the kernel on the stream-K grid too -- every sm90 GPU test, the op A/B at the stream-K shapes (flux, ltx, Wan 1.3B) and CogVideoX
   step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step qrot-op-ab 150 python benchmarks/experimental/qrot_op_ab.py --shapes flux,ltx,wan1.3b,cogvideox --rounds 25 --json "$out/qrot-op-ab.json"

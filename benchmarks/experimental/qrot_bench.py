@@ -1,5 +1,6 @@
-"""Q rotated and quantized in the kernel (``fp8_fwd_sm90_qrot.py``) vs the shipped INT8 call, on the H200: the prep
-without Q's programs (``PrepPlan(skip_q=True)``) + the variant kernel against the shipped prep + the shipped kernel,
+"""Q rotated and quantized in the kernel (fp8-sm90's ``q_rot`` build; session 18's experiment, shipped since) vs the
+prep's Q, on the H200: the prep without Q's programs (``PrepPlan(skip_q=True)``) + the q_rot kernel against the full
+prep + the prep's-Q kernel,
 both on the plain grid (the stream-K tail is left out of both), on the same fresh Gaussian inputs. Prep alone, kernel
 alone and the two together, the six alternating call by call behind a sleep (``bench_helpers.sleep_alternating``),
 median of ``--rounds``; accuracy of both against float64 on the first two heads and the variant against the shipped
@@ -31,10 +32,11 @@ SHAPES = {  # B, S, H, D
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import gaussian_qkv, sleep_alternating, warm
-    from fp8_fwd_sm90_qrot import run_qrot
+    import dataclasses
 
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
+    from bench_helpers import gaussian_qkv, sleep_alternating, warm
+
+    from ditprof.kernels.launch import compiled, launch_compiled, rotation_t, spec_for
     from ditprof.kernels.prep_triton import PrepPlan
     from ditprof.kernels.reference import attention_reference
 
@@ -50,6 +52,9 @@ def measure(name: str, rounds: int) -> dict:
     l2 = torch.empty_like(l1)
     spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=True)
     launcher = {"spec": spec, "fn": compiled(spec)}
+    spec_q = dataclasses.replace(spec, q_rot=True)
+    launcher_q = {"spec": spec_q, "fn": compiled(spec_q)}
+    rot = rotation_t(D, q.dtype, q.device)
 
     def prep_full():
         full.launch(q, k, v, bf, stream)
@@ -63,7 +68,9 @@ def measure(name: str, rounds: int) -> dict:
             o1, l1, B, H, S, S, scale, stream)
 
     def kernel_qrot():
-        run_qrot(q, bs["k8"], bs["v8t"], bs["scales"], S, S, scale, o2, l2)
+        launcher_q["spec"], launcher_q["fn"] = launch_compiled(
+            launcher_q["spec"], launcher_q["fn"], q, bs["k8"], bs["v8t"], bs["scales"], rot, None, o2, l2, B, H, S, S,
+            scale, stream)
 
     def call_shipped():
         prep_full()

@@ -796,7 +796,7 @@ class PrepPlan:
                  stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False,
                  skip_q: bool = False):
         # skip_q (INT8 Q/K only): no Q programs, q8 and q_scales are not written -- for a kernel that rotates and
-        # quantizes Q itself (benchmarks/experimental/fp8_fwd_sm90_qrot.py)
+        # quantizes Q itself (fp8-sm90's q_rot build)
         quant_block = quant_block or QUANT_BLOCK
         quant_warps = quant_warps or QUANT_WARPS
         stats_r = stats_r or STATS_R

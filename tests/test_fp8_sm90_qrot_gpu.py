@@ -1,5 +1,6 @@
-"""The Q-rotating fp8-sm90 INT8 variant (``fp8_fwd_sm90_qrot.py``) on an sm_90 GPU, on fresh random inputs (never
-zeros), outputs and LSE poisoned with NaN before each run (every element must be written, and be finite):
+"""fp8-sm90 INT8 with Q rotated and quantized in the kernel (``q_rot``: the prep skips Q) on an sm_90 GPU, launched
+through ``launch_compiled`` (both launch paths: TVM-FFI and cute's JIT), on fresh random inputs (never zeros),
+outputs and LSE poisoned with NaN before each run (every element must be written, and be finite):
 
 - against float64 within issue 18's goals (gaussian, a K bias, a V bias);
 - against the shipped INT8 kernel on the shipped prep of the same inputs: the K and V codes are the same (the prep
@@ -10,7 +11,7 @@ zeros), outputs and LSE poisoned with NaN before each run (every element must be
 Shapes: a partial last query block (rows >= Sq read as zeros), ragged Sk, head_dim 64 and 128, B = 2, cross-attention,
 bf16 and fp16. Marked ``gpu``; skipped without CUDA and on GPUs other than sm_90.
 
-    python -m pytest -q -s -m gpu benchmarks/experimental/test_fp8_sm90_qrot_gpu.py
+    python -m pytest -q -s -m gpu tests/test_fp8_sm90_qrot_gpu.py
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ def _run_shipped(q, k, v, scale):
 
 
 def _run_variant(q, k, v, scale, tvm_ffi=None):
-    from fp8_fwd_sm90_qrot import run_qrot
+    from ditprof.kernels.launch import DTYPE_NAMES, KernelSpec, compiled, launch_compiled, rotation_t
 
     B, sq, H, D = q.shape
     sk = k.shape[1]
     _, b = _prep(q, k, v, skip_q=True)
     o, lse = _outputs(B, H, sq, D, q.dtype)
-    run_qrot(q, b["k8"], b["v8t"], b["scales"], sq, sk, scale, o, lse, tvm_ffi=tvm_ffi)
+    spec = KernelSpec("fp8-sm90", "sm_90a", D, DTYPE_NAMES[q.dtype], True, False, bool(tvm_ffi), True, q_rot=True)
+    launch_compiled(spec, compiled(spec), q, b["k8"], b["v8t"], b["scales"], rotation_t(D, q.dtype, q.device), None,
+                    o, lse, B, H, sq, sk, scale, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     return o, lse, b
 
@@ -131,7 +134,9 @@ def test_qrot_fp16_and_jit_launch(dtype):
 
     q, k, v = _inputs("gaussian", 1, 4, 777, 1500, 128, dtype, seed=7)
     scale = 0.1
-    for tvm_ffi in (False, True):
+    from ditprof.kernels.launch import tvm_ffi_launch_enabled
+
+    for tvm_ffi in (False, True) if tvm_ffi_launch_enabled() else (False,):
         o, lse, _ = _run_variant(q, k, v, scale, tvm_ffi=tvm_ffi)
         assert torch.isfinite(o).all() and torch.isfinite(lse).all()
         assert _rel_rms(o, attention_reference(q, k, v, scale)) < GOALS["gaussian"]
