@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from call_anatomy import anatomy, kernel_events, split_calls
+from call_anatomy import anatomy, kernel_events, split_calls, typical_call
 
 
 def _trace(rows):
@@ -31,3 +31,17 @@ def test_slots_gaps_and_span():
 def test_no_complete_call_is_an_error():
     with pytest.raises(ValueError, match="no complete call"):
         anatomy(split_calls(kernel_events(_trace([("a", 0, 1)])), ["a", "b", "c"])[0])
+
+
+def test_the_typical_call_is_the_reference():
+    # every third call copies/zeroes its flags ("f" after the call's kernels): the modal call is the reference
+    rows, t = [], 0
+    for i in range(7):
+        for n in ("a", "b") + (("f",) if i % 3 == 2 else ()):
+            rows.append((n, t, 1))
+            t += 2
+    ev = kernel_events(_trace(rows))
+    assert typical_call(ev) == ["a", "b"]
+    calls, left_out = split_calls(ev, typical_call(ev))
+    assert (len(calls), left_out) == (5, 2)
+    assert typical_call([]) == []
