@@ -84,3 +84,21 @@ def test_tvm_ffi_launch_arguments_of_both_grids():
     assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 100, 101, 1, 2, 3, 4, 5, 6, 0.5, 528, 48, 132, 7)]
     (o_part, lse_part, out, stream), = rec.merges
     assert (o_part.p, lse_part.p, out.p, stream) == (100, 101, 50, 7)
+
+
+def test_prep_plan_for_q_in_the_kernel():
+    """``PrepPlan(skip_q=True)`` (fp8-sm90's q_rot records): no Q programs in the quantize launch, q8 and q_scales as
+    1-element placeholders (nothing writes them), and the three flags right after the scales in memory, where the
+    kernel sets Q's; INT8 only."""
+    from ditprof.kernels.prep_triton import PrepPlan
+
+    q, k, v = (torch.randn(2, n, 3, 64, dtype=torch.bfloat16) for n in (300, 777, 777))
+    full, skip = PrepPlan(q, k, v, True, qk_int8=True), PrepPlan(q, k, v, True, qk_int8=True, skip_q=True)
+    assert skip.quants[0].grid[0] < full.quants[0].grid[0] and skip.stats.grid == full.stats.grid
+    b = skip.buffers("cpu")
+    assert b["q8"].numel() == 1 and b["q_scales"].numel() == 1 and b["k8"].shape == (2, 3, skip.Sk_pad, 64)
+    assert b["flags"].data_ptr() == b["scales"].data_ptr() + b["scales"].numel() * 4
+    assert b["scales"].dtype == torch.float32 and b["flags"].dtype == torch.int32 and not b["flags"].any()
+    assert full.buffers("cpu")["q8"].shape == (2, 3, full.Sq_pad, 64)
+    with pytest.raises(ValueError, match="skip_q"):
+        PrepPlan(q, k, v, True, skip_q=True)

@@ -826,6 +826,7 @@ class PrepPlan:
         ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
         if skip_q and not self.qk_int8:
             raise ValueError("skip_q needs the INT8 Q/K format (qk_int8=True)")
+        self.skip_q = bool(skip_q)
         if self.qk_int8:
             nq, nk = (0 if skip_q else _cdiv(self.Sq_pad, QK_ROWS)), _cdiv(self.Sk_pad, QK_ROWS)
         else:
@@ -880,7 +881,8 @@ class PrepPlan:
             if self.qk_int8:
                 q_scales = out[4]
         else:
-            q8 = torch.empty((B, H, self.Sq_pad, D), dtype=qk, device=device)
+            # skip_q: nothing writes q8 or q_scales (1-element placeholders: at H3 q8 alone is 217 MB)
+            q8 = torch.empty((1,) if self.skip_q else (B, H, self.Sq_pad, D), dtype=qk, device=device)
             k8 = torch.empty((B, H, self.Sk_pad, D), dtype=qk, device=device)
             v8t = torch.empty((B, H, D, self.Sk_pad), dtype=f8, device=device)
             # the scales, then the three flags, in one allocation: a kernel that quantizes Q itself (fp8-sm90's
@@ -888,7 +890,8 @@ class PrepPlan:
             scales_flags = torch.zeros((BH * 3 + 3,), dtype=torch.int32, device=device)
             scales = scales_flags[:BH * 3].view(torch.float32).view(B, H, 3)
             if self.qk_int8:
-                q_scales = torch.empty((B, H, self.Sq_pad), dtype=torch.float32, device=device)
+                q_scales = torch.empty((1,) if self.skip_q else (B, H, self.Sq_pad), dtype=torch.float32,
+                                       device=device)
         extra = {}
         if self.qk_int8:
             extra = {
