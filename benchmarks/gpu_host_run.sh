@@ -216,6 +216,11 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session19a)  # next session, with part3 (FA3): one call's launches at four shapes (call_anatomy's reference now the trace's typical call; q_rot at CogVideoX / h3), peers at seven shapes with Q in the kernel, the default h3 compare and the flux compare
+  step call-anatomy 120 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
+  step attention-peers 420 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3,wan14b,hunyuan --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  step compare-h3 200 python -m ditprof compare --iters 10 --out "$out/compare-h3"
+  ;;
 session18g)  # session 18, last: the q_rot GPU tests moved to tests/ (the shipped build through launch_compiled, both launch paths), the bench on the shipped build at flux / h3
   step qrot-gpu-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_sm90_qrot_gpu.py
   step qrot-bench 120 python benchmarks/experimental/qrot_bench.py --shapes flux,h3 --rounds 10 --json "$out/qrot-bench.json"
