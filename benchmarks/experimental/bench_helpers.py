@@ -126,6 +126,25 @@ def run_meta(**extra) -> dict:
     return {**meta, **extra}
 
 
+def parse_shapes_rounds(argv, doc: str, shapes: dict, default: str, rounds: int = 15):
+    """The command line of an interleaved bench over named shapes: ``--shapes`` (names of ``shapes``), ``--rounds``,
+    ``--json``. Returns (names, rounds, json_path), or None after a one-line error naming an unknown shape."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--shapes", default=default)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--json", dest="json_path", default=None)
+    a = ap.parse_args(argv)
+    names = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    bad = [n for n in names if n not in shapes]
+    if bad:
+        print(f"unknown shape(s) {bad}; known: {', '.join(shapes)}", file=sys.stderr)
+        return None
+    return names, a.rounds, a.json_path
+
+
 def shape_format_main(description: str, shapes: dict, time_shape, title: str, columns: list, row_cells,
                       json_name: str, ok=lambda rows: True) -> int:
     """The command line of a kernel bench over (shape, Q/K format): ``--shapes`` (names of ``shapes``),

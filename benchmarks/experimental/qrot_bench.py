@@ -11,7 +11,6 @@ output. One table, JSON with machine, date and versions.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -106,21 +105,15 @@ def measure(name: str, rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="flux,ltx,cogvideox,h3")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--json", dest="json_path", default=None)
-    a = ap.parse_args(argv)
-    names = [s.strip() for s in a.shapes.split(",") if s.strip()]
-    bad = [n for n in names if n not in SHAPES]
-    if bad:
-        print(f"unknown shape(s) {bad}; known: {', '.join(SHAPES)}", file=sys.stderr)
-        return 2
-    from bench_helpers import run_meta
+    from bench_helpers import parse_shapes_rounds, run_meta
 
+    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "flux,ltx,cogvideox,h3")
+    if parsed is None:
+        return 2
+    names, rounds, json_path = parsed
     rows = []
     for n in names:
-        rows.append(measure(n, a.rounds))
+        rows.append(measure(n, rounds))
         r = rows[-1]
         print(f"{n}: " + ", ".join(f"{k} {v:.4f}" for k, v in r["ms"].items()), flush=True)
     print(f"\n{'shape':10} {'prep full':>10} {'prep -Q':>9} {'kern ship':>10} {'kern qrot':>10} {'call ship':>10} "
@@ -131,9 +124,9 @@ def main(argv=None) -> int:
               f"{m['kernel_qrot']:10.4f} {m['call_shipped']:10.4f} {m['call_qrot']:10.4f} "
               f"{m['call_qrot'] / m['call_shipped']:7.3f} {r['rel_rms_vs_f64']['shipped']:9.4%} "
               f"{r['rel_rms_vs_f64']['qrot']:9.4%} {r['rel_rms_qrot_vs_shipped']:8.2e}")
-    if a.json_path:
-        with open(a.json_path, "w") as f:
-            json.dump({"meta": run_meta(rounds=a.rounds), "rows": rows}, f, indent=1)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"meta": run_meta(rounds=rounds), "rows": rows}, f, indent=1)
     return 0 if all(r["finite"] for r in rows) else 1
 
 

@@ -8,7 +8,6 @@ compared bit for bit. Shapes whose grid is stream-K keep the prep's Q in both (r
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -66,19 +65,13 @@ def measure(name: str, rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default="cogvideox,wan1.3b,h3")
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--json", dest="json_path", default=None)
-    a = ap.parse_args(argv)
-    names = [s.strip() for s in a.shapes.split(",") if s.strip()]
-    bad = [n for n in names if n not in SHAPES]
-    if bad:
-        print(f"unknown shape(s) {bad}; known: {', '.join(SHAPES)}", file=sys.stderr)
-        return 2
-    from bench_helpers import run_meta
+    from bench_helpers import parse_shapes_rounds, run_meta
 
-    rows = [measure(n, a.rounds) for n in names]
+    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3")
+    if parsed is None:
+        return 2
+    names, rounds, json_path = parsed
+    rows = [measure(n, rounds) for n in names]
     print(f"{'shape':10} {'grid':9} {'Q in kernel':>12} {'prep Q':>9} {'ratio':>7} {'round ratios IQR':>18} bits")
     for r in rows:
         if "ms" not in r:
@@ -88,9 +81,9 @@ def main(argv=None) -> int:
         iqr = f"{rr[len(rr) // 4]:.4f}-{rr[(3 * len(rr)) // 4]:.4f}"
         print(f"{r['shape']:10} {r['grid']:9} {r['ms']['q_in_kernel']:12.4f} {r['ms']['prep_q']:9.4f} "
               f"{r['ratio']:7.4f} {iqr:>18} {'same' if r['bit_identical'] else 'DIFFER'}")
-    if a.json_path:
-        with open(a.json_path, "w") as f:
-            json.dump({"meta": run_meta(rounds=a.rounds), "rows": rows}, f, indent=1)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"meta": run_meta(rounds=rounds), "rows": rows}, f, indent=1)
     return 0 if all(r.get("bit_identical", True) for r in rows) else 1
 
 
