@@ -102,3 +102,35 @@ def test_prep_plan_for_q_in_the_kernel():
     assert full.buffers("cpu")["q8"].shape == (2, 3, full.Sq_pad, 64)
     with pytest.raises(ValueError, match="skip_q"):
         PrepPlan(q, k, v, True, skip_q=True)
+
+
+def test_launch_compiled_with_q_in_the_kernel():
+    """A q_rot build takes the 16-bit q (B, Sq, H, D) where others take q8, the rotation matrix in the q_scales slot
+    (16-byte aligned for its TMA), and the padded query length from Sq (q's shape has none): the TVM-FFI call's
+    integers and the JIT call's pointers."""
+    import cutlass
+
+    from ditprof.kernels.launch import rotation_t
+
+    B, H, S, D = 1, 2, 300, 128
+    q = torch.zeros((B, S, H, D), dtype=torch.bfloat16)
+    k8 = torch.zeros((B, H, 320, D), dtype=torch.int8)
+    v8t = torch.zeros((B, H, D, 320), dtype=torch.uint8)
+    scales = torch.ones((B, H, 3))
+    out, lse = torch.empty((B, S, H, D), dtype=torch.bfloat16), torch.empty((B, H, S))
+    rot = rotation_t(D, torch.bfloat16, "cpu")
+    assert rot.is_contiguous() and torch.equal(rot.t().double(), __import__(
+        "ditprof.kernels.rotation", fromlist=["rotation_pm1"]).rotation_pm1(D, torch.float64))
+    calls = []
+    spec = KernelSpec("fp8-sm90", "sm_90a", D, "bfloat16", True, False, True, True, q_rot=True)
+    launch_compiled(spec, lambda *a: calls.append(a), q, k8, v8t, scales, rot, None, out, lse, B, H, S, S, 0.1, 7)
+    ints = calls[0]
+    assert ints[0] == q.data_ptr() and ints[4] == rot.data_ptr()
+    assert ints[8:14] == (B, H, S, S, 384, 320)  # Sq_pad from Sq (multiples of 128), Sk_pad from k8
+    jit = KernelSpec("fp8-sm90", "sm_90a", D, "bfloat16", True, False, False, True, q_rot=True)
+    launch_compiled(jit, lambda *a: calls.append(a), q, k8, v8t, scales, rot, None, out, lse, B, H, S, S, 0.1, 7)
+    ptrs = calls[1]
+    assert ptrs[0]._pointer == q.data_ptr() and ptrs[4]._pointer == rot.data_ptr()
+    assert ptrs[4]._assumed_align == 16 and ptrs[3]._assumed_align == 4
+    assert [int(x) for x in ptrs[8:14]] == [B, H, S, S, 384, 320]
+    assert isinstance(ptrs[8], cutlass.Int32)
