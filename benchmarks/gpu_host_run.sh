@@ -216,6 +216,16 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session19b)  # next session: the stats launch's V amax programs longer (STATS_V_MULT) and/or first in the grid (STATS_V_FIRST), timed interleaved at seven shapes; a winner (>= 1 % on the geometric mean) runs the INT8 prep's GPU tests and every sm90 GPU test as the process default
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
+  step prep-vstats 240 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
+  best=$(python benchmarks/experimental/prep_best_setting.py "$out/prep-vstats.json" --min-gain 0.01)
+  echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
+  [ -n "$best" ] && export DITPROF_PREP_KNOBS="$best"
+  [ -n "$best" ] && step prep-int8-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  [ -n "$best" ] && step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  ;;
 session19a)  # next session, with part3 (FA3): one call's launches at four shapes (call_anatomy's reference now the trace's typical call; q_rot at CogVideoX / h3), peers at seven shapes with Q in the kernel, the default h3 compare and the flux compare
   step call-anatomy 120 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
   step attention-peers 420 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3,wan14b,hunyuan --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"

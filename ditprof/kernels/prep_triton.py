@@ -123,12 +123,17 @@ FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math
 # byte-bound (benchmarks/NOTES.md, session 13's ncu). V's e4m3 codes are always v * RN(1 / descale): the torch
 # chain (``prep.quantize_v_e4m3``) computes them the same way, so they stay bit for bit.
 QK_RECIP = True
+# The stats launch's V amax programs (INT8 Q/K mode): STATS_V_MULT chunks of K's size each (fewer, longer V programs
+# beside the rotating K programs, which are the launch's latency), and STATS_V_FIRST puts them at the front of the
+# grid (scheduled first). 1 / False: V chunks like K's, after them (what every earlier measurement ran).
+STATS_V_MULT = 1
+STATS_V_FIRST = False
 
 # ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
 # benchmark or a GPU test run of one setting without a code change; the same names prep_int8_sweep.py takes)
 ENV_KNOBS = ("STATS_CHUNK", "STATS_PROGRAMS_PER_SM", "STATS_R", "STATS_WARPS", "QUANT_BLOCK", "QUANT_WARPS",
              "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
-             "FAST_DIV", "QK_RECIP")
+             "FAST_DIV", "QK_RECIP", "STATS_V_MULT", "STATS_V_FIRST")
 
 
 def parse_env_knobs(text: str) -> dict:
@@ -379,12 +384,16 @@ def _stats_kernel(
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
-    H, Sq, Sk, NCQ, NCK,
+    H, Sq, Sk, NCQ, NCK, NCV,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
-    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, V_MULT: tl.constexpr,
+    V_FIRST: tl.constexpr,
 ):
+    # programs: NCQ Q chunks, NCK K chunks, NCV V chunks of V_MULT * CHUNK rows (V_FIRST: the V chunks first)
     t = tl.program_id(0)
+    if V_FIRST:
+        t = tl.where(t < NCV, t + NCQ + NCK, t - NCV)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -402,15 +411,16 @@ def _stats_kernel(
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
     else:
-        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCK, D, CHUNK, R, W)
+        _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCV, D,
+                    CHUNK * V_MULT, R, W)
     # the last of this (b, h)'s programs to finish reduces its partials (in a fixed order: deterministic) and sets
     # the counter back to 0 for the next launch. The barrier puts every thread's partial stores before the
     # counter's release; the acquire puts the last program's loads after everyone's stores.
     tl.debug_barrier()
     arrived = tl.atomic_add(count_ptr + bh64, 1, sem="acq_rel", scope="gpu")
-    if arrived == NCQ + 2 * NCK - 1:
+    if arrived == NCQ + NCK + NCV - 1:
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
-                     rot_ptr, kmr_ptr, n_keys, NCQ, NCK, D, CB, SMOOTH, QK_INT8)
+                     rot_ptr, kmr_ptr, n_keys, NCQ, NCK, NCV, D, CB, SMOOTH, QK_INT8)
         tl.store(count_ptr + bh64, 0)
 
 
@@ -420,7 +430,7 @@ def _stats_kernel(
 def _finalize_bh(
     bh, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     mean_ptr, scales_ptr, flags_ptr, rot_ptr, kmr_ptr,
-    Sk, NCQ, NCK,
+    Sk, NCQ, NCK, NCV,
     D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr, QK_INT8: tl.constexpr,
 ):
     # the partials were written by other programs of this launch: loads bypass L1 (.cg)
@@ -434,11 +444,13 @@ def _finalize_bh(
     mx = tl.full([D], float("-inf"), dtype=tl.float32)
     mn = tl.full([D], float("inf"), dtype=tl.float32)
     av = tl.zeros([CB], dtype=tl.int32)
+    for c0 in range(0, NCV, CB):
+        cc = c0 + c
+        av = tl.maximum(av, tl.load(vpart_ptr + bh * NCV + cc, mask=cc < NCV, other=0, cache_modifier=".cg"))
     for c0 in range(0, NCK, CB):
         cc = c0 + c
         m = cc < NCK
         idx = bh * NCK + cc
-        av = tl.maximum(av, tl.load(vpart_ptr + idx, mask=m, other=0, cache_modifier=".cg"))
         offs = idx[:, None] * D + d[None, :]
         s += tl.sum(tl.load(ksum_ptr + offs, mask=m[:, None], other=0.0, cache_modifier=".cg"), axis=0)
         mx = tl.maximum(mx, tl.max(tl.load(kmax_ptr + offs, mask=m[:, None], other=float("-inf"),
@@ -824,6 +836,10 @@ class PrepPlan:
         stats_chunk = stats_chunk or stats_chunk_for(BH, Sk, self.qk_int8, q.device)
         # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
         ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
+        v_mult = STATS_V_MULT if self.qk_int8 else 1
+        if v_mult < 1:
+            raise ValueError(f"STATS_V_MULT must be >= 1, got {v_mult}")
+        ncv = _cdiv(Sk, stats_chunk * v_mult)
         if skip_q and not self.qk_int8:
             raise ValueError("skip_q needs the INT8 Q/K format (qk_int8=True)")
         self.skip_q = bool(skip_q)
@@ -832,23 +848,24 @@ class PrepPlan:
         else:
             nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
         nv = _cdiv(self.Sk_pad, quant_block)
-        self.ncq, self.nck = ncq, nck
+        self.ncq, self.nck, self.ncv = ncq, nck, ncv
         # strides are (b, s, h, d) for each tensor: the kernels take them in that order
         strides = {}
         for pre, x in (("sq", q), ("sk", k), ("sv", v)):
             for axis, st in zip("bshd", x.stride()):
                 strides[pre + axis] = st
-        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, D=D, CHUNK=stats_chunk, R=stats_r,
+        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, NCV=ncv, D=D, CHUNK=stats_chunk, R=stats_r,
                      W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
                      KLENS=bool(key_lens), QK_INT8=self.qk_int8,
                      RT=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device), F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, V_MULT=v_mult,
+                     V_FIRST=bool(STATS_V_FIRST and self.qk_int8))
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
-        self.stats = FixedLaunch(_stats_kernel, (ncq + 2 * nck, BH), {"num_warps": stats_warps}, stats,
+        self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": stats_warps}, stats,
                                  ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
                                   "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
                                   "rot_ptr", "kmr_ptr"))
@@ -905,7 +922,7 @@ class PrepPlan:
             k_mean=torch.empty((B, H, D) if self.smooth_k else (1,), dtype=torch.float32, device=device),
             # amax as |x| bits (no Q chunks with qk_int8: a 1-element placeholder)
             qpart=torch.empty((BH, max(self.ncq, 1)), dtype=torch.int32, device=device),
-            vpart=torch.empty((BH, self.nck), dtype=torch.int32, device=device),
+            vpart=torch.empty((BH, self.ncv), dtype=torch.int32, device=device),
             ksum=torch.empty((BH, self.nck, D), dtype=torch.float64, device=device),
             kmax=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
             kmin=torch.empty((BH, self.nck, D), dtype=torch.float32, device=device),
@@ -1044,7 +1061,8 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
                                        "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
                                        "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
                                        "RT": STATS_ROT_ROWS or 32, "F32DOT": False, "QK_STAGES": QK_STAGES,
-                                       "PREFETCH": QK_PREFETCH}, sw),
+                                       "PREFETCH": QK_PREFETCH, "V_MULT": STATS_V_MULT if qk_int8 else 1,
+                                       "V_FIRST": bool(STATS_V_FIRST and qk_int8)}, sw),
         "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
     }
     if split:
