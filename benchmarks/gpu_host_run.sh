@@ -35,6 +35,14 @@ timelines() {  # timelines OPTS...: one sm90_timeline.py run per kernel option s
     step "timeline-${o:-default}" 200 python benchmarks/experimental/sm90_timeline.py --opts "$o" --out "$out/timeline"
   done
 }
+knob_winner_tests() {  # knob_winner_tests JSON GPU_TESTS_TIMEOUT: the best prep setting of an interleaved knob run (>= 1 % on the geometric mean), then the INT8 prep's and every sm90 GPU test with it as the process default
+  best=$(python benchmarks/experimental/prep_best_setting.py "$1" --min-gain 0.01)
+  echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
+  [ -n "$best" ] || return 0
+  export DITPROF_PREP_KNOBS="$best"
+  step prep-int8-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  step gpu-tests "$2" python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 case "${1:-main}" in
 families)  # session 6: the real MiniMax-H3 block as the default, every family re-measured
@@ -220,11 +228,7 @@ session19b)  # next session: the stats launch's V amax programs longer (STATS_V_
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
   step prep-vstats 240 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
-  best=$(python benchmarks/experimental/prep_best_setting.py "$out/prep-vstats.json" --min-gain 0.01)
-  echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
-  [ -n "$best" ] && export DITPROF_PREP_KNOBS="$best"
-  [ -n "$best" ] && step prep-int8-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
-  [ -n "$best" ] && step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  knob_winner_tests "$out/prep-vstats.json" 300
   ;;
 session19a)  # next session, with part3 (FA3): one call's launches at four shapes (call_anatomy's reference now the trace's typical call; q_rot at CogVideoX / h3), peers at seven shapes with Q in the kernel, the default h3 compare and the flux compare
   step call-anatomy 120 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
@@ -286,11 +290,7 @@ session16a)  # session 17, as run (V_RECIP is gone since: V by its reciprocal is
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
   step prep-knobs 200 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
     --settings "vrecip=V_RECIP=True;srot16=STATS_ROT_ROWS=16;vrecip_srot16=V_RECIP=True,STATS_ROT_ROWS=16" --json "$out/prep-knobs.json"
-  best=$(python benchmarks/experimental/prep_best_setting.py "$out/prep-knobs.json" --min-gain 0.01)
-  echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
-  [ -n "$best" ] && export DITPROF_PREP_KNOBS="$best"
-  [ -n "$best" ] && step prep-int8-gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
-  [ -n "$best" ] && step gpu-tests 260 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  knob_winner_tests "$out/prep-knobs.json" 260
   step call-anatomy 60 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx --calls 30 --json "$out/call-anatomy.json"
   ;;
 session16b)  # session 17, as run, with part3 (FA3): peers at flux / ltx / h3 and the flux compare with both session-15 prep changes (+ DITPROF_PREP_KNOBS if session16a found a winner: pass it in the environment)
