@@ -836,6 +836,8 @@ class PrepPlan:
         stats_chunk = stats_chunk or stats_chunk_for(BH, Sk, self.qk_int8, q.device)
         # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
         ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
+        # the chunk and rotated-rows rules count V's chunks at K's size (as they were calibrated), so STATS_V_MULT
+        # changes only the V programs
         v_mult = STATS_V_MULT if self.qk_int8 else 1
         if v_mult < 1:
             raise ValueError(f"STATS_V_MULT must be >= 1, got {v_mult}")
