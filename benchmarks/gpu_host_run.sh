@@ -224,6 +224,14 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
+session19c)  # next session: Q in the kernel on the stream-K grid's whole-tile CTAs (DITPROF_FP8_QROT=streamk, an experiment) -- its GPU tests and the prep's q_bh_from, then the op A/B against the stream-K grid with the prep's Q at the stream-K shapes
+  step streamk-qrot-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_prep_int8.py -k "streamk_q_in or q_bh_from or q_in_the_kernel"
+  step streamk-qrot-ab 240 python benchmarks/experimental/qrot_op_ab.py --qrot streamk --shapes flux,ltx,wan1.3b --rounds 25 --json "$out/streamk-qrot-ab.json"
+  ;;
+session19d)  # next session: every sm90 GPU test and the INT8 prep's with this session's launch / prep changes (the stream-K q_rot plumbing, the quantize launch's Q_BH0)
+  step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  step prep-int8-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  ;;
 session19b)  # next session: the stats launch's V amax programs longer (STATS_V_MULT) and/or first in the grid (STATS_V_FIRST), timed interleaved at seven shapes; a winner (>= 1 % on the geometric mean) runs the INT8 prep's GPU tests and every sm90 GPU test as the process default
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
   step prep-vstats 240 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \

@@ -122,3 +122,48 @@ def test_q_in_the_kernel_flags_inf_and_nan_rows():
     out = launch.fp8_attention_cuda(q, k, v, 0.1)
     launch.finish_finite_checks()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("D,dtype", [(128, torch.bfloat16), (64, torch.bfloat16), (128, torch.float16)])
+def test_streamk_q_in_the_kernel_gives_the_prep_path_bits(D, dtype, monkeypatch):
+    """``DITPROF_FP8_QROT=streamk`` (an experiment): on the stream-K grid the whole-tile CTAs rotate and quantize their
+    Q, the tail CTAs take the prep's, which quantizes only the tail's heads: the same output bits as the stream-K
+    record with the prep's Q (``DITPROF_FP8_QROT=0``), every element written; Inf / NaN in a whole tile's row and in
+    a tail row still raise the one-line error. fp16 launches through cute's JIT executor."""
+    _cuda()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("q_rot is fp8-sm90's")
+    from ditprof.errors import DitprofError
+    from ditprof.kernels import launch
+
+    g = torch.Generator(device="cuda").manual_seed(21)
+    H, S = (24, 4608) if D == 128 else (32, 3700)
+    q, k, v = (torch.randn(1, S, H, D, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    scale = D ** -0.5
+    if dtype == torch.float16:  # and through cute's JIT executor (launch_compiled's pointers)
+        monkeypatch.setenv("DITPROF_TVM_FFI", "0")
+    monkeypatch.setenv("DITPROF_FP8_QROT", "streamk")
+    rec = launch.record_for(q, k, v, False)
+    assert not (dtype == torch.float16 and rec.spec.tvm_ffi)
+    if rec.streamk is None:
+        pytest.skip("this GPU's SM count leaves no partial round at this shape")
+    assert rec.q_rot and rec.spec.streamk and rec.spec.q_rot and 0 < rec.plan.q_bh_from < H
+    out = torch.full_like(q, float("nan"))
+    out.copy_(launch.fp8_attention_cuda(q, k, v, scale))
+    monkeypatch.setenv("DITPROF_FP8_QROT", "0")
+    ref_rec = launch.record_for(q, k, v, False)
+    assert not ref_rec.q_rot and ref_rec.streamk == rec.streamk
+    want = launch.fp8_attention_cuda(q, k, v, scale)
+    launch.finish_finite_checks()
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, want)
+    monkeypatch.setenv("DITPROF_FP8_QROT", "streamk")
+    for row, head in ((5, 0), (S - 1, H - 1)):  # a whole tile's row, the last tail row
+        q[0, row, head, 3] = float("nan")
+        with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
+            launch.fp8_attention_cuda(q, k, v, scale)
+            launch.finish_finite_checks()
+        q[0, row, head, 3] = 0.5
+    assert torch.isfinite(launch.fp8_attention_cuda(q, k, v, scale)).all()
+    launch.finish_finite_checks()

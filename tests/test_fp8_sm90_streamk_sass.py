@@ -6,6 +6,7 @@ allocation moves a few), and the launch spec that asks for it compiles it."""
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,43 @@ def test_streamk_sass(tmp_path_factory, qk_int8, head_dim):
     print(f"key loops: stream-K {loops}, plain {ship}")
     assert len(loops) == 2 and all(abs(n - ship) <= 20 for n in loops), (loops, ship)
     assert min(loops) - ship <= 10
+
+
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_streamk_q_rot_sass(tmp_path_factory, head_dim):
+    """The stream-K grid with Q in the kernel on its whole-tile CTAs (``Sm90Fp8StreamKQRotAttention``): the
+    rotation on the 16-bit wgmma once (the whole-tile path; HGMMA, D/16 k-steps), Q's amax with the NaN-propagating
+    max, the INT8 / FP8 wgmmas of the stream-K build, two key-tile loops within a few instructions of the plain
+    kernel's, no local memory, the shared memory of the formula (the compile checks it)."""
+    tile_n = K.config_for("sm_90a", head_dim).tile_n
+    r = compile_sass(tmp_path_factory, f"streamk_qrot_{head_dim}",
+                     lambda extra: SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=True, q_rot=True,
+                                                      options_extra=extra))
+    sk = compile_sass(tmp_path_factory, f"streamk_True_{head_dim}",
+                      lambda extra: SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=True,
+                                                       options_extra=extra))
+    plain = compile_sass(tmp_path_factory, f"plain_True_{head_dim}",
+                         lambda extra: functools.partial(K.compile_sm90, qk_int8=True)(
+                             head_dim, "bfloat16", fake=True, options_extra=extra))
+    res = r["res"]
+    assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res
+    ops = {}
+    for x in re.findall(r"\b([HIQ]GMMA)\.\w+", r["sass"]):
+        ops[x] = ops.get(x, 0) + 1
+    ref = {}
+    for x in re.findall(r"\b([HIQ]GMMA)\.\w+", sk["sass"]):
+        ref[x] = ref.get(x, 0) + 1
+    assert ops.get("HGMMA") == head_dim // 16 and "HGMMA" not in ref, ops
+    assert ops["IGMMA"] == ref["IGMMA"] > 0 and ops["QGMMA"] == ref["QGMMA"] > 0, (ops, ref)
+    assert "FMNMX.NAN" in r["sass"] and "FMNMX.NAN" not in sk["sass"]
+    wgmma = rf"IGMMA\.64x{tile_n}"
+    loops = sorted(len(x) for x in key_tile_loops(r["sass"], wgmma))
+    (ship,) = [len(x) for x in key_tile_loops(plain["sass"], wgmma)]
+    print(f"key loops: stream-K q_rot {loops}, plain {ship}")
+    assert len(loops) == 2 and all(abs(n - ship) <= 20 for n in loops), (loops, ship)
+    assert SK.streamk_smem_bytes(head_dim, q_rot=True) == SK.streamk_smem_bytes(head_dim) + 2 * head_dim ** 2 + 1024
+    with pytest.raises(ValueError, match="INT8 without key_lens"):
+        SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=False, q_rot=True)
 
 
 def test_the_streamk_spec_compiles_the_streamk_kernel():
