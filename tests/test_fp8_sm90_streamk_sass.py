@@ -94,7 +94,9 @@ def test_the_streamk_spec_compiles_the_streamk_kernel():
 
 def test_inspect_reports_the_streamk_build(capsys):
     """``ditprof kernels inspect --kernel fp8-sm90 --arch sm_90a --grid stream-K``: native FP8 / INT8 wgmma, no
-    spills, the shared memory of the second Q box; key_lens and fp8-sm120 have no stream-K build (one-line errors)."""
+    spills, the shared memory of the second Q box (``--q-in-kernel``: and of the rotation matrix, with its 16-bit
+    wgmma); key_lens and fp8-sm120 have no stream-K build, e4m3 and fp8-sm120 no Q-in-the-kernel build (one-line
+    errors)."""
     import json
 
     from ditprof.cli import main
@@ -111,6 +113,17 @@ def test_inspect_reports_the_streamk_build(capsys):
     assert r["grid"] == "stream-K" and r["spill_bytes"] == 0 and r["stack_frame_bytes"] == 0
     assert r["instructions"]["IGMMA"] > 0 and r["instructions"]["QGMMA"] > 0
     assert r["smem_dynamic_bytes"] == SK.streamk_smem_bytes(128) == K.smem_bytes(128) + 192 * 128
+    assert r["q_in_kernel"] is False and r["instructions"]["HGMMA"] == 0
+    # --q-in-kernel: the build whose whole-tile CTAs rotate and quantize Q (the 16-bit rotation wgmma)
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--grid", "stream-K",
+                 "--qk-format", "int8", "--q-in-kernel", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["q_in_kernel"] is True and r["spill_bytes"] == 0 and r["instructions"]["HGMMA"] == 128 // 16
+    assert r["smem_dynamic_bytes"] == SK.streamk_smem_bytes(128, q_rot=True)
+    with pytest.raises(DitprofError, match="INT8 build without key_lens"):
+        inspect_kernel("fp8-sm90", "sm_90a", qk_format="e4m3", grid="stream-K", q_in_kernel=True)
+    with pytest.raises(DitprofError, match="takes the prep's Q"):
+        inspect_kernel("fp8-sm120", "sm_120a", q_in_kernel=True)
     with pytest.raises(DitprofError, match="no key_lens variant"):
         inspect_kernel("fp8-sm90", "sm_90a", key_lens=True, grid="stream-K")
     with pytest.raises(DitprofError, match="plain grid only"):

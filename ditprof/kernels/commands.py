@@ -39,6 +39,9 @@ def register(subparsers) -> None:
                           "default: DITPROF_FP8_QK, else int8")
     ins.add_argument("--grid", choices=("plain", "stream-K"), default="plain",
                      help="fp8-sm90's build: the plain grid, or the stream-K grid few-round problems run on")
+    ins.add_argument("--q-in-kernel", action="store_true",
+                     help="fp8-sm90 INT8's build that rotates and quantizes Q itself (what the op runs on the "
+                          "plain grid; on the stream-K grid the DITPROF_FP8_QROT=streamk experiment)")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 
@@ -87,7 +90,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise DitprofError("kernel inspection not available yet") from None
         raise DitprofError(f"kernel inspection needs {exc.name}: {exc}") from None
     report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens, qk_format=args.qk_format,
-                            grid=args.grid)
+                            grid=args.grid, q_in_kernel=args.q_in_kernel)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

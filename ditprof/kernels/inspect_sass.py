@@ -192,20 +192,23 @@ def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, 
 
 
 def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
-                      qk_int8: bool = False, streamk: bool = False):
+                      qk_int8: bool = False, streamk: bool = False, q_rot: bool = False):
     from ditprof.kernels import fp8_fwd_sm90 as K
 
     options = f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}"
+    if q_rot and (not qk_int8 or key_lens):
+        raise DitprofError("Q in the kernel is fp8-sm90's INT8 build without key_lens (--qk-format int8)")
     if streamk:
         from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk, streamk_smem_bytes
 
         if key_lens:
             raise DitprofError("the stream-K grid has no key_lens variant (key_lens calls run the plain grid)")
-        fn = compile_streamk(head_dim, out_dtype, fake=True, arch=arch, qk_int8=qk_int8, options_extra=options)
-        return fn, streamk_smem_bytes(head_dim)
+        fn = compile_streamk(head_dim, out_dtype, fake=True, arch=arch, qk_int8=qk_int8, options_extra=options,
+                             q_rot=q_rot)
+        return fn, streamk_smem_bytes(head_dim, q_rot=q_rot)
     fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens, qk_int8=qk_int8,
-                        options_extra=options)
-    return fn, K.smem_bytes(head_dim)
+                        options_extra=options, q_rot=q_rot)
+    return fn, K.smem_bytes(head_dim, q_rot=q_rot)
 
 
 _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
@@ -213,12 +216,14 @@ _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
 
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
                    keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None,
-                   grid: str = "plain") -> dict:
+                   grid: str = "plain", q_in_kernel: bool = False) -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
     spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
     ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
     ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
-    default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids)."""
+    default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids).
+    ``q_in_kernel``: fp8-sm90 INT8's build that rotates and quantizes Q itself (``q_rot``; the op's launch record
+    runs it on the plain grid; on the stream-K grid the whole-tile CTAs do, ``DITPROF_FP8_QROT=streamk``)."""
     from ditprof.kernels.qk_format import qk_format as resolve_qk_format
 
     qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"
@@ -226,6 +231,8 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
     if grid not in ("plain", "stream-K"):
         raise DitprofError(f"unknown grid {grid!r}; known: plain, stream-K")
+    if q_in_kernel and kernel != "fp8-sm90":
+        raise DitprofError(f"Q in the kernel is fp8-sm90's build; {kernel} takes the prep's Q")
     archs = KNOWN_KERNELS[kernel]["archs"]
     if arch not in archs:
         raise DitprofError(f"kernel {kernel} compiles for {', '.join(archs)}, not {arch!r}")
@@ -237,7 +244,8 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         try:
             with _CaptureFds() as cap, cute_dsl_arch(arch):
                 _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens,
-                                                   qk_int8=qk_int8, streamk=grid == "stream-K")
+                                                   qk_int8=qk_int8, streamk=grid == "stream-K",
+                                                   **({"q_rot": True} if q_in_kernel else {}))
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
@@ -288,6 +296,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         "key_lens": key_lens,
         "qk_format": "int8" if qk_int8 else "e4m3",
         "grid": grid,
+        "q_in_kernel": bool(q_in_kernel),
         "native_fp8_mma": mma_is_native(base),
     }
 
