@@ -21,16 +21,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "exp
 from sass_helpers import compile_sass, key_tile_loops  # noqa: E402
 
 
+def _streamk_and_plain(tmp_path_factory, head_dim: int, qk_int8: bool, **streamk_kw) -> tuple[dict, dict]:
+    """``compile_sass`` of the stream-K build (``streamk_kw``: e.g. q_rot) and of the plain one."""
+    name = "_".join([str(qk_int8), str(head_dim), *streamk_kw])
+    r = compile_sass(tmp_path_factory, f"streamk_{name}",
+                     lambda extra: SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=qk_int8,
+                                                      options_extra=extra, **streamk_kw))
+    plain = compile_sass(tmp_path_factory, f"plain_{name}",
+                         lambda extra: functools.partial(K.compile_sm90, qk_int8=qk_int8)(
+                             head_dim, "bfloat16", fake=True, options_extra=extra))
+    return r, plain
+
+
 @pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("qk_int8", [True, False], ids=["int8", "e4m3"])
 def test_streamk_sass(tmp_path_factory, qk_int8, head_dim):
     tile_n = K.config_for("sm_90a", head_dim).tile_n
-    r = compile_sass(tmp_path_factory, f"streamk_{qk_int8}_{head_dim}",
-                     lambda extra: SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=qk_int8,
-                                                      options_extra=extra))
-    plain = compile_sass(tmp_path_factory, f"plain_{qk_int8}_{head_dim}",
-                         lambda extra: functools.partial(K.compile_sm90, qk_int8=qk_int8)(
-                             head_dim, "bfloat16", fake=True, options_extra=extra))
+    r, plain = _streamk_and_plain(tmp_path_factory, head_dim, qk_int8)
     res = r["res"]
     assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res
     wgmma = rf"[QI]GMMA\.64x{tile_n}"
@@ -48,15 +55,10 @@ def test_streamk_q_rot_sass(tmp_path_factory, head_dim):
     max, the INT8 / FP8 wgmmas of the stream-K build, two key-tile loops within a few instructions of the plain
     kernel's, no local memory, the shared memory of the formula (the compile checks it)."""
     tile_n = K.config_for("sm_90a", head_dim).tile_n
-    r = compile_sass(tmp_path_factory, f"streamk_qrot_{head_dim}",
-                     lambda extra: SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=True, q_rot=True,
-                                                      options_extra=extra))
-    sk = compile_sass(tmp_path_factory, f"streamk_True_{head_dim}",
+    r, plain = _streamk_and_plain(tmp_path_factory, head_dim, True, q_rot=True)
+    sk = compile_sass(tmp_path_factory, f"streamk_ref_{head_dim}",
                       lambda extra: SK.compile_streamk(head_dim, "bfloat16", fake=True, qk_int8=True,
                                                        options_extra=extra))
-    plain = compile_sass(tmp_path_factory, f"plain_True_{head_dim}",
-                         lambda extra: functools.partial(K.compile_sm90, qk_int8=True)(
-                             head_dim, "bfloat16", fake=True, options_extra=extra))
     res = r["res"]
     assert res["stack_frame_bytes"] == 0 and res["stack_bytes"] == 0, res
     ops = {}

@@ -89,17 +89,20 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
     ):
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
-        n_m = cute.ceil_div(sq, self.tile_m)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale,
+                           self.tail_args(pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail),
+                           (n_full + n_ctas_tail, 1, 1), stream)
+
+    def tail_args(self, pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail) -> tuple:
+        """The stream-K kernel arguments after the shipped ones (traced in ``__call__``): the tail's workspace views
+        -- slot 2 c' + segment, indexed as the epilogue indexes mO: (local row, col, slot, 0) -- and the plan."""
         D = self.head_dim
-        # workspace slot 2 c' + segment, indexed as the epilogue indexes mO: (local row, col, slot, 0)
         slots = cutlass.max(2 * n_ctas_tail, 1)
         mOPart = cute.make_tensor(pOPart, cute.make_layout(
             (self.tile_m, D, slots, 1), stride=(D, 1, self.tile_m * D, slots * self.tile_m * D)))
         mLSEPart = cute.make_tensor(pLSEPart, cute.make_layout(
             (self.tile_m, slots, 1), stride=(1, self.tile_m, slots * self.tile_m)))
-        self.launch_kernel(args, layouts, sq, sk, softmax_scale,
-                           (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail), (n_full + n_ctas_tail, 1, 1),
-                           stream)
+        return (mOPart, mLSEPart, cute.ceil_div(sq, self.tile_m), heads, n_full, n_tail, n_ctas_tail)
 
     # ------------------------------------------------------------------ the shipped kernel's sections, overridden
     # (kernel arguments: the shipped ones, extra = (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail))
@@ -109,14 +112,19 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
 
     def smem_setup(self, k, w, tidx):
         """The CTA's segments, then the shipped set-up (without the per-tile key count: per segment here)."""
-        _, _, _, _, n_full, n_tail, n_ctas_tail = k.extra
+        _, _, _, _, n_full, n_tail, n_ctas_tail = k.extra[:7]  # a subclass may add arguments after them
         w.n_kt = self.key_tiles(None, 0, k.sk)
         w.tile, w.begin0, w.end0, w.end1 = segments(w.cta, n_full, n_tail, n_ctas_tail, w.n_kt, cutlass.min,
                                                     cutlass.max)
         storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(k.sQ_layout, k.sK_layout, k.sV_layout)
+        more = self.more_pipelines(storage)  # before the fences of shared_constants
         bias_ptr = self.shared_constants(storage, k.sOnes_layout, sPin, tidx)
         return SimpleNamespace(storage=storage, q_pipe=q_pipe, k_pipe=k_pipe, v_pipe=v_pipe, sQ=sQ, sK=sK, sV=sV,
-                               sPin=sPin, bias_ptr=bias_ptr)
+                               sPin=sPin, bias_ptr=bias_ptr, **more)
+
+    def more_pipelines(self, storage) -> dict:
+        """Hook: a subclass's own pipelines, created with the others (none here)."""
+        return {}
 
     @staticmethod
     def segment(w_tile, begin0, end0, end1, seg):
@@ -278,32 +286,19 @@ class Sm90Fp8StreamKQRotAttention(Sm90Fp8StreamKAttention):
             {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(sR_layout)], 1024],
              "r_mbar": cute.struct.MemRange[cutlass.Int64, 2]})
         self.smem_bytes = self.shared_storage.size_in_bytes()
-        n_m = cute.ceil_div(sq, self.tile_m)
-        slots = cutlass.max(2 * n_ctas_tail, 1)
-        mOPart = cute.make_tensor(pOPart, cute.make_layout(
-            (self.tile_m, D, slots, 1), stride=(D, 1, self.tile_m * D, slots * self.tile_m * D)))
-        mLSEPart = cute.make_tensor(pLSEPart, cute.make_layout(
-            (self.tile_m, slots, 1), stride=(1, self.tile_m, slots * self.tile_m)))
         self.launch_kernel(args, layouts, sq, sk, softmax_scale,
-                           (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail, tma_r, mRot_tma, mQ16),
-                           (n_full + n_ctas_tail, 1, 1), stream)
+                           self.tail_args(pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail)
+                           + (tma_r, mRot_tma, mQ16), (n_full + n_ctas_tail, 1, 1), stream)
 
     # (kernel arguments: the shipped ones, extra = the stream-K kernel's + (tma_r, mRot, mQ16))
-    def smem_setup(self, k, w, tidx):
-        """The stream-K set-up plus the rotation matrix's 1-stage pipeline (created before the fences)."""
-        _, _, _, _, n_full, n_tail, n_ctas_tail = k.extra[:7]
-        w.n_kt = self.key_tiles(None, 0, k.sk)
-        w.tile, w.begin0, w.end0, w.end1 = segments(w.cta, n_full, n_tail, n_ctas_tail, w.n_kt, cutlass.min,
-                                                    cutlass.max)
-        storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(k.sQ_layout, k.sK_layout, k.sV_layout)
+    def more_pipelines(self, storage) -> dict:
+        """The rotation matrix's 1-stage pipeline."""
         r_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.r_mbar.data_ptr(), num_stages=1,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_wg),
             tx_count=self.head_dim * self.head_dim * 2, defer_sync=True)
-        bias_ptr = self.shared_constants(storage, k.sOnes_layout, sPin, tidx)
-        return SimpleNamespace(storage=storage, q_pipe=q_pipe, k_pipe=k_pipe, v_pipe=v_pipe, r_pipe=r_pipe, sQ=sQ,
-                               sK=sK, sV=sV, sPin=sPin, bias_ptr=bias_ptr)
+        return {"r_pipe": r_pipe}
 
     def producer(self, k, w, s):
         _, _, n_m, heads, n_full, _, _, tma_r, mRot, _ = k.extra
