@@ -178,3 +178,30 @@ def test_launch_arguments_of_the_streamk_q_rot_build():
     with pytest.raises(DitprofError, match="q16, rot"):
         launch_compiled(spec, _never_called, q8, k8, v8t, scales, q_scales, None, out, lse, B, H, S, S, 0.1, 7,
                         streamk=(o_part, lse_part, plan))
+
+
+def test_which_records_quantize_q_in_the_kernel(monkeypatch):
+    """``launch.q_rot_for``: fp8-sm90 INT8 with a contiguous, 16-byte aligned q; the plain grid unless
+    ``DITPROF_FP8_QROT`` is "0"; the stream-K grid only with "streamk"; any other value is a one-line error."""
+    from ditprof.kernels import launch
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
+    q = torch.zeros((1, 64, 2, 128), dtype=torch.bfloat16)
+    int8 = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, True, True)
+    e4m3 = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, True, False)
+    sm120 = KernelSpec("fp8-sm120", "sm_120a", 128, "bfloat16", True, False, False, True)
+    plan = (528, 48, 132, 29)
+    want = {  # setting: (plain grid, stream-K grid)
+        None: (True, False), "1": (True, False), "0": (False, False), "streamk": (True, True)}
+    for setting, (plain, streamk) in want.items():
+        if setting is None:
+            monkeypatch.delenv("DITPROF_FP8_QROT", raising=False)
+        else:
+            monkeypatch.setenv("DITPROF_FP8_QROT", setting)
+        assert launch.q_rot_for(int8, None, q) is plain, setting
+        assert launch.q_rot_for(int8, plan, q) is streamk, setting
+        assert not launch.q_rot_for(e4m3, None, q) and not launch.q_rot_for(sm120, None, q)
+        assert not launch.q_rot_for(int8, None, q.transpose(1, 2).contiguous().transpose(1, 2))
+    monkeypatch.setenv("DITPROF_FP8_QROT", "yes")
+    with pytest.raises(DitprofError, match="DITPROF_FP8_QROT must be 0, 1 or streamk, got 'yes'"):
+        launch.q_rot_for(int8, None, q)
