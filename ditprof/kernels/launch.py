@@ -562,8 +562,8 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     same arguments here; ``out_strides`` (b, h, s) is fp8-sm120's (fp8-sm90 writes a contiguous (B,Sq,H,D)).
     ``q_scales`` (B, H, Sq_pad) float32: the per-row Q descales of int8 Q/K (``spec.qk_int8``), else None.
     ``streamk`` (o_part, lse_part, (n_full, n_tail, T)): the workspace and plan of a ``spec.streamk`` build (the
-    kernel only: the caller merges); a stream-K q_rot build adds (q16, rotation matrix) to it. Returns (spec, fn) actually used: a TVM-FFI call that fails falls back to cute's
-    JIT executor for good."""
+    kernel only: the caller merges); a stream-K q_rot build adds (q16, rotation matrix) to it. Returns (spec, fn)
+    actually used: a TVM-FFI call that fails falls back to cute's JIT executor for good."""
     D = q8.shape[3]
     sq_pad, sk_pad = q8.shape[2], k8.shape[2]
     plain_q_rot = spec.q_rot and not spec.streamk
