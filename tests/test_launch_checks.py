@@ -145,7 +145,7 @@ def test_launch_arguments_of_the_streamk_q_rot_build():
     from ditprof.kernels.launch import rotation_t
 
     rec, ws = _record((528, 48, 132, 29))
-    rec.q_rot, rec.rot = True, _Ptr(70)
+    rec.q_rot, ws["rot_ptr"] = True, 70
     rec._launch_kernel(ws, _Ptr(40), _Ptr(50), None, 0.5, 7)
     assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 100, 101, 40, 70, 1, 2, 3, 4, 5, 6, 0.5, 528, 48, 132, 7)]
     assert len(rec.merges) == 1

@@ -70,20 +70,14 @@ def measure(name: str, rounds: int, setting: str = "1") -> dict:
 def main(argv=None) -> int:
     from bench_helpers import parse_shapes_rounds, run_meta
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    setting = "1"
-    if "--qrot" in argv:  # the Q-in-the-kernel record's DITPROF_FP8_QROT (1: the shipped rule, streamk: also there)
-        i = argv.index("--qrot")
-        setting = argv[i + 1] if i + 1 < len(argv) else ""
-        del argv[i:i + 2]
-        if setting not in ("1", "streamk"):
-            print(f"--qrot must be 1 or streamk, got {setting!r}", file=sys.stderr)
-            return 2
-    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3")
+    def add_args(ap):  # the Q-in-the-kernel record's DITPROF_FP8_QROT (1: the shipped rule, streamk: also there)
+        ap.add_argument("--qrot", choices=("1", "streamk"), default="1")
+
+    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3", add_args=add_args)
     if parsed is None:
         return 2
-    names, rounds, json_path = parsed
-    rows = [measure(n, rounds, setting) for n in names]
+    names, rounds, json_path, args = parsed
+    rows = [measure(n, rounds, args.qrot) for n in names]
     print(f"{'shape':10} {'grid':9} {'Q in kernel':>12} {'prep Q':>9} {'ratio':>7} {'round ratios IQR':>18} bits")
     for r in rows:
         if "ms" not in r:

@@ -396,15 +396,9 @@ class Sm90Fp8Attention:
         extra_fields = None
         if const_expr(self.q_rot):
             # the TMA slot carries the rotation matrix, the q_scales slot the 16-bit Q (read by the consumers)
-            mQScales = cute.make_tensor(
-                cute.recast_ptr(pQ, dtype=self.dtype_out),
-                cute.make_layout((sq, D, heads, batch), stride=(heads * D, 1, D, sq * heads * D)))
-            mRot = cute.make_tensor(cute.recast_ptr(pQScales, dtype=self.dtype_out),
-                                    cute.make_layout((D, D), stride=(D, 1)))
-            sR_layout = self.rot_smem_layout()
-            tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mRot, cute.slice_(sR_layout, (None, None, 0)), (D, D))
-            extra_fields = {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(sR_layout)],
-                                                    1024]}
+            mQScales = self.q16_tensor(pQ, sq, heads, batch)
+            tma_q, mQ_tma = self.rot_tma(pQScales)
+            extra_fields = self.rot_smem_fields()
         else:
             tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
                 g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (TILE_M_WG, D))
@@ -417,7 +411,7 @@ class Sm90Fp8Attention:
 
         SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
                                         cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8, self.Q_STAGES,
-                                        extra_fields)
+                                        {**(extra_fields or {}), **self.more_smem_fields()})
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         return ((qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
@@ -624,6 +618,28 @@ class Sm90Fp8Attention:
         wherever it is used: a layout made in the host trace cannot be used inside the kernel)."""
         D = self.head_dim
         return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (TILE_M_WG, D, D), self.dtype_out, 1)
+
+    def q16_tensor(self, pQ16: cute.Pointer, sq: Int32, heads: Int32, batch: Int32) -> cute.Tensor:
+        """The 16-bit q (B, Sq, H, D) contiguous as a (row, col, head, batch) view (traced on the host)."""
+        D = self.head_dim
+        return cute.make_tensor(cute.recast_ptr(pQ16, dtype=self.dtype_out),
+                                cute.make_layout((sq, D, heads, batch), stride=(heads * D, 1, D, sq * heads * D)))
+
+    def rot_tma(self, pRot: cute.Pointer):
+        """(TMA atom, TMA tensor) of the rotation matrix Rpm1^T (D, D) into its tile (traced on the host)."""
+        D = self.head_dim
+        mRot = cute.make_tensor(cute.recast_ptr(pRot, dtype=self.dtype_out), cute.make_layout((D, D), stride=(D, 1)))
+        return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mRot,
+                                           cute.slice_(self.rot_smem_layout(), (None, None, 0)), (D, D))
+
+    def rot_smem_fields(self) -> dict:
+        """The shared struct's field for the rotation matrix's tile."""
+        return {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(self.rot_smem_layout())],
+                                        1024]}
+
+    def more_smem_fields(self) -> dict:
+        """Hook: a subclass's own shared-memory fields, last in the struct (none here)."""
+        return {}
 
     def rot_tensor(self, storage):
         layout = self.rot_smem_layout()

@@ -42,7 +42,6 @@ from types import SimpleNamespace
 import cuda.bindings.driver as cuda
 import cutlass
 from cutlass import BFloat16, Float32, Int32, cute, pipeline
-from cutlass.cute.nvgpu import cpasync
 
 from ditprof.kernels import fp8_fwd_sm90 as K
 from ditprof.kernels.fp8_fwd_sm90 import TILE_M_WG, Sm90Config, Sm90Fp8Attention
@@ -271,24 +270,15 @@ class Sm90Fp8StreamKQRotAttention(Sm90Fp8StreamKAttention):
     ):
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
-        D = self.head_dim
-        sQ_layout, sK_layout, sV_layout, sOnes_layout = layouts
-        mQ16 = cute.make_tensor(cute.recast_ptr(pQ16, dtype=self.dtype_out),
-                                cute.make_layout((sq, D, heads, batch), stride=(heads * D, 1, D, sq * heads * D)))
-        mRot = cute.make_tensor(cute.recast_ptr(pRot, dtype=self.dtype_out), cute.make_layout((D, D), stride=(D, 1)))
-        sR_layout = self.rot_smem_layout()
-        tma_r, mRot_tma = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mRot,
-                                                      cute.slice_(sR_layout, (None, None, 0)), (D, D))
-        # the shared struct again, with the rotation matrix's tile and its pipeline's mbarriers
-        self.shared_storage = K._shared_storage(
-            self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout), cute.cosize(sV_layout),
-            cute.cosize(sOnes_layout), self.qk_dtype, self.Q_STAGES,
-            {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(sR_layout)], 1024],
-             "r_mbar": cute.struct.MemRange[cutlass.Int64, 2]})
-        self.smem_bytes = self.shared_storage.size_in_bytes()
+        tma_r, mRot_tma = self.rot_tma(pRot)
+        mQ16 = self.q16_tensor(pQ16, sq, heads, batch)
         self.launch_kernel(args, layouts, sq, sk, softmax_scale,
                            self.tail_args(pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail)
                            + (tma_r, mRot_tma, mQ16), (n_full + n_ctas_tail, 1, 1), stream)
+
+    def more_smem_fields(self) -> dict:
+        """The rotation matrix's tile and its pipeline's mbarriers."""
+        return {**self.rot_smem_fields(), "r_mbar": cute.struct.MemRange[cutlass.Int64, 2]}
 
     # (kernel arguments: the shipped ones, extra = the stream-K kernel's + (tma_r, mRot, mQ16))
     def more_pipelines(self, storage) -> dict:

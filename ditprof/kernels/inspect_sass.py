@@ -178,11 +178,13 @@ class _CaptureFds:
 # ---------------------------------------------------------------------------------------------- main
 
 def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
-                       qk_int8: bool = False, streamk: bool = False):
+                       qk_int8: bool = False, streamk: bool = False, q_rot: bool = False):
     from ditprof.kernels import fp8_fwd_sm120 as K
 
     if streamk:
         raise DitprofError("the stream-K grid is fp8-sm90's (fp8-sm120 has the plain grid only)")
+    if q_rot:
+        raise DitprofError("Q in the kernel is fp8-sm90's build; fp8-sm120 takes the prep's Q")
 
     return K.compile_fp8_fwd(
         arch, head_dim=head_dim, out_dtype=out_dtype, write_lse=True,
@@ -231,8 +233,6 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
     if grid not in ("plain", "stream-K"):
         raise DitprofError(f"unknown grid {grid!r}; known: plain, stream-K")
-    if q_in_kernel and kernel != "fp8-sm90":
-        raise DitprofError(f"Q in the kernel is fp8-sm90's build; {kernel} takes the prep's Q")
     archs = KNOWN_KERNELS[kernel]["archs"]
     if arch not in archs:
         raise DitprofError(f"kernel {kernel} compiles for {', '.join(archs)}, not {arch!r}")
@@ -244,8 +244,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         try:
             with _CaptureFds() as cap, cute_dsl_arch(arch):
                 _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens,
-                                                   qk_int8=qk_int8, streamk=grid == "stream-K",
-                                                   **({"q_rot": True} if q_in_kernel else {}))
+                                                   qk_int8=qk_int8, streamk=grid == "stream-K", q_rot=q_in_kernel)
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line

@@ -465,6 +465,7 @@ class Fp8Launch:
             ws["q_scales" if "q_scales" in ws else "scales"].data_ptr(),)
         sk = ws["streamk"]
         ws["streamk_ptrs"] = ((sk[0].data_ptr(), sk[1].data_ptr()), sk[2]) if sk else ((), ())
+        ws["rot_ptr"] = self.rot.data_ptr() if self.q_rot else None  # stream-K q_rot: passed after the call's q
         ws["unchecked"] = 0
         return ws
 
@@ -533,7 +534,7 @@ class Fp8Launch:
                     if self.streamk is None:
                         q8 = q.data_ptr()
                     else:
-                        parts = (*parts, q.data_ptr(), self.rot.data_ptr())
+                        parts = (*parts, q.data_ptr(), ws["rot_ptr"])
                 self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
                         lse, *parts, *self.sizes, softmax_scale, *plan, stream)
                 self._merge(ws, out, stream)
