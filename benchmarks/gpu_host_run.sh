@@ -224,21 +224,38 @@ session12e)  # issue 17 flux gap: per-CTA %globaltimer timeline (fixed cost vs p
   step ctl-h3-pers 110 python benchmarks/experimental/cta_timeline.py --shape 1,56,30272,128 --format e4m3 --persistent --runs 5 --json "$out/ctl-h3-pers.json" --plot "$out/ctl-h3-pers.png"
   kill "$smi"
   ;;
-session19c)  # next session: Q in the kernel on the stream-K grid's whole-tile CTAs (DITPROF_FP8_QROT=streamk, an experiment) -- its GPU tests and the prep's q_bh_from, then the op A/B against the stream-K grid with the prep's Q at the stream-K shapes
+session20a)  # session 20, first call (its --qrot streamk option is gone with the build: commit d648966): the stream-K Q-in-the-kernel experiment's GPU tests and op A/B (session19c), then the INT8 prep's GPU tests (half of session19d)
+  step streamk-qrot-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_prep_int8.py -k "streamk_q_in or q_bh_from or q_in_the_kernel"
+  step streamk-qrot-ab 240 python benchmarks/experimental/qrot_op_ab.py --qrot streamk --shapes flux,ltx,wan1.3b --rounds 25 --json "$out/streamk-qrot-ab.json"
+  step prep-int8-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  ;;
+session20b)  # session 20, second call: every sm90 GPU test (the other half of session19d; DITPROF_FP8_QROT from the caller), then the stats launch's V knobs timed interleaved (session19b without the winner's tests)
+  step gpu-tests 350 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
+  step prep-vstats 230 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 20 \
+    --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
+  ;;
+session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes with Q in the kernel (one process), then the stats launch's V knobs timed interleaved
+  step attention-peers 400 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3,wan14b,hunyuan --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
+  step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
+    --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
+  ;;
+session19c)  # session 20 ran it as session20a (rejected, reverted since: commit d648966 has the build): Q in the kernel on the stream-K grid's whole-tile CTAs (DITPROF_FP8_QROT=streamk, an experiment) -- its GPU tests and the prep's q_bh_from, then the op A/B against the stream-K grid with the prep's Q at the stream-K shapes
   step streamk-qrot-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_prep_int8.py -k "streamk_q_in or q_bh_from or q_in_the_kernel"
   step streamk-qrot-ab 240 python benchmarks/experimental/qrot_op_ab.py --qrot streamk --shapes flux,ltx,wan1.3b --rounds 25 --json "$out/streamk-qrot-ab.json"
   ;;
-session19d)  # next session: every sm90 GPU test and the INT8 prep's with this session's launch / prep changes (the stream-K q_rot plumbing, the quantize launch's Q_BH0)
+session19d)  # session 20 ran it as session20a / session20b, before the revert: every sm90 GPU test and the INT8 prep's with this session's launch / prep changes (the stream-K q_rot plumbing, the quantize launch's Q_BH0)
   step gpu-tests 300 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
   step prep-int8-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
   ;;
-session19b)  # next session: the stats launch's V amax programs longer (STATS_V_MULT) and/or first in the grid (STATS_V_FIRST), timed interleaved at seven shapes; a winner (>= 1 % on the geometric mean) runs the INT8 prep's GPU tests and every sm90 GPU test as the process default
+session19b)  # session 20 ran it as session20c (STATS_V_MULT=2 shipped): the stats launch's V amax programs longer (STATS_V_MULT) and/or first in the grid (STATS_V_FIRST), timed interleaved at seven shapes; a winner (>= 1 % on the geometric mean) runs the INT8 prep's GPU tests and every sm90 GPU test as the process default
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
   step prep-vstats 240 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   knob_winner_tests "$out/prep-vstats.json" 300
   ;;
-session19a)  # next session, with part3 (FA3): one call's launches at four shapes (call_anatomy's reference now the trace's typical call; q_rot at CogVideoX / h3), peers at seven shapes with Q in the kernel, the default h3 compare and the flux compare
+session19a)  # (session 20 ran its peers and h3 compare as session20c and by hand) with part3 (FA3): one call's launches at four shapes (call_anatomy's reference now the trace's typical call; q_rot at CogVideoX / h3), peers at seven shapes with Q in the kernel, the default h3 compare and the flux compare
   step call-anatomy 120 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
   step attention-peers 420 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3,wan14b,hunyuan --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
   step compare-h3 200 python -m ditprof compare --iters 10 --out "$out/compare-h3"

@@ -123,3 +123,26 @@ def test_q_in_the_kernel_sass(tmp_path, head_dim):
     assert abs(len(loop) - len(ref_loop)) <= 8, (len(loop), len(ref_loop))
     assert not any(x.startswith(("LDL", "STL", "HGMMA")) for x in loop)
     assert res["stack_frame_bytes"] <= 16, res  # at most a few values kept across the loop
+
+
+def test_inspect_reports_the_q_in_the_kernel_build(capsys):
+    """``ditprof kernels inspect --q-in-kernel``: the INT8 build the op runs on the plain grid (the 16-bit rotation
+    wgmma, the shared memory with the rotation tile); one-line errors where there is no such build (e4m3, the
+    stream-K grid, fp8-sm120)."""
+    import json
+
+    from ditprof.cli import main
+    from ditprof.errors import DitprofError
+    from ditprof.kernels.inspect_sass import inspect_kernel
+
+    assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--qk-format", "int8",
+                 "--q-in-kernel", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["q_in_kernel"] is True and r["grid"] == "plain" and r["instructions"]["HGMMA"] == 128 // 16
+    assert r["smem_dynamic_bytes"] == K.smem_bytes(128, q_rot=True) > K.smem_bytes(128)
+    with pytest.raises(DitprofError, match="INT8 build without key_lens"):
+        inspect_kernel("fp8-sm90", "sm_90a", qk_format="e4m3", q_in_kernel=True)
+    with pytest.raises(DitprofError, match="takes the prep's Q"):
+        inspect_kernel("fp8-sm90", "sm_90a", qk_format="int8", grid="stream-K", q_in_kernel=True)
+    with pytest.raises(DitprofError, match="takes the prep's Q"):
+        inspect_kernel("fp8-sm120", "sm_120a", q_in_kernel=True)

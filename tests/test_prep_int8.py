@@ -345,53 +345,6 @@ def run_triton_int8_checks(shape, device, prep_triton):
                                   q_scales=bufs["q_scales"]), ref)
 
 
-def test_triton_interpreter_q_bh_from():
-    run_under_interpreter(__file__, "test_interpreter_q_bh_from_inner")
-
-
-@inner_only()
-def test_interpreter_q_bh_from_inner():
-    from ditprof.kernels import prep_triton
-
-    check_q_bh_from("cpu", prep_triton)
-
-
-def check_q_bh_from(device, prep_triton):
-    """``PrepPlan(q_bh_from=n)`` (fp8-sm90's stream-K q_rot records): Q's codes and descales of the flattened
-    (b, h) >= n are the full plan's bit for bit, those below n are never written (poison stays), K, V and the
-    scales are the full plan's; a NaN in a skipped head's Q is not the prep's to flag, one in a kept head is."""
-    B, Sq, Sk, H, D = 2, 77, 45, 3, 64
-    q, k, v = make_qkv(B, Sq, Sk, H, D, seed=11, device=device)
-    n = 4  # batch item 1's second head on
-    full = prep_triton.PrepPlan(q, k, v, True, qk_int8=True)
-    part = prep_triton.PrepPlan(q, k, v, True, qk_int8=True, q_bh_from=n)
-    assert part.quants[0].grid == full.quants[0].grid and part.stats.grid == full.stats.grid
-    bf, bp = full.buffers(q.device), part.buffers(q.device)
-    for b in (bf, bp):
-        b["q8"].fill_(90)
-        b["q_scales"].fill_(float("nan"))
-    full.launch(q, k, v, bf)
-    part.launch(q, k, v, bp)
-    q8f, q8p = (b["q8"].view(B * H, -1).cpu() for b in (bf, bp))
-    qsf, qsp = (b["q_scales"].view(B * H, -1).cpu() for b in (bf, bp))
-    assert torch.equal(q8p[n:], q8f[n:]) and torch.equal(qsp[n:], qsf[n:])
-    assert not (q8f[:n] == 90).all() and bool((q8p[:n] == 90).all()) and bool(qsp[:n].isnan().all())
-    for name in ("k8", "scales"):
-        assert torch.equal(bp[name].cpu(), bf[name].cpu()), name
-    assert torch.equal(bp["v8t"].view(torch.uint8).cpu(), bf["v8t"].view(torch.uint8).cpu())
-    assert bp["flags"].tolist() == [0, 0, 0]
-    for bh, flagged in ((n - 1, 0), (n, 1)):
-        qq = q.clone()
-        qq[bh // H, 5, bh % H, 0] = float("nan")
-        bufs = part.buffers(q.device)
-        part.launch(qq, k, v, bufs)
-        assert bufs["flags"].tolist() == [flagged, 0, 0], bh
-    with pytest.raises(ValueError, match="q_bh_from"):
-        prep_triton.PrepPlan(q, k, v, True, qk_int8=True, q_bh_from=B * H)
-    with pytest.raises(ValueError, match="q_bh_from"):
-        prep_triton.PrepPlan(q, k, v, True, qk_int8=True, skip_q=True, q_bh_from=1)
-
-
 # ------------------------------------------------------------------ GPU: compiled Triton kernels vs the torch chain
 
 GPU_SHAPES = [(1, 30272, 30272, 56, 128), (2, 77, 77, 3, 128), (1, 1, 1, 1, 128), (1, 4096, 512, 8, 128),
@@ -421,13 +374,6 @@ def test_gpu_triton_int8_layouts_match_torch(shape, layout, monkeypatch):
     for name, value in layout.items():
         monkeypatch.setattr(prep_triton, name, value)
     run_triton_int8_checks(shape, "cuda", prep_triton)
-
-
-@pytest.mark.gpu
-def test_gpu_q_bh_from():
-    from ditprof.kernels import prep_triton
-
-    check_q_bh_from("cuda", prep_triton)
 
 
 @pytest.mark.parametrize("arch", [90, 89, 120])

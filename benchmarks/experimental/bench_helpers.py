@@ -126,10 +126,9 @@ def run_meta(**extra) -> dict:
     return {**meta, **extra}
 
 
-def parse_shapes_rounds(argv, doc: str, shapes: dict, default: str, rounds: int = 15, add_args=None):
+def parse_shapes_rounds(argv, doc: str, shapes: dict, default: str, rounds: int = 15):
     """The command line of an interleaved bench over named shapes: ``--shapes`` (names of ``shapes``), ``--rounds``,
-    ``--json`` (``add_args(parser)``: a bench's own options). Returns (names, rounds, json_path, namespace), or None
-    after a one-line error naming an unknown shape."""
+    ``--json``. Returns (names, rounds, json_path), or None after a one-line error naming an unknown shape."""
     import argparse
     import sys
 
@@ -137,15 +136,13 @@ def parse_shapes_rounds(argv, doc: str, shapes: dict, default: str, rounds: int 
     ap.add_argument("--shapes", default=default)
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--json", dest="json_path", default=None)
-    if add_args is not None:
-        add_args(ap)
     a = ap.parse_args(argv)
     names = [s.strip() for s in a.shapes.split(",") if s.strip()]
     bad = [n for n in names if n not in shapes]
     if bad:
         print(f"unknown shape(s) {bad}; known: {', '.join(shapes)}", file=sys.stderr)
         return None
-    return names, a.rounds, a.json_path, a
+    return names, a.rounds, a.json_path
 
 
 def shape_format_main(description: str, shapes: dict, time_shape, title: str, columns: list, row_cells,

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 LAYOUT_KNOBS = {"SPLIT_V": (False, True), "QK_PREFETCH": (False, True), "QK_RECIP": (False, True)}
 TILING_KNOBS = {"QK_ROWS": (128, 256, 512, 1024), "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3),
                 "STATS_ROT_ROWS": (0, 16, 32, 64), "STATS_CHUNK": (128, 256, 512),
-                "STATS_PROGRAMS_PER_SM": (0, 6), "QUANT_WARPS": (4, 8), "STATS_WARPS": (4, 8)}
+                "STATS_PROGRAMS_PER_SM": (0, 6), "QUANT_WARPS": (4, 8), "STATS_WARPS": (4, 8),
+                "STATS_V_MULT": (1, 2, 4), "STATS_V_FIRST": (False, True)}
 KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS}
 
 

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "flux,ltx,cogvideox,h3")
     if parsed is None:
         return 2
-    names, rounds, json_path, _ = parsed
+    names, rounds, json_path = parsed
     rows = []
     for n in names:
         rows.append(measure(n, rounds))

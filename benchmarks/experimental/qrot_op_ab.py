@@ -1,12 +1,9 @@
 """The op's launch record with Q quantized in the kernel (the default on fp8-sm90's plain grid) against the same
 record kind with the prep's Q (``DITPROF_FP8_QROT=0``), in one process: the two records' whole calls (prep + kernel)
 alternating call by call behind a sleep (``bench_helpers.sleep_alternating``), median of ``--rounds``; the outputs
-compared bit for bit. Shapes whose grid is stream-K keep the prep's Q in both (reported, not timed), unless
-``--qrot streamk``: then the Q-in-the-kernel record is ``DITPROF_FP8_QROT=streamk``'s (on the stream-K grid the
-whole-tile CTAs quantize their Q, the tail takes the prep's), against the same grid with the prep's Q.
+compared bit for bit. Shapes whose grid is stream-K keep the prep's Q in both (reported, not timed).
 
     python benchmarks/experimental/qrot_op_ab.py --shapes cogvideox,wan1.3b,h3 --rounds 15 --json out.json
-    python benchmarks/experimental/qrot_op_ab.py --qrot streamk --shapes flux,ltx,wan1.3b --rounds 25
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ SHAPES = {  # B, S, H, D
 }
 
 
-def measure(name: str, rounds: int, setting: str = "1") -> dict:
+def measure(name: str, rounds: int) -> dict:
     import torch
     from bench_helpers import gaussian_qkv, sleep_alternating, warm
 
@@ -37,13 +34,13 @@ def measure(name: str, rounds: int, setting: str = "1") -> dict:
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=3)
     scale = 1.0 / math.sqrt(D)
-    os.environ["DITPROF_FP8_QROT"] = setting
+    os.environ.pop("DITPROF_FP8_QROT", None)
     rec_in = launch.record_for(q, k, v, False)
     os.environ["DITPROF_FP8_QROT"] = "0"
     rec_prep = launch.record_for(q, k, v, False)
     os.environ.pop("DITPROF_FP8_QROT")
-    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "qrot_setting": setting, "q_in_kernel": rec_in.q_rot,
-           "grid": rec_in.summary()["grid"], "prep_q_heads_from": rec_in.plan.q_bh_from}
+    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "q_in_kernel": rec_in.q_rot,
+           "grid": rec_in.summary()["grid"]}
     if not rec_in.q_rot:
         return row
     outs = {}
@@ -70,14 +67,11 @@ def measure(name: str, rounds: int, setting: str = "1") -> dict:
 def main(argv=None) -> int:
     from bench_helpers import parse_shapes_rounds, run_meta
 
-    def add_args(ap):  # the Q-in-the-kernel record's DITPROF_FP8_QROT (1: the shipped rule, streamk: also there)
-        ap.add_argument("--qrot", choices=("1", "streamk"), default="1")
-
-    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3", add_args=add_args)
+    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3")
     if parsed is None:
         return 2
-    names, rounds, json_path, args = parsed
-    rows = [measure(n, rounds, args.qrot) for n in names]
+    names, rounds, json_path = parsed
+    rows = [measure(n, rounds) for n in names]
     print(f"{'shape':10} {'grid':9} {'Q in kernel':>12} {'prep Q':>9} {'ratio':>7} {'round ratios IQR':>18} bits")
     for r in rows:
         if "ms" not in r:

@@ -41,7 +41,7 @@ def register(subparsers) -> None:
                      help="fp8-sm90's build: the plain grid, or the stream-K grid few-round problems run on")
     ins.add_argument("--q-in-kernel", action="store_true",
                      help="fp8-sm90 INT8's build that rotates and quantizes Q itself (what the op runs on the "
-                          "plain grid; on the stream-K grid the DITPROF_FP8_QROT=streamk experiment)")
+                          "plain grid)")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 

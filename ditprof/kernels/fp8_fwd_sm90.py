@@ -411,7 +411,7 @@ class Sm90Fp8Attention:
 
         SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
                                         cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8, self.Q_STAGES,
-                                        {**(extra_fields or {}), **self.more_smem_fields()})
+                                        extra_fields)
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         return ((qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
@@ -636,10 +636,6 @@ class Sm90Fp8Attention:
         """The shared struct's field for the rotation matrix's tile."""
         return {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(self.rot_smem_layout())],
                                         1024]}
-
-    def more_smem_fields(self) -> dict:
-        """Hook: a subclass's own shared-memory fields, last in the struct (none here)."""
-        return {}
 
     def rot_tensor(self, storage):
         layout = self.rot_smem_layout()

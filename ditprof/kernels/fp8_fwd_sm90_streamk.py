@@ -88,20 +88,17 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
     ):
         args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
                                          sq_pad, sk_pad)
-        self.launch_kernel(args, layouts, sq, sk, softmax_scale,
-                           self.tail_args(pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail),
-                           (n_full + n_ctas_tail, 1, 1), stream)
-
-    def tail_args(self, pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail) -> tuple:
-        """The stream-K kernel arguments after the shipped ones (traced in ``__call__``): the tail's workspace views
-        -- slot 2 c' + segment, indexed as the epilogue indexes mO: (local row, col, slot, 0) -- and the plan."""
+        n_m = cute.ceil_div(sq, self.tile_m)
         D = self.head_dim
+        # workspace slot 2 c' + segment, indexed as the epilogue indexes mO: (local row, col, slot, 0)
         slots = cutlass.max(2 * n_ctas_tail, 1)
         mOPart = cute.make_tensor(pOPart, cute.make_layout(
             (self.tile_m, D, slots, 1), stride=(D, 1, self.tile_m * D, slots * self.tile_m * D)))
         mLSEPart = cute.make_tensor(pLSEPart, cute.make_layout(
             (self.tile_m, slots, 1), stride=(1, self.tile_m, slots * self.tile_m)))
-        return (mOPart, mLSEPart, cute.ceil_div(sq, self.tile_m), heads, n_full, n_tail, n_ctas_tail)
+        self.launch_kernel(args, layouts, sq, sk, softmax_scale,
+                           (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail), (n_full + n_ctas_tail, 1, 1),
+                           stream)
 
     # ------------------------------------------------------------------ the shipped kernel's sections, overridden
     # (kernel arguments: the shipped ones, extra = (mOPart, mLSEPart, n_m, heads, n_full, n_tail, n_ctas_tail))
@@ -111,19 +108,14 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
 
     def smem_setup(self, k, w, tidx):
         """The CTA's segments, then the shipped set-up (without the per-tile key count: per segment here)."""
-        _, _, _, _, n_full, n_tail, n_ctas_tail = k.extra[:7]  # a subclass may add arguments after them
+        _, _, _, _, n_full, n_tail, n_ctas_tail = k.extra
         w.n_kt = self.key_tiles(None, 0, k.sk)
         w.tile, w.begin0, w.end0, w.end1 = segments(w.cta, n_full, n_tail, n_ctas_tail, w.n_kt, cutlass.min,
                                                     cutlass.max)
         storage, q_pipe, k_pipe, v_pipe, sQ, sK, sV, sPin = self.shared_setup(k.sQ_layout, k.sK_layout, k.sV_layout)
-        more = self.more_pipelines(storage)  # before the fences of shared_constants
         bias_ptr = self.shared_constants(storage, k.sOnes_layout, sPin, tidx)
         return SimpleNamespace(storage=storage, q_pipe=q_pipe, k_pipe=k_pipe, v_pipe=v_pipe, sQ=sQ, sK=sK, sV=sV,
-                               sPin=sPin, bias_ptr=bias_ptr, **more)
-
-    def more_pipelines(self, storage) -> dict:
-        """Hook: a subclass's own pipelines, created with the others (none here)."""
-        return {}
+                               sPin=sPin, bias_ptr=bias_ptr)
 
     @staticmethod
     def segment(w_tile, begin0, end0, end1, seg):
@@ -225,168 +217,36 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
                               sq - m_block * self.tile_m, f.wg * TILE_M_WG, 2 * (cta - n_full) + seg, 0, f.wg_tidx)
 
 
-class Sm90Fp8StreamKQRotAttention(Sm90Fp8StreamKAttention):
-    """The stream-K grid with Q in the kernel on its whole-tile CTAs (INT8): a CTA c < n_full rotates and quantizes
-    its tile's Q as the plain ``q_rot`` kernel does (the rotation matrix on a 1-stage pipeline of its own), a tail
-    CTA takes the prep's Q boxes by TMA as the stream-K kernel does (the prep quantizes only the heads the tail
-    touches). Why: on the stream-K grid a tail CTA's second Q box loads while its first segment runs; quantizing it
-    there put the rotation on the tail's critical path (flux +1.4 %, benchmarks/NOTES.md session 18), while the
-    whole-tile CTAs, four of flux's five rounds, save the prep's Q pass as on the plain grid.
-
-    Arguments: the stream-K kernel's, then ``q16`` (the 16-bit q, (B, Sq, H, D) contiguous) and ``rot`` (Rpm1^T,
-    (D, D) in q's dtype, 16-byte aligned) after ``lse_part``; ``scales`` must be followed by the prep's flags."""
-
-    def __init__(self, head_dim: int = 128, dtype_out=BFloat16, config: Sm90Config | None = None):
-        # the base class's sections see q_rot off (Q boxes by TMA, the prep's per-row descales); this class adds the
-        # whole-tile path
-        super().__init__(head_dim, dtype_out, config, key_lens=False, qk_int8=True)
-
-    @cute.jit
-    def __call__(
-        self,
-        pQ: cute.Pointer,
-        pK: cute.Pointer,
-        pV: cute.Pointer,
-        pScales: cute.Pointer,
-        pQScales: cute.Pointer,
-        pKeyLens: cute.Pointer,
-        pO: cute.Pointer,
-        pLSE: cute.Pointer,
-        pOPart: cute.Pointer,
-        pLSEPart: cute.Pointer,
-        pQ16: cute.Pointer,
-        pRot: cute.Pointer,
-        batch: Int32,
-        heads: Int32,
-        sq: Int32,
-        sk: Int32,
-        sq_pad: Int32,
-        sk_pad: Int32,
-        softmax_scale: Float32,
-        n_full: Int32,
-        n_tail: Int32,
-        n_ctas_tail: Int32,
-        stream: cuda.CUstream,
-    ):
-        args, layouts = self.kernel_args(pQ, pK, pV, pScales, pQScales, pKeyLens, pO, pLSE, batch, heads, sq, sk,
-                                         sq_pad, sk_pad)
-        tma_r, mRot_tma = self.rot_tma(pRot)
-        mQ16 = self.q16_tensor(pQ16, sq, heads, batch)
-        self.launch_kernel(args, layouts, sq, sk, softmax_scale,
-                           self.tail_args(pOPart, pLSEPart, sq, heads, n_full, n_tail, n_ctas_tail)
-                           + (tma_r, mRot_tma, mQ16), (n_full + n_ctas_tail, 1, 1), stream)
-
-    def more_smem_fields(self) -> dict:
-        """The rotation matrix's tile and its pipeline's mbarriers."""
-        return {**self.rot_smem_fields(), "r_mbar": cute.struct.MemRange[cutlass.Int64, 2]}
-
-    # (kernel arguments: the shipped ones, extra = the stream-K kernel's + (tma_r, mRot, mQ16))
-    def more_pipelines(self, storage) -> dict:
-        """The rotation matrix's 1-stage pipeline."""
-        r_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.r_mbar.data_ptr(), num_stages=1,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_wg),
-            tx_count=self.head_dim * self.head_dim * 2, defer_sync=True)
-        return {"r_pipe": r_pipe}
-
-    def producer(self, k, w, s):
-        _, _, n_m, heads, n_full, _, _, tma_r, mRot, _ = k.extra
-        self.produce_hybrid(k.tma_q, k.mQ, k.tma_k, k.mK, k.tma_v, k.mV, s.sQ, s.sK, s.sV, s.q_pipe, s.k_pipe,
-                            s.v_pipe, s.r_pipe, tma_r, mRot, s.storage, n_m, heads, n_full, w.cta, w.n_kt, w.tile,
-                            w.begin0, w.end0, w.end1)
-
-    @cute.jit
-    def produce_hybrid(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, r_pipe, tma_r,
-                       mRot, storage, n_m, heads, n_full, cta, n_kt, w_tile, begin0, end0, end1):
-        """A whole-tile CTA: the rotation matrix, then its tile's K/V tiles (the plain q_rot producer); a tail CTA:
-        the stream-K producer (its Q boxes and key ranges)."""
-        if cta < n_full:
-            tKsK, tKgK, tVsV, tVgV = self.producer_views_kv(tma_k, mK, tma_v, mV, sK, sV)
-            self.load_rot(r_pipe, pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1), tma_r, mRot,
-                          storage)
-            _, head, bat = work_coords(w_tile, n_m, heads)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-            self.load_kv(k_pipe, v_pipe, kv_state, n_kt, tma_k, tKgK, tKsK, tma_v, tVgV, tVsV, head, bat)
-        else:
-            self.produce(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, n_m, heads, w_tile,
-                         begin0, end0, end1)
-
-    def consumer(self, k, w, s, f, warp_idx):
-        mOPart, mLSEPart, n_m, heads, n_full, _, _, _, _, mQ16 = k.extra
-        self.consume_hybrid(f, s.q_pipe, s.r_pipe, s.k_pipe, s.v_pipe, k.mScales, k.mQScales, mQ16,
-                            self.rot_tensor(s.storage), s.sQ, k.scale_log2, k.mO, k.mLSE, mOPart, mLSEPart, k.sq,
-                            k.sk, s.sPin, warp_idx, s.bias_ptr, n_m, heads, n_full, w.cta, w.n_kt, w.tile,
-                            w.begin0, w.end0, w.end1)
-
-    @cute.jit
-    def consume_hybrid(self, f, q_pipe, r_pipe, k_pipe, v_pipe, mScales, mQScales, mQ16, sR, sQ, scale_log2, mO,
-                       mLSE, mOPart, mLSEPart, sq, sk, sPin, warp_idx, bias_ptr, n_m, heads, n_full, cta, n_kt,
-                       w_tile, begin0, end0, end1):
-        """A whole-tile CTA: the plain q_rot consumer (its Q rows quantized into Q box 0, the key loop waiting on
-        the rotation matrix's pipeline as the plain q_rot kernel waits on its Q pipeline); a tail CTA: the
-        stream-K tail consumer."""
-        row_max = cute.make_rmem_tensor((2,), Float32)
-        row_sum = cute.make_rmem_tensor((2,), Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
-        if cta < n_full:
-            r_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-            m_block, head, bat = work_coords(w_tile, n_m, heads)
-            row0 = m_block * self.tile_m + f.wg * TILE_M_WG
-            qk_scale = self.quantize_q(mQ16, mScales, scale_log2, sR, sQ, r_pipe, row0, head, bat, sq, f.wg,
-                                       f.wg_tidx)
-            self.attend(f, r_pipe, r_state, k_pipe, v_pipe, kv_state, f.wg, n_kt, qk_scale, row_max, row_sum,
-                        None, bat, sk, sPin, warp_idx, bias_ptr)
-            self.epilogue(f.acc_O, row_max, row_sum, qk_scale, mScales[2, head, bat], mO, mLSE, sq, row0, head, bat,
-                          f.wg_tidx)
-        else:
-            self.consume_tail(f, q_pipe, k_pipe, v_pipe, row_max, row_sum, mScales, mQScales,
-                              scale_log2, mO, mLSE, mOPart, mLSEPart, sq, sk, sPin, warp_idx, bias_ptr, n_m, heads,
-                              n_full, cta, n_kt, w_tile, begin0, end0, end1)
-
-
 # ---------------------------------------------------------------------- compile / run
-def _compile_args(dtype_out, q_rot: bool = False):
+def _compile_args(dtype_out):
     from cutlass.cute.runtime import make_ptr
 
     gm = cute.AddressSpace.gmem
     args = list(K._compile_args(dtype_out))
     ws = [make_ptr(dtype_out, 0, gm, assumed_align=16), make_ptr(Float32, 0, gm, assumed_align=4)]
-    if q_rot:  # the 16-bit q and the rotation matrix
-        ws += [make_ptr(dtype_out, 0, gm, assumed_align=16), make_ptr(dtype_out, 0, gm, assumed_align=16)]
     return tuple(args[:8] + ws + args[8:] + [Int32(0), Int32(0), Int32(0)])
 
 
 def compile_streamk(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", options_extra: str = "",
                     tvm_ffi: bool = False, config: Sm90Config | None = None, key_lens: bool = False,
-                    qk_int8: bool = False, q_rot: bool = False):
+                    qk_int8: bool = False):
     """``K.compile_sm90``'s contract (key_lens refused) with the workspace pointers after ``lse`` and
-    (n_full, n_tail, T) before the stream. ``q_rot`` (INT8): ``Sm90Fp8StreamKQRotAttention`` (Q in the kernel on
-    the whole-tile CTAs), taking q16 and the rotation matrix after the workspace pointers."""
+    (n_full, n_tail, T) before the stream."""
     dtype_out = K._out_dtype(dtype_out)
     config = config or K.config_for(arch, head_dim)
     if config.consumer_wgs * TILE_M_WG != TILE_M:
         raise ValueError(f"the stream-K schedule takes {TILE_M}-row work tiles, the config has "
                          f"{config.consumer_wgs * TILE_M_WG}")
-    if q_rot:
-        if not qk_int8 or key_lens:
-            raise ValueError("the stream-K grid's q_rot build is INT8 without key_lens")
-        kern = Sm90Fp8StreamKQRotAttention(head_dim, dtype_out, config)
-    else:
-        kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
-    return K.compile_kernel(kern, _compile_args(dtype_out, q_rot), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config, q_rot))
+    kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
+    return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
+                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config))
 
 
-def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None, q_rot: bool = False) -> int:
+def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None) -> int:
     """The plain kernel's shared memory (``fp8_fwd_sm90.smem_bytes``) plus the second Q box (a tail CTA's second
-    segment loads its Q while the first one's keys stream); ``q_rot``: plus the 16-bit rotation matrix and its
-    pipeline's mbarriers (a 1024-byte aligned block of their own at the struct's end)."""
+    segment loads its Q while the first one's keys stream)."""
     config = config or K.config_for("sm_90a", head_dim)
-    base = K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim
-    return base + (2 * head_dim * head_dim + 1024 if q_rot else 0)
+    return K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim
 
 
-__all__ = ["Sm90Fp8StreamKAttention", "Sm90Fp8StreamKQRotAttention", "compile_streamk", "streamk_smem_bytes"]
+__all__ = ["Sm90Fp8StreamKAttention", "compile_streamk", "streamk_smem_bytes"]

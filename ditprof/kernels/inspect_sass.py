@@ -205,9 +205,10 @@ def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, k
 
         if key_lens:
             raise DitprofError("the stream-K grid has no key_lens variant (key_lens calls run the plain grid)")
-        fn = compile_streamk(head_dim, out_dtype, fake=True, arch=arch, qk_int8=qk_int8, options_extra=options,
-                             q_rot=q_rot)
-        return fn, streamk_smem_bytes(head_dim, q_rot=q_rot)
+        if q_rot:
+            raise DitprofError("the stream-K grid takes the prep's Q (Q in the kernel is the plain grid's build)")
+        fn = compile_streamk(head_dim, out_dtype, fake=True, arch=arch, qk_int8=qk_int8, options_extra=options)
+        return fn, streamk_smem_bytes(head_dim)
     fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens, qk_int8=qk_int8,
                         options_extra=options, q_rot=q_rot)
     return fn, K.smem_bytes(head_dim, q_rot=q_rot)
@@ -224,8 +225,8 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
     ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
     ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
     default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids).
-    ``q_in_kernel``: fp8-sm90 INT8's build that rotates and quantizes Q itself (``q_rot``; the op's launch record
-    runs it on the plain grid; on the stream-K grid the whole-tile CTAs do, ``DITPROF_FP8_QROT=streamk``)."""
+    ``q_in_kernel``: fp8-sm90 INT8's build that rotates and quantizes Q itself (``q_rot``, the build the op's launch
+    record runs on the plain grid; the stream-K grid takes the prep's Q)."""
     from ditprof.kernels.qk_format import qk_format as resolve_qk_format
 
     qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"

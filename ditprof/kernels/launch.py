@@ -77,8 +77,7 @@ class KernelSpec:
     tvm_ffi: bool = False  # compiled for TVM-FFI's C ABI (raw ints for pointers and the stream)
     qk_int8: bool = False  # Q and K int8 with per-row Q descales (kernels.qk_format "int8")
     streamk: bool = False  # fp8-sm90 on the stream-K grid (fp8_fwd_sm90_streamk: workspace + merge)
-    q_rot: bool = False  # fp8-sm90 INT8 with Q rotated and quantized in the kernel (16-bit q, the rotation matrix;
-    # with streamk: on the whole-tile CTAs, the tail takes the prep's Q)
+    q_rot: bool = False  # fp8-sm90 INT8 with Q rotated and quantized in the kernel (16-bit q, the rotation matrix)
 
 
 _COMPILED: dict = {}
@@ -96,9 +95,12 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
         if spec.streamk:
             from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
+            if spec.q_rot:
+                raise ValueError("the stream-K grid takes the prep's Q (no q_rot build)")
+
             return compile_streamk(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch,
                                    options_extra=options_extra, tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens,
-                                   qk_int8=spec.qk_int8, q_rot=spec.q_rot)
+                                   qk_int8=spec.qk_int8)
         return K.compile_sm90(spec.head_dim, spec.out_dtype, fake=fake, arch=spec.arch, options_extra=options_extra,
                               tvm_ffi=spec.tvm_ffi, key_lens=spec.key_lens, qk_int8=spec.qk_int8, q_rot=spec.q_rot)
     if spec.kernel == "fp8-sm120":
@@ -268,17 +270,15 @@ def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> 
     contiguous, 16-byte aligned (B, Sq, H, D) q, unless ``DITPROF_FP8_QROT`` is "0". The prep then skips Q. H200, the
     op's call, both records in one process (benchmarks/NOTES.md, session 18): the same output bits; CogVideoX -1.5 %,
     h3 -0.4 / -0.5 %, HunyuanVideo -0.3 %, Wan 14B within noise. The stream-K grid keeps the prep's Q (with Q in the
-    kernel on every CTA: flux +1.4 %, Wan 1.3B +2.3 %) unless ``DITPROF_FP8_QROT`` is "streamk" (an experiment, not
-    yet measured: Q in the kernel on the whole-tile CTAs only, ``Sm90Fp8StreamKQRotAttention``); the general path
-    (``interface.launch_prepared``) keeps the prep's Q."""
+    kernel on every CTA, H200: flux +1.4 %, Wan 1.3B +2.3 %; on the whole-tile CTAs only, H100: flux / ltx / Wan 1.3B
+    +0.8 / +0.8 / +0.9 %), and so does the general path (``interface.launch_prepared``)."""
     setting = env_setting(b"DITPROF_FP8_QROT")
-    if setting not in (None, "", "0", "1", "streamk"):
-        raise DitprofError(f"DITPROF_FP8_QROT must be 0, 1 or streamk, got {setting!r}")
+    if setting not in (None, "", "0", "1"):
+        raise DitprofError(f"DITPROF_FP8_QROT must be 0 or 1, got {setting!r}")
     # not for a record first made inside a graph capture: the rotation matrix's copy to the device cannot be
     # captured (such a record keeps the prep's Q)
-    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and (streamk is None or setting == "streamk")
-            and setting != "0" and q.is_contiguous() and q.data_ptr() % 16 == 0
-            and not torch.cuda.is_current_stream_capturing())
+    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and streamk is None and setting != "0"
+            and q.is_contiguous() and q.data_ptr() % 16 == 0 and not torch.cuda.is_current_stream_capturing())
 
 
 _ROTATIONS_T: dict = {}
@@ -414,15 +414,8 @@ class Fp8Launch:
         if self.q_rot:
             self.spec = dataclasses.replace(self.spec, q_rot=True)
             self.rot = rotation_t(D, q.dtype, q.device)  # made now: never inside a graph capture
-        # the descales over each item's own keys; with Q in the kernel the prep skips Q, or on the stream-K grid
-        # quantizes only the heads of the tail (the whole-tile CTAs quantize theirs)
-        q_bh_from = 0
-        if self.q_rot and self.streamk is not None:
-            from ditprof.kernels.streamk_schedule import TILE_M
-
-            q_bh_from = self.streamk[0] // -(-Sq // TILE_M)  # the (b, h) of the first tail tile (m_block fastest)
-        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens, qk_int8=qk_int8,
-                             skip_q=self.q_rot and self.streamk is None, q_bh_from=q_bh_from)
+        # the descales over each item's own keys
+        self.plan = PrepPlan(q, k, v, True, key_lens=key_lens, qk_int8=qk_int8, skip_q=self.q_rot)
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.merge = None
         with torch.cuda.device(self.device):
@@ -456,8 +449,7 @@ class Fp8Launch:
         # q_scales: the per-row Q descales with int8 Q/K (q_rot: the rotation matrix); otherwise never read (the
         # scales stand in)
         if self.q_rot:
-            if self.streamk is None:
-                ws["q_scales"] = self.rot
+            ws["q_scales"] = self.rot
             # the kernel sets Q's non-finite flag right after the scales (PrepPlan.buffers allocates them so)
             if ws["flags"].data_ptr() != ws["scales"].data_ptr() + ws["scales"].numel() * 4:
                 raise DitprofError("internal: the prep's flags do not follow its scales")
@@ -465,7 +457,6 @@ class Fp8Launch:
             ws["q_scales" if "q_scales" in ws else "scales"].data_ptr(),)
         sk = ws["streamk"]
         ws["streamk_ptrs"] = ((sk[0].data_ptr(), sk[1].data_ptr()), sk[2]) if sk else ((), ())
-        ws["rot_ptr"] = self.rot.data_ptr() if self.q_rot else None  # stream-K q_rot: passed after the call's q
         ws["unchecked"] = 0
         return ws
 
@@ -529,25 +520,19 @@ class Fp8Launch:
         if self.spec.tvm_ffi:
             try:  # the workspace's pointers are read once (ws["ptrs"]); the output's and the stream per call
                 q8, k8, v8t, sc, lse, qs = ws["ptrs"]
+                if self.q_rot:  # the kernel reads the 16-bit q itself
+                    q8 = q.data_ptr()
                 parts, plan = ws["streamk_ptrs"]  # both empty on the plain grid
-                if self.q_rot:  # the kernel reads the 16-bit q itself (stream-K: and the rotation matrix)
-                    if self.streamk is None:
-                        q8 = q.data_ptr()
-                    else:
-                        parts = (*parts, q.data_ptr(), ws["rot_ptr"])
                 self.fn(q8, k8, v8t, sc, qs, key_lens.data_ptr() if key_lens is not None else sc, out.data_ptr(),
                         lse, *parts, *self.sizes, softmax_scale, *plan, stream)
                 self._merge(ws, out, stream)
                 return
             except Exception:  # noqa: BLE001 -- launch_compiled records the reason and falls back
                 pass
-        plain_q_rot = self.q_rot and self.streamk is None
-        streamk = ws["streamk"]
-        if self.q_rot and streamk is not None:
-            streamk = (*streamk, q, self.rot)
         self.spec, self.fn = launch_compiled(
-            self.spec, self.fn, q if plain_q_rot else ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"),
-            key_lens, out, ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream, streamk=streamk)
+            self.spec, self.fn, q if self.q_rot else ws["q8"], ws["k8"], ws["v8t"], ws["scales"], ws.get("q_scales"),
+            key_lens, out,
+            ws["lse"], self.B, self.H, self.Sq, self.Sk, softmax_scale, stream, streamk=ws["streamk"])
         self._merge(ws, out, stream)
 
     def _merge(self, ws: dict, out, stream: int) -> None:
@@ -563,12 +548,11 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     same arguments here; ``out_strides`` (b, h, s) is fp8-sm120's (fp8-sm90 writes a contiguous (B,Sq,H,D)).
     ``q_scales`` (B, H, Sq_pad) float32: the per-row Q descales of int8 Q/K (``spec.qk_int8``), else None.
     ``streamk`` (o_part, lse_part, (n_full, n_tail, T)): the workspace and plan of a ``spec.streamk`` build (the
-    kernel only: the caller merges); a stream-K q_rot build adds (q16, rotation matrix) to it. Returns (spec, fn)
-    actually used: a TVM-FFI call that fails falls back to cute's JIT executor for good."""
+    kernel only: the caller merges). Returns (spec, fn) actually used: a TVM-FFI call that fails falls back to cute's
+    JIT executor for good."""
     D = q8.shape[3]
     sq_pad, sk_pad = q8.shape[2], k8.shape[2]
-    plain_q_rot = spec.q_rot and not spec.streamk
-    if plain_q_rot:  # q8 is the 16-bit q (B, Sq, H, D), q_scales the rotation matrix
+    if spec.q_rot:  # q8 is the 16-bit q (B, Sq, H, D), q_scales the rotation matrix
         from ditprof.kernels.prep import padded_lengths
 
         sq_pad = padded_lengths(Sq, Sk)[0]
@@ -583,11 +567,7 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     qs_ptr = q_scales.data_ptr() if q_scales is not None else scales.data_ptr()  # not read unless qk_int8
     ws_ptrs, trailing = (), ()
     if streamk is not None:
-        if len(streamk) != (5 if spec.q_rot else 3):
-            raise DitprofError("a stream-K q_rot build takes (o_part, lse_part, plan, q16, rot), others "
-                               "(o_part, lse_part, plan)")
-        ws_ptrs, trailing = (streamk[0].data_ptr(), streamk[1].data_ptr(), *(t.data_ptr() for t in streamk[3:])), \
-            tuple(streamk[2])
+        ws_ptrs, trailing = (streamk[0].data_ptr(), streamk[1].data_ptr()), tuple(streamk[2])
     if spec.tvm_ffi:
         try:
             fn(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), qs_ptr, lens_ptr, out.data_ptr(),
@@ -613,9 +593,8 @@ def launch_compiled(spec: KernelSpec, fn, q8, k8, v8t, scales, q_scales, key_len
     I32 = cutlass.Int32
     if spec.kernel == "fp8-sm90":
         ws = (ptr(out_ty, ws_ptrs[0], 16), ptr(cutlass.Float32, ws_ptrs[1], 4)) if ws_ptrs else ()
-        ws += tuple(ptr(out_ty, p, 16) for p in ws_ptrs[2:])  # stream-K q_rot: q16 and the rotation matrix
         fn(ptr(qk8, q8, 16), ptr(qk8, k8, 16), ptr(f8, v8t, 16), ptr(cutlass.Float32, scales, 4),
-           ptr(cutlass.Float32, qs_ptr, 16 if plain_q_rot else 4), ptr(cutlass.Int32, lens_ptr, 4),
+           ptr(cutlass.Float32, qs_ptr, 16 if spec.q_rot else 4), ptr(cutlass.Int32, lens_ptr, 4),
            ptr(out_ty, out, 16), ptr(cutlass.Float32, lse, 4), *ws,
            I32(B), I32(H), I32(Sq), I32(Sk), I32(sq_pad), I32(sk_pad), cutlass.Float32(softmax_scale),
            *(I32(x) for x in trailing), cuda.CUstream(stream))

@@ -125,8 +125,10 @@ FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math
 QK_RECIP = True
 # The stats launch's V amax programs (INT8 Q/K mode): STATS_V_MULT chunks of K's size each (fewer, longer V programs
 # beside the rotating K programs, which are the launch's latency), and STATS_V_FIRST puts them at the front of the
-# grid (scheduled first). 1 / False: V chunks like K's, after them (what every earlier measurement ran).
-STATS_V_MULT = 1
+# grid (scheduled first). H100, the whole prep, settings interleaved at seven shapes: 2 -1.3 % on the geometric mean
+# (ltx -2.6, CogVideoX -1.7, h3 -1.2, Wan 14B -1.5, HunyuanVideo -1.6, flux / Wan 1.3B within noise); 4 -1.1 %,
+# V first +0.2 % (benchmarks/NOTES.md, session 20).
+STATS_V_MULT = 2
 STATS_V_FIRST = False
 
 # ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
@@ -653,14 +655,13 @@ def _quant_kernel(
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
-    H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK, Q_BH0,
+    H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
     DO_V: tl.constexpr, RECIP: tl.constexpr,
 ):
-    # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0); the Q
-    # programs of (b, h) < Q_BH0 do nothing (a kernel that quantizes those heads' Q itself)
+    # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -668,9 +669,7 @@ def _quant_kernel(
     bh64 = bh.to(tl.int64)
     if DO_QK:
         if t < NQ:
-            if bh < Q_BH0:
-                pass
-            elif QK_INT8:
+            if QK_INT8:
                 _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
                                  1.0, qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT,
                                  QK_STAGES, PREFETCH, RECIP)
@@ -809,10 +808,9 @@ class PrepPlan:
 
     def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
                  stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False,
-                 skip_q: bool = False, q_bh_from: int = 0):
+                 skip_q: bool = False):
         # skip_q (INT8 Q/K only): no Q programs, q8 and q_scales are not written -- for a kernel that rotates and
-        # quantizes Q itself (fp8-sm90's q_rot build); q_bh_from (INT8 only): Q only of the flattened (b, h) >=
-        # q_bh_from (fp8-sm90's stream-K q_rot build: the whole-tile CTAs quantize the other heads' Q)
+        # quantizes Q itself (fp8-sm90's q_rot build)
         quant_block = quant_block or QUANT_BLOCK
         quant_warps = quant_warps or QUANT_WARPS
         stats_r = stats_r or STATS_R
@@ -848,11 +846,7 @@ class PrepPlan:
         ncv = _cdiv(Sk, stats_chunk * v_mult)
         if skip_q and not self.qk_int8:
             raise ValueError("skip_q needs the INT8 Q/K format (qk_int8=True)")
-        if q_bh_from and (not self.qk_int8 or skip_q or not 0 <= q_bh_from < B * H):
-            raise ValueError(f"q_bh_from needs the INT8 Q/K format, Q programs and 0 <= q_bh_from < B*H, got "
-                             f"{q_bh_from}")
         self.skip_q = bool(skip_q)
-        self.q_bh_from = int(q_bh_from)
         if self.qk_int8:
             nq, nk = (0 if skip_q else _cdiv(self.Sq_pad, QK_ROWS)), _cdiv(self.Sk_pad, QK_ROWS)
         else:
@@ -871,8 +865,7 @@ class PrepPlan:
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, V_MULT=v_mult,
                      V_FIRST=bool(STATS_V_FIRST and self.qk_int8))
         self.key_lens = bool(key_lens)
-        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk,
-                     Q_BH0=self.q_bh_from, D=D,
+        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
