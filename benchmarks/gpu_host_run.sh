@@ -241,6 +241,9 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session20e)  # session 20, after call_anatomy's call split was fixed: one call's launches at CogVideoX and h3
+  step call-anatomy 100 python benchmarks/experimental/call_anatomy.py --shapes cogvideox,h3 --calls 10 --json "$out/call-anatomy.json"
+  ;;
 session20d)  # session 20, last: after the revert (the stream-K grid's prep Q again) and with STATS_V_MULT=2 -- the launch records' and the stream-K grid's GPU tests, then one call's launches at four shapes (call_anatomy; FA3's line only with part3)
   step launch-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_gpu.py tests/test_fp8_sm90_streamk_gpu.py
   step call-anatomy 150 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"

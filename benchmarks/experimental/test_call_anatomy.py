@@ -45,3 +45,18 @@ def test_the_typical_call_is_the_reference():
     calls, left_out = split_calls(ev, typical_call(ev))
     assert (len(calls), left_out) == (5, 2)
     assert typical_call([]) == []
+
+
+def test_a_call_that_starts_the_trace_with_a_kernel_it_repeats():
+    # session 20 (CogVideoX / h3): the trace's first kernel was a 1 us fill that each call runs twice; splitting at
+    # the first kernel gave one-kernel "calls" -- the split that covers the most events is the call
+    call = ("stats", "quant", "v", "kernel", "fill", "fill")
+    rows, t = [("fill", 0, 1)], 2
+    for _ in range(6):
+        for n in call:
+            rows.append((n, t, 1))
+            t += 2
+    ev = kernel_events(_trace(rows))
+    assert typical_call(ev) == list(call)
+    calls, left_out = split_calls(ev, typical_call(ev))
+    assert (len(calls), left_out) == (6, 1)
