@@ -181,3 +181,56 @@ def shape_format_main(description: str, shapes: dict, time_shape, title: str, co
     write_json({"environment": environment(), "args": vars(args), "rows": rows}, path)
     print(f"wrote {path}")
     return 0 if ok(rows) else 1
+
+
+def records_ab(q, k, v, scale: float, records: dict, rounds: int) -> dict:
+    """Two launch records ({name: record}, the first the one under test) on the same q, k, v: whole calls (prep +
+    kernel) alternating behind a sleep, median of ``rounds``. {"ms", "all_ms", "ratio" (first / second),
+    "ratios_per_round", "bit_identical"} (the two outputs compared with ``torch.equal``)."""
+    import torch
+
+    from ditprof.kernels import launch
+
+    outs = {}
+
+    def runner(name, rec):
+        def call():
+            outs[name] = rec(q, k, v, scale)
+        return call
+
+    runners = {name: runner(name, rec) for name, rec in records.items()}
+    warm(runners)
+    times = sleep_alternating(runners, rounds)
+    launch.finish_finite_checks()
+    a, b = records
+    ms = {n: statistics.median(t) for n, t in times.items()}
+    return {"ms": ms, "all_ms": times, "ratio": ms[a] / ms[b],
+            "ratios_per_round": [x / y for x, y in zip(times[a], times[b])],
+            "bit_identical": bool(torch.equal(outs[a], outs[b]))}
+
+
+def records_ab_main(argv, doc: str, shapes: dict, default: str, measure, names: tuple, untimed: str) -> int:
+    """The command line and table of a two-record A/B bench (``records_ab`` rows from ``measure(shape, rounds)``;
+    a row without "ms" is printed with ``untimed``): ``names`` (first, second) the records' keys, also the column
+    heads. Exit status 1 when any pair's outputs differ."""
+    import json
+
+    parsed = parse_shapes_rounds(argv, doc, shapes, default)
+    if parsed is None:
+        return 2
+    shape_names, rounds, json_path = parsed
+    rows = [measure(n, rounds) for n in shape_names]
+    a, b = names
+    print(f"{'shape':10} {'grid':9} {a:>12} {b:>12} {'ratio':>7} {'round ratios IQR':>18} bits")
+    for r in rows:
+        if "ms" not in r:
+            print(f"{r['shape']:10} {r['grid']:9} ({untimed})")
+            continue
+        rr = sorted(r["ratios_per_round"])
+        iqr = f"{rr[len(rr) // 4]:.4f}-{rr[(3 * len(rr)) // 4]:.4f}"
+        print(f"{r['shape']:10} {r['grid']:9} {r['ms'][a]:12.4f} {r['ms'][b]:12.4f} {r['ratio']:7.4f} {iqr:>18} "
+              f"{'same' if r['bit_identical'] else 'DIFFER'}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"meta": run_meta(rounds=rounds), "rows": rows}, f, indent=1)
+    return 0 if all(r.get("bit_identical", True) for r in rows) else 1

@@ -9,10 +9,8 @@ so they must be equal). Shapes on the stream-K grid are not timed (the variant i
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import statistics
 import sys
 
 SHAPES = {  # B, S, H, D
@@ -45,7 +43,7 @@ def variant_record(q, k, v):
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import gaussian_qkv, sleep_alternating, warm
+    from bench_helpers import gaussian_qkv, records_ab
 
     from ditprof.kernels import launch
 
@@ -58,50 +56,19 @@ def measure(name: str, rounds: int) -> dict:
     if variant is None:
         return row
     variant_fn = variant.fn
-    outs = {}
-
-    def runner(key, rec):
-        def call():
-            outs[key] = rec(q, k, v, scale)
-        return call
-
-    runners = {"mma_preset": runner("mma_preset", variant), "shipped": runner("shipped", shipped)}
-    warm(runners)
-    times = sleep_alternating(runners, rounds)
-    launch.finish_finite_checks()
+    row.update(records_ab(q, k, v, scale, {"mma_preset": variant, "shipped": shipped}, rounds))
     if variant.fn is not variant_fn:  # a failed TVM-FFI call falls back to the shipped kernel: not this variant
         raise RuntimeError(f"the variant's record fell back to another kernel: {launch.LAUNCH_INFO}")
-    row["ms"] = {n: statistics.median(t) for n, t in times.items()}
-    row["all_ms"] = times
-    row["ratio"] = row["ms"]["mma_preset"] / row["ms"]["shipped"]
-    row["ratios_per_round"] = [a / b for a, b in zip(times["mma_preset"], times["shipped"])]
-    row["bit_identical"] = bool(torch.equal(outs["mma_preset"], outs["shipped"]))
-    del q, k, v, outs
+    del q, k, v
     torch.cuda.empty_cache()
     return row
 
 
 def main(argv=None) -> int:
-    from bench_helpers import parse_shapes_rounds, run_meta
+    from bench_helpers import records_ab_main
 
-    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,h3,wan14b")
-    if parsed is None:
-        return 2
-    names, rounds, json_path = parsed
-    rows = [measure(n, rounds) for n in names]
-    print(f"{'shape':10} {'grid':9} {'mma preset':>11} {'shipped':>9} {'ratio':>7} {'round ratios IQR':>18} bits")
-    for r in rows:
-        if "ms" not in r:
-            print(f"{r['shape']:10} {r['grid']:9} (not the plain INT8 grid: not timed)")
-            continue
-        rr = sorted(r["ratios_per_round"])
-        iqr = f"{rr[len(rr) // 4]:.4f}-{rr[(3 * len(rr)) // 4]:.4f}"
-        print(f"{r['shape']:10} {r['grid']:9} {r['ms']['mma_preset']:11.4f} {r['ms']['shipped']:9.4f} "
-              f"{r['ratio']:7.4f} {iqr:>18} {'same' if r['bit_identical'] else 'DIFFER'}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"meta": run_meta(rounds=rounds), "rows": rows}, f, indent=1)
-    return 0 if all(r.get("bit_identical", True) for r in rows) else 1
+    return records_ab_main(argv, __doc__, SHAPES, "cogvideox,h3,wan14b", measure, ("mma_preset", "shipped"),
+                           "not the plain INT8 grid: not timed")
 
 
 if __name__ == "__main__":

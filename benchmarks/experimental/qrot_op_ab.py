@@ -8,10 +8,8 @@ compared bit for bit. Shapes whose grid is stream-K keep the prep's Q in both (r
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,7 +25,7 @@ SHAPES = {  # B, S, H, D
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import gaussian_qkv, sleep_alternating, warm
+    from bench_helpers import gaussian_qkv, records_ab
 
     from ditprof.kernels import launch
 
@@ -43,48 +41,17 @@ def measure(name: str, rounds: int) -> dict:
            "grid": rec_in.summary()["grid"]}
     if not rec_in.q_rot:
         return row
-    outs = {}
-
-    def runner(key, rec):
-        def call():
-            outs[key] = rec(q, k, v, scale)
-        return call
-
-    runners = {"q_in_kernel": runner("q_in_kernel", rec_in), "prep_q": runner("prep_q", rec_prep)}
-    warm(runners)
-    times = sleep_alternating(runners, rounds)
-    launch.finish_finite_checks()
-    row["ms"] = {n: statistics.median(t) for n, t in times.items()}
-    row["all_ms"] = times
-    row["ratio"] = row["ms"]["q_in_kernel"] / row["ms"]["prep_q"]
-    row["ratios_per_round"] = [a / b for a, b in zip(times["q_in_kernel"], times["prep_q"])]
-    row["bit_identical"] = bool(torch.equal(outs["q_in_kernel"], outs["prep_q"]))
-    del q, k, v, outs
+    row.update(records_ab(q, k, v, scale, {"q_in_kernel": rec_in, "prep_q": rec_prep}, rounds))
+    del q, k, v
     torch.cuda.empty_cache()
     return row
 
 
 def main(argv=None) -> int:
-    from bench_helpers import parse_shapes_rounds, run_meta
+    from bench_helpers import records_ab_main
 
-    parsed = parse_shapes_rounds(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3")
-    if parsed is None:
-        return 2
-    names, rounds, json_path = parsed
-    rows = [measure(n, rounds) for n in names]
-    print(f"{'shape':10} {'grid':9} {'Q in kernel':>12} {'prep Q':>9} {'ratio':>7} {'round ratios IQR':>18} bits")
-    for r in rows:
-        if "ms" not in r:
-            print(f"{r['shape']:10} {r['grid']:9} (the prep's Q: not timed)")
-            continue
-        rr = sorted(r["ratios_per_round"])
-        iqr = f"{rr[len(rr) // 4]:.4f}-{rr[(3 * len(rr)) // 4]:.4f}"
-        print(f"{r['shape']:10} {r['grid']:9} {r['ms']['q_in_kernel']:12.4f} {r['ms']['prep_q']:9.4f} "
-              f"{r['ratio']:7.4f} {iqr:>18} {'same' if r['bit_identical'] else 'DIFFER'}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"meta": run_meta(rounds=rounds), "rows": rows}, f, indent=1)
-    return 0 if all(r.get("bit_identical", True) for r in rows) else 1
+    return records_ab_main(argv, __doc__, SHAPES, "cogvideox,wan1.3b,h3", measure, ("q_in_kernel", "prep_q"),
+                           "the prep's Q: not timed")
 
 
 if __name__ == "__main__":
