@@ -35,7 +35,7 @@ from cutlass.cutlass_dsl import BFloat16, Float8E4M3FN, Float8E5M2
 from cutlass.tensor_utils import LayoutEnum
 
 from ditprof.kernels import fp8_fwd_sm90 as K
-from ditprof.kernels.fp8_fwd_sm90 import TILE_M_WG, Sm90Config, Sm90Fp8Attention, _shared_storage
+from ditprof.kernels.fp8_fwd_sm90 import TILE_M_WG, Sm90Config, Sm90Fp8Attention
 
 PRESET_A = 0x78  # e4m3 256.0
 PRESET_B = 0x66  # e5m2 1536.0
@@ -55,18 +55,11 @@ class Sm90Fp8MmaPresetAttention(Sm90Fp8Attention):
         return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, Float8E4M3FN, 1),
                 sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, Float8E5M2, 1))
 
-    def kernel_args(self, *args):
-        out = super().kernel_args(*args)
-        sQ_layout, sK_layout, sV_layout, sOnes_layout = out[1]
+    def extra_smem_fields(self) -> dict:
         sA_layout, sB_layout = self.preset_layouts()
-        fields = self.rot_smem_fields() if self.q_rot else {}
-        fields["sPresetA"] = cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, cute.cosize(sA_layout)], 1024]
-        fields["sPresetB"] = cute.struct.Align[cute.struct.MemRange[Float8E5M2, cute.cosize(sB_layout)], 1024]
-        self.shared_storage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
-                                              cute.cosize(sV_layout), cute.cosize(sOnes_layout), self.qk_dtype,
-                                              self.Q_STAGES, fields)
-        self.smem_bytes = self.shared_storage.size_in_bytes()
-        return out
+        return {**super().extra_smem_fields(),
+                "sPresetA": cute.struct.Align[cute.struct.MemRange[Float8E4M3FN, cute.cosize(sA_layout)], 1024],
+                "sPresetB": cute.struct.Align[cute.struct.MemRange[Float8E5M2, cute.cosize(sB_layout)], 1024]}
 
     @cute.jit
     def shared_constants(self, storage, sOnes_layout: cute.ComposedLayout, sPin: cute.Tensor, tidx: Int32):

@@ -393,12 +393,10 @@ class Sm90Fp8Attention:
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, pv_tiler, f8, self.kv_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        extra_fields = None
         if const_expr(self.q_rot):
             # the TMA slot carries the rotation matrix, the q_scales slot the 16-bit Q (read by the consumers)
             mQScales = self.q16_tensor(pQ, sq, heads, batch)
             tma_q, mQ_tma = self.rot_tma(pQScales)
-            extra_fields = self.rot_smem_fields()
         else:
             tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
                 g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (TILE_M_WG, D))
@@ -411,7 +409,7 @@ class Sm90Fp8Attention:
 
         SharedStorage = _shared_storage(self.kv_stages, cute.cosize(sQ_layout), cute.cosize(sK_layout),
                                         cute.cosize(sV_layout), cute.cosize(sOnes_layout), qk8, self.Q_STAGES,
-                                        extra_fields)
+                                        self.extra_smem_fields())
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         return ((qk_mma, qk_mma_zero, pv_mma, pv_mma_zero, pv_mma_h, pv_mma_h_zero, sum_mma, sum_mma_zero,
@@ -632,8 +630,11 @@ class Sm90Fp8Attention:
         return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mRot,
                                            cute.slice_(self.rot_smem_layout(), (None, None, 0)), (D, D))
 
-    def rot_smem_fields(self) -> dict:
-        """The shared struct's field for the rotation matrix's tile."""
+    def extra_smem_fields(self) -> dict:
+        """The shared struct's fields after the shipped tiles: the rotation matrix's tile with ``q_rot`` (an
+        experimental variant adds its own tiles to these)."""
+        if not self.q_rot:
+            return {}
         return {"sR": cute.struct.Align[cute.struct.MemRange[self.dtype_out, cute.cosize(self.rot_smem_layout())],
                                         1024]}
 
