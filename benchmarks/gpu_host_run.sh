@@ -241,9 +241,13 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
-session21a)  # next session: the INT8 accumulator preset as one wgmma (fp8_fwd_sm90_mma_preset.py, built on the CPU in session 20) -- its GPU tests (bits equal to the shipped kernel), then the op A/B at the plain-grid shapes
+session21a)  # session 21: the INT8 accumulator preset as one wgmma (then experimental; commit 0555b36) -- its GPU tests (bits equal to the shipped kernel), then the op A/B at the plain-grid shapes
   step preset-gpu-tests 330 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_mma_preset_gpu.py
   step preset-bench 230 python benchmarks/experimental/mma_preset_bench.py --shapes cogvideox,h3,wan14b,hunyuan --rounds 15 --json "$out/mma-preset-bench.json"
+  ;;
+session21b)  # session 21, the wgmma preset shipped at head_dim 128: its GPU tests (bits equal to the LDS build, both grids), then the A/B at the stream-K shapes and h3
+  step preset-gpu-tests 200 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_sm90_preset_gpu.py
+  step preset-bench 250 python benchmarks/experimental/mma_preset_bench.py --shapes flux,wan1.3b,h3 --rounds 25 --json "$out/mma-preset-bench.json"
   ;;
 session20e)  # session 20, after call_anatomy's call split was fixed: one call's launches at CogVideoX and h3
   step call-anatomy 100 python benchmarks/experimental/call_anatomy.py --shapes cogvideox,h3 --calls 10 --json "$out/call-anatomy.json"

@@ -56,7 +56,7 @@ def test_shipped_kernel_is_the_measured_schedule(tmp_path, head_dim, dtype):
 
 def test_config_and_smem():
     c = K.config_for("sm_90a", 128)
-    assert (c.tile_n, c.kv_stages, c.consumer_wgs, c.pv_split) == (160, 3, 3, 2)
+    assert (c.tile_n, c.kv_stages, c.consumer_wgs, c.pv_split, c.mma_preset) == (160, 3, 3, 2, True)
     assert K.config_for("sm_90a", 64) == K.Sm90Config(tile_n=192)  # half the O accumulator: a wider key tile fits
     with pytest.raises(ValueError, match="sm_90a only"):
         K.config_for("sm_120a", 128)
@@ -78,9 +78,14 @@ def test_key_order_is_the_shared_definition():
 
 @pytest.mark.parametrize("head_dim", [128, 64])
 def test_int8_qk_kernel_sass(tmp_path, head_dim):
-    """INT8 Q/K (qk_int8): Q K^T on the s8 wgmma (IGMMA), P V still FP8 (QGMMA), the accumulator preset by LDS.128
-    of the smem constant (no per-register moves of 0x4B400000, no I2F for S), no spills without key lengths."""
-    K.compile_sm90(head_dim, "bfloat16", fake=True, qk_int8=True, options_extra=f"--keep-cubin --dump-dir {tmp_path}")
+    """INT8 Q/K (qk_int8) with the accumulator preset by LDS.128 of the smem constant (head_dim 64's build; 128
+    ships the wgmma preset, tests/test_fp8_sm90_preset_sass.py): Q K^T on the s8 wgmma (IGMMA), P V still FP8
+    (QGMMA), no per-register moves of 0x4B400000, no I2F for S, no spills without key lengths."""
+    import dataclasses
+
+    config = dataclasses.replace(K.config_for("sm_90a", head_dim), mma_preset=False)
+    K.compile_sm90(head_dim, "bfloat16", fake=True, qk_int8=True, config=config,
+                   options_extra=f"--keep-cubin --dump-dir {tmp_path}")
     cubin = max(glob.glob(os.path.join(tmp_path, "*.cubin")), key=os.path.getmtime)
     sass = subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True, check=True).stdout
     res = cubin_resources(cubin)

@@ -44,7 +44,7 @@ def compile_pdl(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", o
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8PdlAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     return K.compile_kernel(kern, K._compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config))
+                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config, qk_int8=qk_int8))
 
 
 def compile_for_spec(spec):

@@ -184,14 +184,14 @@ class Sm90Fp8SplitKVAttention(Sm90Fp8Attention):
             # only with key_lens can a part get no key tile (an item with fewer key tiles than parts)
             if w.end > w.begin:
                 self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, w.end - w.begin, qk_scale, row_max, row_sum,
-                             k.mKeyLens, w.bat, k.sk, s.sPin, warp_idx, s.bias_ptr, k.mScales, k.mO, k.mLSE, mOPart,
+                             k.mKeyLens, w.bat, k.sk, s.sPin, warp_idx, self.accumulator_preset(s, f), k.mScales, k.mO, k.mLSE, mOPart,
                              mLSEPart, k.sq, row0, w.m_block, w.head, w.t - n_full, w.part, w.parts)
             else:
                 self.empty_part(mOPart, mLSEPart, k.sq - w.m_block * self.tile_m, f.wg * TILE_M_WG, w.t - n_full,
                                 w.part, f.wg_tidx)
         else:
             self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, w.end - w.begin, qk_scale, row_max, row_sum, k.mKeyLens,
-                         w.bat, k.sk, s.sPin, warp_idx, s.bias_ptr, k.mScales, k.mO, k.mLSE, mOPart, mLSEPart, k.sq,
+                         w.bat, k.sk, s.sPin, warp_idx, self.accumulator_preset(s, f), k.mScales, k.mO, k.mLSE, mOPart, mLSEPart, k.sq,
                          row0, w.m_block, w.head, w.t - n_full, w.part, w.parts)
 
     @cute.jit
@@ -272,7 +272,7 @@ def compile_splitkv(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8SplitKVAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config))  # the shipped shared memory
+                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config, qk_int8=qk_int8))  # the shipped shared memory
 
 
 _CACHE: dict = {}

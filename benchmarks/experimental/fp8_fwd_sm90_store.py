@@ -103,7 +103,7 @@ def compile_store(head_dim: int, dtype_out, *, store: str, fake: bool, arch: str
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8StoreAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8, store=store)
     return K.compile_kernel(kern, K._compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            smem=K.smem_bytes(head_dim, config))
+                            smem=K.smem_bytes(head_dim, config, qk_int8=qk_int8))
 
 
 _CACHE: dict = {}

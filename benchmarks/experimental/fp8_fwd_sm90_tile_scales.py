@@ -110,7 +110,7 @@ class Sm90Fp8TileScalesAttention(Sm90Fp8Attention):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         self.attend_tiles(f, s.q_pipe, q_state, s.k_pipe, s.v_pipe, kv_state, f.wg, s.n_tiles, q_rows, k.scale_log2,
-                          row_max, row_sum, mKT, mVT, w.head, w.bat, k.sk, s.sPin, s.bias_ptr)
+                          row_max, row_sum, mKT, mVT, w.head, w.bat, k.sk, s.sPin, self.accumulator_preset(s, f))
         # the last tile's V descale: acc_O is in its units
         self.epilogue(f.acc_O, row_max, row_sum, None, mVT[s.n_tiles - 1, w.head, w.bat], k.mO, k.mLSE, k.sq,
                       row0, w.head, w.bat, f.wg_tidx)
@@ -288,7 +288,7 @@ def compile_tile_scales(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8TileScalesAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config))  # the shipped shared memory
+                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config, qk_int8=True))  # the shipped shared memory
 
 
 _CACHE: dict = {}

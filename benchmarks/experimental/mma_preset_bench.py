@@ -1,44 +1,53 @@
-"""The INT8 accumulator preset as a wgmma (``fp8_fwd_sm90_mma_preset``) against the shipped kernel's 20 LDS.128, in
-the op's launch record: two records of the same configuration (plain grid, Q in the kernel as shipped), one with its
-compiled kernel swapped for the variant; whole calls (prep + kernel) alternating behind a sleep
-(``bench_helpers.sleep_alternating``), median of ``--rounds``, the outputs compared bit for bit (the preset is exact,
-so they must be equal). Shapes on the stream-K grid are not timed (the variant is the plain grid's build).
+"""The INT8 accumulator preset as a wgmma (``Sm90Config.mma_preset``, shipped at head_dim 128) against the 20 LDS.128
+it replaced, in the op's launch record: two records of the same configuration (the shipped rule: grid, Q in the
+kernel), one with its compiled kernel rebuilt with ``mma_preset=False``; whole calls (prep + kernel) alternating
+behind a sleep (``bench_helpers.sleep_alternating``), median of ``--rounds``, the outputs compared bit for bit (the
+preset is exact, so they must be equal). Shapes whose build has no wgmma preset (head_dim 64, e4m3) are not timed.
 
-    python benchmarks/experimental/mma_preset_bench.py --shapes cogvideox,h3,wan14b --rounds 15 --json out.json
+    python benchmarks/experimental/mma_preset_bench.py --shapes flux,wan1.3b,h3,wan14b --rounds 15 --json out.json
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 
 SHAPES = {  # B, S, H, D
-    "cogvideox": (1, 17776, 48, 64),
+    "flux": (1, 4608, 24, 128),
+    "wan1.3b": (1, 32760, 12, 128),
     "h3": (1, 30272, 56, 128),
     "wan14b": (1, 75600, 40, 128),
     "hunyuan": (1, 119056, 24, 128),
-    "small64": (1, 6000, 8, 64),
+    "small128": (1, 6000, 8, 128),
 }
 
 
-def variant_record(q, k, v):
-    """(shipped record, variant record): two launch records of q, k, v's configuration (distinct cache keys through
-    ``DITPROF_FP8_QROT`` unset / "1", the same rule), the second running ``compile_mma_preset``'s kernel."""
-    from fp8_fwd_sm90_mma_preset import compile_mma_preset
-
+def lds_record(q, k, v):
+    """(shipped record, LDS-preset record): two launch records of q, k, v's configuration (distinct cache keys
+    through ``DITPROF_FP8_QROT`` unset / "1", the same rule), the second running the build with
+    ``mma_preset=False``; None for the second where the shipped build has no wgmma preset."""
+    from ditprof.kernels import fp8_fwd_sm90 as K
     from ditprof.kernels import launch
+    from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
     os.environ.pop("DITPROF_FP8_QROT", None)
     shipped = launch.record_for(q, k, v, False)
     os.environ["DITPROF_FP8_QROT"] = "1"
-    variant = launch.record_for(q, k, v, False)
+    other = launch.record_for(q, k, v, False)
     os.environ.pop("DITPROF_FP8_QROT")
-    if variant is shipped or variant.streamk is not None or not variant.spec.qk_int8:
+    spec = other.spec
+    if other is shipped or not spec.qk_int8 or not K.config_for(spec.arch, spec.head_dim).mma_preset:
         return shipped, None
-    variant.fn = compile_mma_preset(q.shape[-1], variant.spec.out_dtype, fake=False,
-                                    tvm_ffi=variant.spec.tvm_ffi, q_rot=variant.spec.q_rot)
-    return shipped, variant
+    config = dataclasses.replace(K.config_for(spec.arch, spec.head_dim), mma_preset=False)
+    if other.streamk is not None:
+        other.fn = compile_streamk(spec.head_dim, spec.out_dtype, fake=False, tvm_ffi=spec.tvm_ffi, config=config,
+                                   qk_int8=True)
+    else:
+        other.fn = K.compile_sm90(spec.head_dim, spec.out_dtype, fake=False, tvm_ffi=spec.tvm_ffi, config=config,
+                                  qk_int8=True, q_rot=spec.q_rot)
+    return shipped, other
 
 
 def measure(name: str, rounds: int) -> dict:
@@ -50,15 +59,15 @@ def measure(name: str, rounds: int) -> dict:
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=5)
     scale = 1.0 / math.sqrt(D)
-    shipped, variant = variant_record(q, k, v)
+    shipped, lds = lds_record(q, k, v)
     row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": shipped.summary()["grid"],
            "q_in_kernel": shipped.q_rot}
-    if variant is None:
+    if lds is None:
         return row
-    variant_fn = variant.fn
-    row.update(records_ab(q, k, v, scale, {"mma_preset": variant, "shipped": shipped}, rounds))
-    if variant.fn is not variant_fn:  # a failed TVM-FFI call falls back to the shipped kernel: not this variant
-        raise RuntimeError(f"the variant's record fell back to another kernel: {launch.LAUNCH_INFO}")
+    lds_fn = lds.fn
+    row.update(records_ab(q, k, v, scale, {"mma_preset": shipped, "lds_preset": lds}, rounds))
+    if lds.fn is not lds_fn:  # a failed TVM-FFI call falls back to the shipped kernel: not this build
+        raise RuntimeError(f"the LDS-preset record fell back to another kernel: {launch.LAUNCH_INFO}")
     del q, k, v
     torch.cuda.empty_cache()
     return row
@@ -67,8 +76,8 @@ def measure(name: str, rounds: int) -> dict:
 def main(argv=None) -> int:
     from bench_helpers import records_ab_main
 
-    return records_ab_main(argv, __doc__, SHAPES, "cogvideox,h3,wan14b", measure, ("mma_preset", "shipped"),
-                           "not the plain INT8 grid: not timed")
+    return records_ab_main(argv, __doc__, SHAPES, "flux,wan1.3b,h3,wan14b", measure, ("mma_preset", "lds_preset"),
+                           "no wgmma preset in this build: not timed")
 
 
 if __name__ == "__main__":

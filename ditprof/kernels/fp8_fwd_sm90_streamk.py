@@ -152,7 +152,7 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
     def consumer(self, k, w, s, f, warp_idx):
         mOPart, mLSEPart, n_m, heads, n_full, _, _ = k.extra
         self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, k.mScales, k.mQScales, k.scale_log2, k.mO, k.mLSE, mOPart,
-                     mLSEPart, k.sq, k.sk, s.sPin, warp_idx, s.bias_ptr, n_m, heads, n_full, w.cta, w.n_kt, w.tile,
+                     mLSEPart, k.sq, k.sk, s.sPin, warp_idx, self.accumulator_preset(s, f), n_m, heads, n_full, w.cta, w.n_kt, w.tile,
                      w.begin0, w.end0, w.end1)
 
     @cute.jit
@@ -239,14 +239,14 @@ def compile_streamk(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a
                          f"{config.consumer_wgs * TILE_M_WG}")
     kern = Sm90Fp8StreamKAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config))
+                            tvm_ffi=tvm_ffi, smem=streamk_smem_bytes(head_dim, config, qk_int8))
 
 
-def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None) -> int:
+def streamk_smem_bytes(head_dim: int = 128, config: Sm90Config | None = None, qk_int8: bool = False) -> int:
     """The plain kernel's shared memory (``fp8_fwd_sm90.smem_bytes``) plus the second Q box (a tail CTA's second
     segment loads its Q while the first one's keys stream)."""
     config = config or K.config_for("sm_90a", head_dim)
-    return K.smem_bytes(head_dim, config) + TILE_M_WG * config.consumer_wgs * head_dim
+    return K.smem_bytes(head_dim, config, qk_int8=qk_int8) + TILE_M_WG * config.consumer_wgs * head_dim
 
 
 __all__ = ["Sm90Fp8StreamKAttention", "compile_streamk", "streamk_smem_bytes"]

@@ -208,10 +208,10 @@ def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, k
         if q_rot:
             raise DitprofError("the stream-K grid takes the prep's Q (Q in the kernel is the plain grid's build)")
         fn = compile_streamk(head_dim, out_dtype, fake=True, arch=arch, qk_int8=qk_int8, options_extra=options)
-        return fn, streamk_smem_bytes(head_dim)
+        return fn, streamk_smem_bytes(head_dim, qk_int8=qk_int8)
     fn = K.compile_sm90(head_dim, out_dtype, fake=True, arch=arch, key_lens=key_lens, qk_int8=qk_int8,
                         options_extra=options, q_rot=q_rot)
-    return fn, K.smem_bytes(head_dim, q_rot=q_rot)
+    return fn, K.smem_bytes(head_dim, q_rot=q_rot, qk_int8=qk_int8)
 
 
 _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
