@@ -144,7 +144,7 @@ def test_inspect_reports_the_q_in_the_kernel_build(capsys):
                  "--q-in-kernel", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["q_in_kernel"] is True and r["grid"] == "plain" and r["instructions"]["HGMMA"] == 128 // 16
-    assert r["smem_dynamic_bytes"] == K.smem_bytes(128, q_rot=True) > K.smem_bytes(128)
+    assert r["smem_dynamic_bytes"] == K.smem_bytes(128, q_rot=True, qk_int8=True) > K.smem_bytes(128, qk_int8=True)
     with pytest.raises(DitprofError, match="INT8 build without key_lens"):
         inspect_kernel("fp8-sm90", "sm_90a", qk_format="e4m3", q_in_kernel=True)
     with pytest.raises(DitprofError, match="takes the prep's Q"):

@@ -72,7 +72,8 @@ def test_inspect_reports_the_streamk_build(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["grid"] == "stream-K" and r["spill_bytes"] == 0 and r["stack_frame_bytes"] == 0
     assert r["instructions"]["IGMMA"] > 0 and r["instructions"]["QGMMA"] > 0
-    assert r["smem_dynamic_bytes"] == SK.streamk_smem_bytes(128) == K.smem_bytes(128) + 192 * 128
+    assert (r["smem_dynamic_bytes"] == SK.streamk_smem_bytes(128, qk_int8=True)
+            == K.smem_bytes(128, qk_int8=True) + 192 * 128)
     with pytest.raises(DitprofError, match="no key_lens variant"):
         inspect_kernel("fp8-sm90", "sm_90a", key_lens=True, grid="stream-K")
     with pytest.raises(DitprofError, match="plain grid only"):

@@ -288,7 +288,7 @@ def compile_tile_scales(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm
     config = config or K.config_for(arch, head_dim)
     kern = Sm90Fp8TileScalesAttention(head_dim, dtype_out, config, key_lens=key_lens, qk_int8=qk_int8)
     return K.compile_kernel(kern, _compile_args(dtype_out), fake=fake, arch=arch, options_extra=options_extra,
-                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config, qk_int8=True))  # the shipped shared memory
+                            tvm_ffi=tvm_ffi, smem=K.smem_bytes(head_dim, config, qk_int8=True))  # the shipped smem
 
 
 _CACHE: dict = {}

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import pytest
@@ -31,20 +33,26 @@ CASES = [(d, kl, i8) for i8 in (False, True) for d in (128, 64) for kl in (False
 IDS = [f"{'int8' if i8 else 'e4m3'}-d{d}{'-key_lens' if kl else ''}" for d, kl, i8 in CASES]
 
 
+def _config(head_dim: int):
+    """The split-KV build's configuration (``compile_splitkv``'s default: the LDS accumulator preset), given to the
+    shipped kernel it is compared with too."""
+    return dataclasses.replace(K.config_for("sm_90a", head_dim), mma_preset=False)
+
+
 def _compiled(tmp_path_factory, compile_fn, head_dim: int, key_lens: bool, qk_int8: bool) -> dict:
     key = (compile_fn.__module__, head_dim, key_lens, qk_int8)
     if key not in _CACHE:
         _CACHE[key] = compile_sass(
             tmp_path_factory, f"skv_{head_dim}_{key_lens}_{qk_int8}",
             lambda extra: compile_fn(head_dim, "bfloat16", fake=True, key_lens=key_lens, qk_int8=qk_int8,
-                                     options_extra=extra))
+                                     config=_config(head_dim), options_extra=extra))
     return _CACHE[key]
 
 
-def main_loop(sass: str) -> list[str]:
-    """The key-tile loop: the smallest backward-branch range holding a 64x160 Q K^T wgmma (QGMMA or IGMMA), >= 80
-    exps (one 160-key tile's) and no global store."""
-    return key_tile_loop(sass, r"[QI]GMMA\.64x160")
+def main_loop(sass: str, head_dim: int) -> list[str]:
+    """The key-tile loop: the smallest backward-branch range holding a 64 x tile_n Q K^T wgmma (QGMMA or IGMMA),
+    >= 80 exps and no global store."""
+    return key_tile_loop(sass, rf"[QI]GMMA\.64x{K.config_for('sm_90a', head_dim).tile_n}")
 
 
 # ---------------------------------------------------------------------- compile-only (CPU)
@@ -80,8 +88,8 @@ def test_splitkv_sm90a_wgmma_tma_no_spills(tmp_path_factory, head_dim, key_lens,
 def test_splitkv_main_loop_is_the_shipped_one(tmp_path_factory, head_dim, key_lens, qk_int8):
     """The key-tile loop is the shipped kernel's up to register allocation and the mask's part test (outside the
     loop body proper, on the last tile): the same wgmmas, exps, FFMAs, max and packing instructions."""
-    shipped = main_loop(_compiled(tmp_path_factory, K.compile_sm90, head_dim, key_lens, qk_int8)["sass"])
-    split = main_loop(_compiled(tmp_path_factory, S.compile_splitkv, head_dim, key_lens, qk_int8)["sass"])
+    shipped = main_loop(_compiled(tmp_path_factory, K.compile_sm90, head_dim, key_lens, qk_int8)["sass"], head_dim)
+    split = main_loop(_compiled(tmp_path_factory, S.compile_splitkv, head_dim, key_lens, qk_int8)["sass"], head_dim)
     print(f"key-tile loop: shipped {len(shipped)}, split-KV {len(split)} instructions")
     for op in ("QGMMA", "IGMMA", "MUFU.EX2", "FFMA", "FMNMX", "F2FP", "SYNCS"):
         assert sum(op in x for x in split) == sum(op in x for x in shipped), op

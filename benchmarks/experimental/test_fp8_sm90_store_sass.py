@@ -50,7 +50,8 @@ def _compiled(tmp_path_factory, store: str, qk_int8: bool, head_dim: int) -> dic
             fn = functools.partial(ST.compile_store, store=store, qk_int8=qk_int8)
         r = compile_sass(tmp_path_factory, f"{store}_{qk_int8}_{head_dim}",
                          lambda extra: fn(head_dim, "bfloat16", fake=True, options_extra=extra))
-        _CACHE[key] = {**r, "loop": key_tile_loop(r["sass"], r"[QI]GMMA\.64x160")}
+        tile_n = K.config_for("sm_90a", head_dim).tile_n
+        _CACHE[key] = {**r, "loop": key_tile_loop(r["sass"], rf"[QI]GMMA\.64x{tile_n}")}
     return _CACHE[key]
 
 
