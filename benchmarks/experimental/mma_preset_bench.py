@@ -38,9 +38,10 @@ def lds_record(q, k, v):
     other = launch.record_for(q, k, v, False)
     os.environ.pop("DITPROF_FP8_QROT")
     spec = other.spec
-    if other is shipped or not spec.qk_int8 or not K.config_for(spec.arch, spec.head_dim).mma_preset:
+    shipped_config = K.config_for(spec.arch, spec.head_dim)
+    if other is shipped or not spec.qk_int8 or not shipped_config.mma_preset:
         return shipped, None
-    config = dataclasses.replace(K.config_for(spec.arch, spec.head_dim), mma_preset=False)
+    config = dataclasses.replace(shipped_config, mma_preset=False)
     if other.streamk is not None:
         other.fn = compile_streamk(spec.head_dim, spec.out_dtype, fake=False, tvm_ffi=spec.tvm_ffi, config=config,
                                    qk_int8=True)

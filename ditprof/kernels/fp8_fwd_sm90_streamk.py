@@ -152,8 +152,8 @@ class Sm90Fp8StreamKAttention(Sm90Fp8Attention):
     def consumer(self, k, w, s, f, warp_idx):
         mOPart, mLSEPart, n_m, heads, n_full, _, _ = k.extra
         self.consume(f, s.q_pipe, s.k_pipe, s.v_pipe, k.mScales, k.mQScales, k.scale_log2, k.mO, k.mLSE, mOPart,
-                     mLSEPart, k.sq, k.sk, s.sPin, warp_idx, self.accumulator_preset(s, f), n_m, heads, n_full, w.cta, w.n_kt, w.tile,
-                     w.begin0, w.end0, w.end1)
+                     mLSEPart, k.sq, k.sk, s.sPin, warp_idx, self.accumulator_preset(s, f), n_m, heads, n_full, w.cta,
+                     w.n_kt, w.tile, w.begin0, w.end0, w.end1)
 
     @cute.jit
     def consume(self, f, q_pipe, k_pipe, v_pipe, mScales, mQScales, scale_log2, mO, mLSE, mOPart, mLSEPart, sq, sk,
