@@ -241,6 +241,19 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session22a)  # session 22: repeated calls replayed as one CUDA graph (kernels/launch_graphs.py) -- its GPU tests and the launch / finite-check / graph tests, the host cost per call (graphs on and off), the flux compare
+  step graph-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_finite_checks.py tests/test_cuda_graph.py
+  step host-overhead 150 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
+  step compare-flux 200 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  ;;
+session22b)  # session 22: every sm90 GPU test with graph replay on by default
+  step gpu-tests 400 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  ;;
+session22c)  # session 22, with part3 (FA3): issue 17/20's table at four shapes (one process), one h3 call's launches, the default h3 compare
+  step attention-peers 260 python benchmarks/attention.py --shapes flux,ltx,cogvideox,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  step call-anatomy 100 python benchmarks/experimental/call_anatomy.py --shapes h3 --calls 10 --json "$out/call-anatomy.json"
+  step compare-h3 200 python -m ditprof compare --iters 10 --out "$out/compare-h3"
+  ;;
 session21a)  # session 21: the INT8 accumulator preset as one wgmma (then experimental; commit 0555b36) -- its GPU tests (bits equal to the shipped kernel), then the op A/B at the plain-grid shapes
   step preset-gpu-tests 330 python -m pytest -q -s -p no:cacheprovider -m gpu benchmarks/experimental/test_fp8_sm90_mma_preset_gpu.py
   step preset-bench 230 python benchmarks/experimental/mma_preset_bench.py --shapes cogvideox,h3,wan14b,hunyuan --rounds 15 --json "$out/mma-preset-bench.json"

@@ -3,8 +3,9 @@
 Small blocks are host-bound in eager mode (docs/RESULTS.md, "eager vs CUDA-graph replay"). This times, on a tiny
 shape so that the GPU never holds the host back, the host cost of one call of: torch SDPA, our ``fp8_attention``
 through each entry (the op, its Python entry, ``interface.fp8_attention``), the launch record alone, the prep's
-three direct launches alone, the op with a key mask, and the general path (prep + ``launch_prepared``). Then a
-cProfile of the op.
+three direct launches alone, the op with a key mask, the general path (prep + ``launch_prepared``) and the op with
+its launches made directly (``DITPROF_FP8_GRAPHS=0``: the rows above replay one CUDA graph per call, the same
+arguments repeating). Then a cProfile of the op.
 Prints a table, writes JSON (+ the cProfile text) next to it.
 
     python benchmarks/host_overhead.py --json host_overhead.json
@@ -105,19 +106,37 @@ def main() -> int:
         "launch_prepared alone": lambda: launch_prepared(prep, out, "BSHD", scale),
     }
     res = {name: per_call_us(fn, args.calls) for name, fn in rows.items()}
-    # the other Q/K format's op (its own launch record: the format is part of the record's key)
+
+    def op_under(name: str, value: str) -> float:
+        """The op's host cost with an environment setting that is part of the launch record's key (its own
+        record, built by the first call)."""
+        saved = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
+            return per_call_us(lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None), args.calls)
+        finally:
+            if saved is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = saved
+
+    # every launch made directly (no graph replay), then the other Q/K format's op
+    res["torch.ops.ditprof.fp8_attention, launched directly (DITPROF_FP8_GRAPHS=0)"] = op_under(
+        "DITPROF_FP8_GRAPHS", "0")
     other = "e4m3" if qk_format(head_dim=D) == "int8" else "int8"
-    saved = os.environ.get("DITPROF_FP8_QK")
-    os.environ["DITPROF_FP8_QK"] = other
-    try:
-        torch.ops.ditprof.fp8_attention(q, k, v, scale, None)  # builds that record
-        res[f"torch.ops.ditprof.fp8_attention, Q/K {other}"] = per_call_us(
-            lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None), args.calls)
-    finally:
-        if saved is None:
-            os.environ.pop("DITPROF_FP8_QK")
-        else:
-            os.environ["DITPROF_FP8_QK"] = saved
+    res[f"torch.ops.ditprof.fp8_attention, Q/K {other}"] = op_under("DITPROF_FP8_QK", other)
+    launch["graphs"] = rec.graphs.summary() if rec.graphs is not None else None
+    # what a capture costs once per repeating argument set: a fresh record's second call captures and replays
+    L._RECORDS.clear()  # launch records only: the compiled kernels stay cached
+    walls = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e6)
+    launch["new_record_calls_us"] = dict(zip(("record build + direct", "capture + replay", "replay"), walls))
 
     prof = cProfile.Profile()
     torch.cuda.synchronize()

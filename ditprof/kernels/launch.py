@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph
 from ditprof.kernels.prep import finish_finite_check
 from ditprof.kernels.qk_format import qk_format
 
@@ -255,6 +256,16 @@ def sync_checks() -> bool:
     return env_setting(b"DITPROF_FP8_CHECK") == "sync"
 
 
+def graphs_enabled(setting: Optional[str]) -> bool:
+    """``DITPROF_FP8_GRAPHS``: "0" launches every call directly; unset or "1": a launch record replays a call whose
+    arguments repeat as one CUDA graph (``launch_graphs``)."""
+    if setting in (None, "", "1"):
+        return True
+    if setting == "0":
+        return False
+    raise DitprofError(f"DITPROF_FP8_GRAPHS must be 0 or 1, got {setting!r}")
+
+
 def streamk_enabled(setting: Optional[str]) -> bool:
     """``DITPROF_FP8_STREAMK``: "0" keeps fp8-sm90 on its plain grid; unset or "1": the stream-K grid where
     ``streamk_schedule.streamk_plan`` takes it (a partial last round among few rounds)."""
@@ -394,7 +405,7 @@ class Fp8Launch:
     """Everything one call configuration needs, computed once (see the module docstring)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, key_lens: bool,
-                 qk_int8: bool = False, streamk: Optional[str] = None):
+                 qk_int8: bool = False, streamk: Optional[str] = None, graphs: Optional[str] = None):
         from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
@@ -434,6 +445,8 @@ class Fp8Launch:
         self.ring = _Ring()
         self.sizes = (B, H, Sq, Sk, self.sq_pad, self.sk_pad)
         self.calls = 0  # calls made through this record (``launch_summaries``)
+        # repeated calls replayed as one CUDA graph (reused workspaces only: their addresses are the record's)
+        self.graphs = LaunchGraphs(capture_graph) if self.reuse and graphs_enabled(graphs) else None
 
     def _workspace(self) -> dict:
         # normal tensors even when made inside inference mode: later calls outside it zero the flags in place
@@ -478,9 +491,15 @@ class Fp8Launch:
                     ws = self._workspaces[stream] = self._workspace()
             else:
                 ws = self._workspace()
-            self.plan.launch(q, k, v, ws, stream, key_lens=key_lens)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-            self._launch_kernel(ws, q, out, key_lens, float(softmax_scale), stream)
+            scale = float(softmax_scale)
+            if self.graphs is None or capturing:
+                self._launch_all(ws, q, k, v, out, key_lens, scale, stream)
+            else:  # the key: every argument of the launches that the record does not fix
+                key = (stream, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                       0 if key_lens is None else key_lens.data_ptr(), scale)
+                self.graphs.run(key, lambda s: self._launch_all(ws, q, k, v, out, key_lens, scale,
+                                                                stream if s is None else s), stream_obj)
             if not capturing:
                 sync = sync_checks()
                 if not self.reuse or sync:
@@ -498,6 +517,11 @@ class Fp8Launch:
                 torch.cuda.set_device(prev)
         return out
 
+    def _launch_all(self, ws: dict, q, k, v, out, key_lens, scale: float, stream: int) -> None:
+        """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge)."""
+        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens)
+        self._launch_kernel(ws, q, out, key_lens, scale, stream)
+
     def summary(self) -> dict:
         """What this configuration runs, for reports: shapes, kernel, Q/K format, grid (and the stream-K plan)."""
         grid = None
@@ -508,7 +532,8 @@ class Fp8Launch:
                 "kernel": self.spec.kernel, "qk_format": "int8" if self.spec.qk_int8 else "e4m3",
                 "key_lens": self.spec.key_lens, "grid": "stream-K" if grid else "plain", "streamk": grid,
                 "q_in_kernel": self.spec.q_rot,
-                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit"}
+                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit",
+                "graphs": self.graphs.summary() if self.graphs is not None else None}
 
     def check(self, ws: dict, stream: torch.cuda.Stream, queue) -> None:
         """Queue a read of ``ws``'s flags (set by every prep since the last read), zeroing them after the copy."""
@@ -618,12 +643,13 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
     fmt = env_setting(b"DITPROF_FP8_QK")  # so is a Q/K format (kernels.qk_format)
     grid = env_setting(b"DITPROF_FP8_STREAMK")  # and the stream-K switch
     qrot = env_setting(b"DITPROF_FP8_QROT")  # and the Q-in-the-kernel switch
+    graphs = env_setting(b"DITPROF_FP8_GRAPHS")  # and the graph replay switch
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid, qrot)
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid, qrot, graphs)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8", grid)
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8", grid, graphs)
     return rec
 
 
@@ -645,7 +671,7 @@ def launch_summaries(since: Optional[dict] = None) -> list[dict]:
 
 
 def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool,
-           streamk: Optional[str] = None) -> Fp8Launch:
+           streamk: Optional[str] = None, graphs: Optional[str] = None) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -653,7 +679,7 @@ def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool,
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
     name = kernel_name_for_arch(arch_of(q.device.index), kernel)
-    return Fp8Launch(q, k, v, name, key_lens, qk_int8, streamk)
+    return Fp8Launch(q, k, v, name, key_lens, qk_int8, streamk, graphs)
 
 
 def fp8_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,

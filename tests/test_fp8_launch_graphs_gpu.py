@@ -1,0 +1,178 @@
+"""The launch record's graph replay (``kernels.launch_graphs``) on a GPU: a call whose arguments repeat is captured
+once and replayed, with the direct launches' bits on fresh data written in place (plain and stream-K grids, INT8
+and e4m3 Q/K, head_dim 128 and 64), every output element written (NaN-poisoned allocations), float64 close; a new
+scale or address is not a replay; NaN written into a replayed input is still reported; the caller's own graph
+capture still works; the profiler still puts the replayed kernels under the attention range.
+
+    python -m pytest -q -s -m gpu tests/test_fp8_launch_graphs_gpu.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fp8_gpu_cases import gaussian_inputs, poisoned_outputs, rel_rms
+
+pytestmark = pytest.mark.gpu
+
+FLOAT64_REL_RMS = 0.06  # Gaussian inputs, both Q/K formats (the sm90 GPU tests' bound)
+
+CASES = [  # (B, H, Sq, Sk, D), forced SM count (None: the device's), Q/K format
+    ((2, 3, 300, 333, 128), None, "int8"),  # plain grid, Q in the kernel
+    ((2, 3, 300, 333, 128), None, "e4m3"),
+    ((1, 2, 1000, 1000, 128), 5, "int8"),  # stream-K grid: kernel + merge
+    ((2, 3, 777, 1200, 64), 7, "int8"),
+    ((1, 4, 640, 640, 64), None, "e4m3"),
+]
+
+
+def _need_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """Set the SM count, the Q/K format and the graph switch; launch records made under them are dropped after."""
+    from ditprof.kernels import launch
+
+    def apply(n_sms=None, fmt=None, graphs=None):
+        if n_sms is not None:
+            monkeypatch.setattr(launch, "sm_count", lambda index: n_sms)
+        for name, val in (("DITPROF_FP8_QK", fmt), ("DITPROF_FP8_GRAPHS", graphs)):
+            if val is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, val)
+
+    launch._RECORDS.clear()
+    yield apply
+    launch.finish_finite_checks()
+    launch._RECORDS.clear()
+
+
+def _call(q, k, v, scale):
+    return torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_replays_give_the_direct_launches_bits_on_new_data(case, setting):
+    _need_cuda()
+    from ditprof.kernels import launch
+    from ditprof.kernels.reference import attention_reference
+
+    (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
+    scale = 1.0 / math.sqrt(D)
+    data = [gaussian_inputs(B, H, Sq, Sk, D, seed=900 + 10 * case + i) for i in range(5)]
+    setting(n_sms, fmt, graphs="0")
+    want = [_call(*qkv, scale) for qkv in data]
+    direct = launch.record_for(*data[0], False)
+    assert direct.graphs is None
+    if n_sms is not None:
+        assert direct.streamk is not None, "the case must run on the stream-K grid"
+
+    setting(n_sms, fmt, graphs=None)
+    q, k, v = (torch.empty_like(x) for x in data[0])  # fixed addresses, new data each call
+    ptrs = []
+    for i, qkv in enumerate(data):
+        for dst, src in zip((q, k, v), qkv):
+            dst.copy_(src)
+        with poisoned_outputs(((B, Sq, H, D), torch.bfloat16)) as hits:
+            o = _call(q, k, v, scale)
+        torch.cuda.synchronize()
+        assert hits["n"] == 1
+        assert o.isfinite().all(), f"call {i}: elements left unwritten"
+        assert torch.equal(o, want[i]), f"call {i}: bits differ from the direct launches"
+        ptrs.append(o.data_ptr())
+        if i == 0:
+            err = rel_rms(o, attention_reference(q, k, v, scale))
+            assert err < FLOAT64_REL_RMS, err
+        del o
+    rec = launch.record_for(q, k, v, False)
+    assert rec.graphs is not None
+    assert len(set(ptrs)) == 1, "the output's address moved: the test needs it to repeat"
+    got = rec.graphs.summary()
+    assert (got["direct_calls"], got["captures"], got["replays"], got["capture_failure"]) == (1, 1, 3, None), got
+    assert any(s["graphs"] is not None and s["graphs"]["replays"] >= 3 for s in launch.launch_summaries())
+
+
+def test_a_new_scale_or_address_is_not_a_replay(setting):
+    _need_cuda()
+    from ditprof.kernels import launch
+
+    q, k, v = gaussian_inputs(1, 2, 256, 384, 128, seed=950)
+    setting(graphs="0")
+    want1, want2 = _call(q, k, v, 0.09), _call(q, k, v, 0.05)
+    q2 = q.clone()
+    setting(graphs=None)
+    outs = [_call(q, k, v, 0.09) for _ in range(3)]  # direct, capture, replay
+    o2 = _call(q, k, v, 0.05)  # same addresses, another scale
+    o3 = _call(q2, k, v, 0.09)  # another address, same data
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, want1) for o in outs)
+    assert torch.equal(o2, want2) and torch.equal(o3, want1)
+    got = launch.record_for(q, k, v, False).graphs.summary()
+    assert got["captures"] == 1 and got["direct_calls"] == 3, got
+
+
+def test_nan_written_into_a_replayed_input_is_reported(setting):
+    _need_cuda()
+    from ditprof.errors import DitprofError
+    from ditprof.kernels import launch
+
+    setting(graphs=None)
+    q, k, v = gaussian_inputs(1, 2, 256, 256, 128, seed=960)
+    for _ in range(4):
+        _call(q, k, v, 0.1)
+    launch.finish_finite_checks()
+    assert launch.record_for(q, k, v, False).graphs.hits >= 2
+    k[0, 3, 1, 5] = float("nan")
+    with pytest.raises(DitprofError, match="^k contains NaN or Inf$"):
+        for _ in range(launch.CHECK_EVERY + 1):
+            _call(q, k, v, 0.1)
+        launch.finish_finite_checks()
+
+
+def test_the_callers_own_capture_still_works(setting):
+    _need_cuda()
+    from ditprof.harness import session as S
+
+    setting(graphs=None)
+    q, k, v = gaussian_inputs(2, 3, 300, 300, 128, seed=970)
+    eager = [_call(q, k, v, 0.08) for _ in range(3)][-1].cpu()  # the record holds a graph of its own now
+    samples, note, out = S.time_block_graph(lambda: _call(q, k, v, 0.08), torch.device("cuda"), 3)
+    assert samples is not None, note
+    assert torch.equal(out, eager)
+
+
+def test_the_profiler_puts_replayed_kernels_under_attention(setting, tmp_path):
+    _need_cuda()
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ditprof.harness.categories import load_trace, split_trace
+    from ditprof.kernels import launch
+
+    setting(graphs=None)
+    q, k, v = gaussian_inputs(1, 4, 1024, 1024, 128, seed=980)
+    x = torch.empty_like(q)
+    for _ in range(3):  # direct, capture, replay
+        torch.mul(q, 1.5, out=x)
+        _call(x, k, v, 0.08)
+    torch.cuda.synchronize()
+    hits = launch.record_for(q, k, v, False).graphs.hits
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            with record_function("ditprof::block"):
+                torch.mul(q, 1.5, out=x)  # an elementwise kernel beside the attention
+                with record_function("ditprof::attention"):
+                    _call(x, k, v, 0.08)
+        torch.cuda.synchronize()
+    assert launch.record_for(q, k, v, False).graphs.hits == hits + 3
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    split = split_trace(load_trace(path), mode="cuda")
+    assert split.iterations == 3
+    assert split.split_ms["attention"] > 0 and split.split_ms["elementwise"] > 0, split.split_ms
+    assert split.split_ms.get("other", 0.0) == 0.0, split.split_ms

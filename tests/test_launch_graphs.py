@@ -1,0 +1,101 @@
+"""``kernels.launch_graphs.LaunchGraphs`` on the CPU, with a fake capture: when a call's launches are made directly,
+captured or replayed, the LRU, the stop when graphs are dropped unreplayed, and a capture that fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from ditprof.errors import DitprofError
+from ditprof.kernels import launch_graphs as LG
+from ditprof.kernels.launch import graphs_enabled
+
+
+class FakeGraph:
+    """Records the launches made during its capture; replay makes them again (into the shared log)."""
+
+    def __init__(self, launch, log):
+        self.log = log
+        self.made = []
+        launch_log_start = len(log)
+        launch("side")  # a capture records the launches: they must not count as run
+        self.made = log[launch_log_start:]
+        del log[launch_log_start:]
+
+    def replay(self):
+        self.log.extend(self.made)
+
+
+def _cache(log, **kw):
+    return LG.LaunchGraphs(lambda launch, stream: FakeGraph(launch, log), **kw)
+
+
+def _launcher(log, tag):
+    return lambda stream: log.append((tag, stream))
+
+
+def test_first_call_direct_second_captures_then_replays():
+    log = []
+    c = _cache(log)
+    for _ in range(4):
+        c.run("a", _launcher(log, "a"))
+    # direct on the current stream, then the capture's launches (made on the side stream) replayed twice more
+    assert log == [("a", None), ("a", "side"), ("a", "side"), ("a", "side")]
+    assert c.summary() == {"graphs": 1, "replays": 2, "captures": 1, "direct_calls": 1, "wasted": 0,
+                           "capturing": True, "capture_failure": None}
+
+
+def test_keys_are_told_apart_and_each_call_runs_once():
+    log = []
+    c = _cache(log)
+    order = ["a", "b", "a", "b", "c", "a", "b", "c", "c"]
+    for key in order:
+        c.run(key, _launcher(log, key))
+    assert [tag for tag, _ in log] == order  # every call's launches exactly once, in order
+    assert c.captures == 3 and c.hits == 3 and c.direct == 3
+
+
+def test_lru_drops_the_least_recently_replayed():
+    log = []
+    c = _cache(log, slots=2)
+    for key in ["a", "a", "b", "b", "a", "c", "c"]:  # capture a, b; replay a; capture c: b goes
+        c.run(key, _launcher(log, key))
+    assert list(c.graphs) == ["a", "c"]
+    assert c.wasted == 1  # b was never replayed
+    c.run("b", _launcher(log, "b"))  # b's next call: seen again from scratch, made directly
+    assert log[-1] == ("b", None)
+
+
+def test_record_stops_capturing_when_graphs_go_unreplayed():
+    log = []
+    c = _cache(log, slots=2)
+    keys = [f"k{i}" for i in range(LG.THRASH_WASTED + 3)]
+    for key in keys:  # each key twice in a row: captured, then pushed out before its next call
+        c.run(key, _launcher(log, key))
+        c.run(key, _launcher(log, key))
+    assert not c.capturing
+    assert c.wasted == LG.THRASH_WASTED
+    n = c.captures
+    c.run("new", _launcher(log, "new"))
+    c.run("new", _launcher(log, "new"))
+    assert c.captures == n and log[-1] == ("new", None)  # direct now
+    assert [tag for tag, _ in log].count("new") == 2
+
+
+def test_a_failed_capture_launches_directly_for_good():
+    log = []
+
+    def capture(launch, stream):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    c = LG.LaunchGraphs(capture)
+    for _ in range(3):
+        c.run("a", _launcher(log, "a"))
+    assert log == [("a", None)] * 3
+    assert not c.capturing and "not permitted" in c.failure
+
+
+def test_graphs_switch_reads_0_and_1_only():
+    assert graphs_enabled(None) and graphs_enabled("1") and graphs_enabled("")
+    assert not graphs_enabled("0")
+    with pytest.raises(DitprofError, match="DITPROF_FP8_GRAPHS must be 0 or 1, got 'off'"):
+        graphs_enabled("off")
