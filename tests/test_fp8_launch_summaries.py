@@ -12,6 +12,7 @@ import torch
 
 from ditprof.harness import report as R
 from ditprof.kernels import launch as L
+from ditprof.kernels.launch_graphs import LaunchGraphs
 
 jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU host collects this file without it
 
@@ -38,13 +39,17 @@ def records(monkeypatch):
 
 def test_summaries_of_the_records_called_since_a_snapshot(records):
     records["h3"].calls = 5  # before the snapshot
+    records["flux"].graphs = LaunchGraphs(capture=None)
+    records["flux"].graphs.hits = 7  # replays before the snapshot
     before = L.call_counts()
     assert L.launch_summaries(since=before) == []
     records["flux"].calls += 3
+    records["flux"].graphs.hits += 2
     records["h3"].calls += 1
     got = {tuple(s["q_shape"]): s for s in L.launch_summaries(since=before)}
     flux, h3 = got[(1, 4608, 24, 128)], got[(1, 30272, 56, 128)]
     assert (flux["calls"], h3["calls"]) == (3, 1)
+    assert (flux["graph_replays"], h3["graph_replays"]) == (2, 0)  # h3's record has no graphs
     assert flux["grid"] == "stream-K" and flux["streamk"] == {"n_full": 528, "n_tail": 48, "tail_ctas": 132,
                                                               "key_tiles": 29}
     assert (flux["qk_format"], flux["launch"], flux["kernel"], flux["k_len"]) == ("int8", "tvm_ffi", "fp8-sm90", 4608)
@@ -68,6 +73,9 @@ def test_report_shows_the_grid(records):
     rep = {"environment": {"fp8_qk_format": "int8"}, "swapped": swapped, "baseline": {"label": "baseline"}}
     table = R.fp8_launch_lines(rep)
     assert any("stream-K (528 whole + 48 spread over 132 CTAs)" in row and "| 4 |" in row for row in table)
+    swapped["fp8_launches"][0]["graph_replays"] = 3
+    table = R.fp8_launch_lines(rep)
+    assert any("| tvm_ffi, 3 graph replays | 4 |" in row for row in table)
     assert R.backend_cell(rep, swapped) == "fp8 (Q/K int8, stream-K grid)"
     records["cogvideox"].calls = 1
     table = R.fp8_launch_lines({**rep, "swapped": {**swapped, "fp8_launches": L.launch_summaries()}})

@@ -136,7 +136,8 @@ def fp8_launch_lines(report: dict) -> list[str]:
         return []
     lines = ["## FP8 kernel launches", "", "One row per call configuration of our kernel during the timed and "
              "profiled calls (`kernels.launch`): the stream-K grid spreads the last, partial round of work tiles "
-             "over all SMs (n_full whole tiles, then n_tail tiles' key tiles over the tail CTAs).", "",
+             "over all SMs (n_full whole tiles, then n_tail tiles' key tiles over the tail CTAs); a call whose "
+             "arguments repeat an earlier one's replays its launches as one CUDA graph (graph replays).", "",
              "| run | q (B, S, H, D) | keys | kernel | Q/K | grid | launch | calls |",
              "|---|---|---:|---|---|---|---|---:|"]
     for label, la in launches:
@@ -144,8 +145,10 @@ def fp8_launch_lines(report: dict) -> list[str]:
         grid = (f"stream-K ({sk['n_full']} whole + {sk['n_tail']} spread over {sk['tail_ctas']} CTAs)"
                 if sk else la["grid"])
         qk = la["qk_format"] + (", Q quantized in the kernel" if la.get("q_in_kernel") else "")
+        replays = la.get("graph_replays")
+        how = la["launch"] + (f", {replays} graph replays" if replays else "")
         lines.append(f"| {label} | {tuple(la['q_shape'])} | {la['k_len']} | {la['kernel']} | {qk} "
-                     f"| {grid} | {la['launch']} | {la['calls']} |")
+                     f"| {grid} | {how} | {la['calls']} |")
     return lines + [""]
 
 

@@ -532,8 +532,12 @@ class Fp8Launch:
                 "kernel": self.spec.kernel, "qk_format": "int8" if self.spec.qk_int8 else "e4m3",
                 "key_lens": self.spec.key_lens, "grid": "stream-K" if grid else "plain", "streamk": grid,
                 "q_in_kernel": self.spec.q_rot,
-                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit",
-                "graphs": self.graphs.summary() if self.graphs is not None else None}
+                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit"}
+
+    def replays(self) -> int:
+        """Calls of this record replayed as a CUDA graph so far (``launch_graphs``)."""
+        graphs = getattr(self, "graphs", None)
+        return graphs.hits if graphs is not None else 0
 
     def check(self, ws: dict, stream: torch.cuda.Stream, queue) -> None:
         """Queue a read of ``ws``'s flags (set by every prep since the last read), zeroing them after the copy."""
@@ -654,19 +658,21 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
 
 
 def call_counts() -> dict:
-    """{record id: calls so far} of every launch record (``launch_summaries(since=...)`` takes it)."""
-    return {id(rec): rec.calls for rec in _RECORDS.values()}
+    """{record id: (calls, graph replays) so far} of every launch record (``launch_summaries(since=...)`` takes
+    it)."""
+    return {id(rec): (rec.calls, rec.replays()) for rec in _RECORDS.values()}
 
 
 def launch_summaries(since: Optional[dict] = None) -> list[dict]:
     """``Fp8Launch.summary()`` of every launch record called since the ``call_counts()`` snapshot ``since`` (all
-    called records without it), each with the number of those calls."""
+    called records without it), each with the number of those calls and how many of them replayed a CUDA graph."""
     since = since or {}
     out = []
     for rec in _RECORDS.values():
-        n = rec.calls - since.get(id(rec), 0)
+        calls0, replays0 = since.get(id(rec), (0, 0))
+        n = rec.calls - calls0
         if n > 0:
-            out.append({**rec.summary(), "calls": n})
+            out.append({**rec.summary(), "calls": n, "graph_replays": rec.replays() - replays0})
     return out
 
 
