@@ -15,6 +15,8 @@ import pytest
 import torch
 from fp8_gpu_cases import gaussian_inputs, poisoned_outputs, rel_rms
 
+import ditprof.kernels.op  # noqa: F401 -- registers torch.ops.ditprof.fp8_attention
+
 pytestmark = pytest.mark.gpu
 
 FLOAT64_REL_RMS = 0.06  # Gaussian inputs, both Q/K formats (the sm90 GPU tests' bound)
