@@ -241,6 +241,12 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session22d)  # session 22, after the test fixes: the graph GPU tests again, the flux compare with every launch made directly (DITPROF_FP8_GRAPHS=0) and with graph replay, the ltx-video compare
+  step graph-gpu-tests 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py
+  step compare-flux-direct 200 env DITPROF_FP8_GRAPHS=0 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux-direct"
+  step compare-flux 200 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux"
+  step compare-ltx 200 python -m ditprof compare --preset ltx-video --iters 10 --out "$out/compare-ltx"
+  ;;
 session22a)  # session 22: repeated calls replayed as one CUDA graph (kernels/launch_graphs.py) -- its GPU tests and the launch / finite-check / graph tests, the host cost per call (graphs on and off), the flux compare
   step graph-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_finite_checks.py tests/test_cuda_graph.py
   step host-overhead 150 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
