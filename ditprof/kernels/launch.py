@@ -10,7 +10,8 @@ configuration, and the finiteness check of q, k, v without a host sync.
   prep writes it only after this call's kernel has read it; under CUDA-graph capture each call allocates its own).
   A call is then the prep's launches (two; three with INT8 Q/K), the kernel launch (and, on the stream-K grid, its
   merge) and the output allocation: no sync, no other allocation, no per-call argument checks (``record_for`` checks
-  once per configuration).
+  once per configuration). A call whose arguments repeat an earlier one's replays those launches as one CUDA graph
+  (``launch_graphs``; reused workspaces only, ``DITPROF_FP8_GRAPHS=0`` turns it off).
 - fp8-sm90 runs on the stream-K grid (``fp8_fwd_sm90_streamk``) where ``streamk_schedule.streamk_plan`` takes the
   problem (a partial last round after 1 to 16 full ones, no key_lens; ``streamk_for``, shared with the general
   path); ``DITPROF_FP8_STREAMK=0`` keeps the plain grid. The tail's pieces live in the workspace (``o_part``,
