@@ -241,6 +241,9 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session22e)  # session 22: the INT8 prep as one CUDA graph with concurrent branches (Q's quantize beside the stats, V's beside K's) vs the shipped chain, bits compared
+  step prep-branches 300 python benchmarks/experimental/prep_branches_bench.py --shapes flux,ltx,wan1.3b,cogvideox,h3 --rounds 30 --json "$out/prep-branches.json"
+  ;;
 session22d)  # session 22, after the test fixes: the graph GPU tests again, the flux compare with every launch made directly (DITPROF_FP8_GRAPHS=0) and with graph replay, the ltx-video compare
   step graph-gpu-tests 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py
   step compare-flux-direct 200 env DITPROF_FP8_GRAPHS=0 python -m ditprof compare --preset flux.1-dev --iters 10 --out "$out/compare-flux-direct"
