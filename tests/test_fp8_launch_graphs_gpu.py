@@ -188,3 +188,29 @@ def test_the_profiler_puts_replayed_kernels_under_attention(setting, tmp_path):
     assert split.iterations == 3
     assert split.split_ms["attention"] > 0 and split.split_ms["elementwise"] > 0, split.split_ms
     assert split.split_ms.get("other", 0.0) == 0.0, split.split_ms
+
+
+@pytest.mark.parametrize("case", [0, 2, 3])
+def test_the_prep_branching_v_gives_the_chains_bits(case, setting):
+    """``PrepPlan.launch(branch=...)`` (what a captured call does: V's quantize on a side stream beside the Q/K
+    one), run directly here: every output byte the one-stream chain's, none left unwritten."""
+    _need_cuda()
+    from ditprof.kernels import launch
+
+    (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
+    setting(n_sms, fmt)
+    q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=990 + case)
+    rec = launch.record_for(q, k, v, False)
+    assert len(rec.plan.quants) == 2, "an INT8 plan with V's own quantize launch"
+    stream = torch.cuda.current_stream()
+    got = {}
+    for name, branch in (("chain", None), ("branch", launch.branch_stream(q.device))):
+        ws = rec._workspace()
+        outs = [n for n in ("q8", "k8", "v8t", "scales", "q_scales") if ws[n].numel() > 1]
+        for n in outs:
+            ws[n].view(torch.uint8).fill_(0x7F)
+        rec.plan.launch(q, k, v, ws, stream.cuda_stream, branch=branch)
+        torch.cuda.synchronize()
+        got[name] = {n: ws[n].clone() for n in outs}
+    assert all(torch.equal(got["chain"][n], got["branch"][n]) for n in got["chain"])
+    assert not got["branch"]["v8t"].float().isnan().any()  # 0x7F is e4m3's NaN: every V code written

@@ -257,6 +257,17 @@ def sync_checks() -> bool:
     return env_setting(b"DITPROF_FP8_CHECK") == "sync"
 
 
+_BRANCH_STREAMS: dict = {}
+
+
+def branch_stream(device) -> torch.cuda.Stream:
+    """The side stream of ``device`` that captured preps branch onto (one per device, made on first use)."""
+    stream = _BRANCH_STREAMS.get(device)
+    if stream is None:
+        stream = _BRANCH_STREAMS[device] = torch.cuda.Stream(device=device)
+    return stream
+
+
 def graphs_enabled(setting: Optional[str]) -> bool:
     """``DITPROF_FP8_GRAPHS``: "0" launches every call directly; unset or "1": a launch record replays a call whose
     arguments repeat as one CUDA graph (``launch_graphs``)."""
@@ -494,13 +505,15 @@ class Fp8Launch:
                 ws = self._workspace()
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
             scale = float(softmax_scale)
-            if self.graphs is None or capturing:
-                self._launch_all(ws, q, k, v, out, key_lens, scale, stream)
+            if self.graphs is None or capturing:  # the caller's own capture: the prep may branch in it too
+                self._launch_all(ws, q, k, v, out, key_lens, scale, stream, capturing)
             else:  # the key: every argument of the launches that the record does not fix
                 key = (stream, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                        0 if key_lens is None else key_lens.data_ptr(), scale)
+                # s: None for a direct call on the current stream, else the capture stream's handle
                 self.graphs.run(key, lambda s: self._launch_all(ws, q, k, v, out, key_lens, scale,
-                                                                stream if s is None else s), stream_obj)
+                                                                stream if s is None else s, s is not None),
+                                stream_obj)
             if not capturing:
                 sync = sync_checks()
                 if not self.reuse or sync:
@@ -518,9 +531,13 @@ class Fp8Launch:
                 torch.cuda.set_device(prev)
         return out
 
-    def _launch_all(self, ws: dict, q, k, v, out, key_lens, scale: float, stream: int) -> None:
-        """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge)."""
-        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens)
+    def _launch_all(self, ws: dict, q, k, v, out, key_lens, scale: float, stream: int,
+                    captured: bool = False) -> None:
+        """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge). ``captured``: they
+        are being captured into a CUDA graph, so the prep's V quantize branches off beside its Q/K one (a fork and
+        a join that cost host time in a direct call, none in a replay)."""
+        branch = branch_stream(self.device) if captured else None
+        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch)
         self._launch_kernel(ws, q, out, key_lens, scale, stream)
 
     def summary(self) -> dict:
