@@ -1,0 +1,59 @@
+"""The op's launch record replaying each call as one CUDA graph (the default; captured calls branch the prep's V
+quantize beside its Q/K one) against a record launching every call directly (``DITPROF_FP8_GRAPHS=0``), in one
+process: whole calls alternating behind a sleep (GPU time only: the host's launch cost never shows), median of
+``--rounds``; the outputs compared bit for bit.
+
+    python benchmarks/experimental/graph_op_ab.py --shapes flux,ltx,wan1.3b,cogvideox,h3 --rounds 25 --json out.json
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+SHAPES = {  # B, S, H, D
+    "flux": (1, 4608, 24, 128), "ltx": (1, 7392, 32, 64), "cogvideox": (1, 17776, 48, 64),
+    "wan1.3b": (1, 32760, 12, 128), "h3": (1, 30272, 56, 128),
+}
+
+
+def measure(name: str, rounds: int) -> dict:
+    import torch
+    from bench_helpers import gaussian_qkv, records_ab
+
+    from ditprof.kernels import launch
+
+    B, S, H, D = SHAPES[name]
+    q, k, v = gaussian_qkv(B, S, H, D, seed=4)
+    scale = 1.0 / math.sqrt(D)
+    saved = os.environ.pop("DITPROF_FP8_GRAPHS", None)
+    try:
+        rec_graph = launch.record_for(q, k, v, False)
+        os.environ["DITPROF_FP8_GRAPHS"] = "0"
+        rec_direct = launch.record_for(q, k, v, False)
+    finally:
+        os.environ.pop("DITPROF_FP8_GRAPHS", None)
+        if saved is not None:
+            os.environ["DITPROF_FP8_GRAPHS"] = saved
+    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": rec_graph.summary()["grid"]}
+    row.update(records_ab(q, k, v, scale, {"graph": rec_graph, "direct": rec_direct}, rounds))
+    row["graphs"] = rec_graph.graphs.summary()
+    launch._RECORDS.clear()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    from bench_helpers import records_ab_main
+
+    return records_ab_main(argv, __doc__, SHAPES, "flux,ltx,wan1.3b,cogvideox,h3", measure, ("graph", "direct"),
+                           "not timed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
