@@ -243,7 +243,7 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   ;;
 session22f)  # session 22, after captured calls branch the prep: the launch / graph / stream-K / op GPU tests, then the op with graph replay vs direct launches (GPU time, one process)
   step launch-gpu-tests 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_fp8_sm90_streamk_gpu.py tests/test_cuda_graph.py tests/test_fp8_op_gpu.py tests/test_finite_checks.py
-  step graph-op-ab 200 python benchmarks/experimental/graph_op_ab.py --shapes flux,ltx,wan1.3b,cogvideox,h3 --rounds 25 --json "$out/graph-op-ab.json"
+  step graph-op-ab 200 python benchmarks/experimental/graph_op_ab.py --shapes flux,ltx --rounds 25 --json "$out/graph-op-ab.json"
   ;;
 session22e)  # session 22: the INT8 prep as one CUDA graph with concurrent branches (Q's quantize beside the stats, V's beside K's) vs the shipped chain, bits compared
   step prep-branches 300 python benchmarks/experimental/prep_branches_bench.py --shapes flux,ltx,wan1.3b,cogvideox,h3 --rounds 30 --json "$out/prep-branches.json"

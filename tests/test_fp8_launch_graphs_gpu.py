@@ -206,7 +206,9 @@ def test_the_prep_branching_v_gives_the_chains_bits(case, setting):
     got = {}
     for name, branch in (("chain", None), ("branch", launch.branch_stream(q.device))):
         ws = rec._workspace()
-        outs = [n for n in ("q8", "k8", "v8t", "scales", "q_scales") if ws[n].numel() > 1]
+        # with Q in the kernel, q8 is a placeholder and q_scales the shared rotation matrix: not outputs
+        outs = [n for n in ("q8", "k8", "v8t", "scales", "q_scales")
+                if ws[n].numel() > 1 and not (rec.q_rot and n == "q_scales")]
         for n in outs:
             ws[n].view(torch.uint8).fill_(0x7F)
         rec.plan.launch(q, k, v, ws, stream.cuda_stream, branch=branch)
@@ -214,3 +216,27 @@ def test_the_prep_branching_v_gives_the_chains_bits(case, setting):
         got[name] = {n: ws[n].clone() for n in outs}
     assert all(torch.equal(got["chain"][n], got["branch"][n]) for n in got["chain"])
     assert not got["branch"]["v8t"].float().isnan().any()  # 0x7F is e4m3's NaN: every V code written
+
+
+@pytest.mark.parametrize("case", [0, 2, 4])
+def test_records_without_a_reused_workspace_branch_directly(case, setting, monkeypatch):
+    """A problem too large to reuse a workspace (forced here) has no graphs and branches its prep's V quantize on
+    every direct call: the general path's bits (prep + ``launch_prepared``), every output element written."""
+    _need_cuda()
+    from ditprof.kernels import launch
+    from ditprof.kernels.interface import fp8_attention_kernel
+
+    (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
+    setting(n_sms, fmt)
+    monkeypatch.setattr(launch, "WORKSPACE_REUSE_BYTES", 0)
+    q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=995 + case)
+    scale = 1.0 / math.sqrt(D)
+    want = fp8_attention_kernel(q, k, v, scale=scale)
+    for _ in range(3):
+        with poisoned_outputs(((B, Sq, H, D), torch.bfloat16)):
+            o = _call(q, k, v, scale)
+        torch.cuda.synchronize()
+        assert o.isfinite().all() and torch.equal(o, want)
+        del o
+    rec = launch.record_for(q, k, v, False)
+    assert not rec.reuse and rec.graphs is None

@@ -139,7 +139,8 @@ def measure(name: str, rounds: int) -> dict:
     args = plan._arguments(q, k, v, ws, None)
     has_q = not plan.skip_q
     graphs = {n: capture(fn, args) for n, fn in schedules(plan, has_q).items()}
-    outs = [n for n in OUTPUTS if n in ws and ws[n].numel() > 1]
+    # with Q in the kernel, q8 is a placeholder and q_scales the shared rotation matrix: not outputs
+    outs = [n for n in OUTPUTS if n in ws and ws[n].numel() > 1 and not (rec.q_rot and n == "q_scales")]
 
     def run_checked(n):
         for t in outs:

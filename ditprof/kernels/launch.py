@@ -533,10 +533,11 @@ class Fp8Launch:
 
     def _launch_all(self, ws: dict, q, k, v, out, key_lens, scale: float, stream: int,
                     captured: bool = False) -> None:
-        """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge). ``captured``: they
-        are being captured into a CUDA graph, so the prep's V quantize branches off beside its Q/K one (a fork and
-        a join that cost host time in a direct call, none in a replay)."""
-        branch = branch_stream(self.device) if captured else None
+        """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge). The prep's V quantize
+        branches off beside its Q/K one when they are being captured into a CUDA graph (``captured``: the fork and
+        join cost no host time in a replay) or the problem is too large to reuse a workspace (milliseconds of GPU
+        work against ~10 us of host time for the fork and join)."""
+        branch = branch_stream(self.device) if captured or not self.reuse else None
         self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch)
         self._launch_kernel(ws, q, out, key_lens, scale, stream)
 
