@@ -99,3 +99,28 @@ def test_graphs_switch_reads_0_and_1_only():
     assert not graphs_enabled("0")
     with pytest.raises(DitprofError, match="DITPROF_FP8_GRAPHS must be 0 or 1, got 'off'"):
         graphs_enabled("off")
+
+
+class _FakePlan:
+    def __init__(self, log):
+        self.log = log
+
+    def launch(self, q, k, v, ws, stream, key_lens=None, branch=None):
+        self.log.append(("prep", stream, branch))
+
+
+@pytest.mark.parametrize("captured, reuse, branches", [(False, True, False), (True, True, True),
+                                                        (False, False, True), (True, False, True)])
+def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypatch, captured, reuse, branches):
+    """``Fp8Launch._launch_all``'s rule: V's quantize on the branch stream when the launches are captured (a
+    replay pays nothing for the fork and join) or the problem is too large to reuse a workspace; a direct call of a
+    small problem keeps the one-stream chain (its host cost)."""
+    from ditprof.kernels import launch as L
+
+    log = []
+    rec = object.__new__(L.Fp8Launch)  # the fields _launch_all reads; building one needs a GPU
+    rec.plan, rec.reuse, rec.device = _FakePlan(log), reuse, "cuda:0"
+    rec._launch_kernel = lambda ws, q, out, key_lens, scale, stream: log.append(("kernel", stream))
+    monkeypatch.setattr(L, "branch_stream", lambda device: f"branch of {device}")
+    rec._launch_all({}, "q", "k", "v", "out", None, 0.1, 7, captured)
+    assert log == [("prep", 7, "branch of cuda:0" if branches else None), ("kernel", 7)]
