@@ -15,6 +15,14 @@ import statistics
 SLEEP_CYCLES = 1_000_000  # ~0.5 ms at the H200's clock: the next launch is queued before its start event runs
 
 
+# issue 17's seven self-attention shapes, (B, S, H, D): the experimental benches take theirs from here
+VIDEO_SHAPES = {
+    "flux": (1, 4608, 24, 128), "ltx": (1, 7392, 32, 64), "cogvideox": (1, 17776, 48, 64),
+    "wan1.3b": (1, 32760, 12, 128), "h3": (1, 30272, 56, 128), "wan14b": (1, 75600, 40, 128),
+    "hunyuan": (1, 119056, 24, 128),
+}
+
+
 def gaussian_qkv(B: int, S: int, H: int, D: int, seed: int = 0):
     """Fresh Gaussian (B, S, H, D) bf16 q, k, v on the GPU (self-attention), drawn from one seeded generator."""
     import torch

@@ -16,10 +16,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-SHAPES = {  # B, S, H, D
-    "flux": (1, 4608, 24, 128), "ltx": (1, 7392, 32, 64), "cogvideox": (1, 17776, 48, 64),
-    "wan1.3b": (1, 32760, 12, 128), "h3": (1, 30272, 56, 128),
-}
+from bench_helpers import VIDEO_SHAPES  # noqa: E402
+
+SHAPES = {n: VIDEO_SHAPES[n] for n in ("flux", "ltx", "cogvideox", "wan1.3b", "h3")}  # B, S, H, D
 
 
 def measure(name: str, rounds: int) -> dict:

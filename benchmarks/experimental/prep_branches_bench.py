@@ -30,10 +30,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-SHAPES = {  # B, S, H, D
-    "flux": (1, 4608, 24, 128), "ltx": (1, 7392, 32, 64), "wan1.3b": (1, 32760, 12, 128),
-    "cogvideox": (1, 17776, 48, 64), "h3": (1, 30272, 56, 128),
-}
+from bench_helpers import VIDEO_SHAPES  # noqa: E402
+
+SHAPES = {n: VIDEO_SHAPES[n] for n in ("flux", "ltx", "wan1.3b", "cogvideox", "h3")}  # B, S, H, D
 OUTPUTS = ("q8", "k8", "v8t", "scales", "q_scales")
 
 

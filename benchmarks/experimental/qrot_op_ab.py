@@ -16,11 +16,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-SHAPES = {  # B, S, H, D
-    "flux": (1, 4608, 24, 128), "ltx": (1, 7392, 32, 64), "cogvideox": (1, 17776, 48, 64),
-    "wan1.3b": (1, 32760, 12, 128), "h3": (1, 30272, 56, 128), "wan14b": (1, 75600, 40, 128),
-    "hunyuan": (1, 119056, 24, 128),
-}
+from bench_helpers import VIDEO_SHAPES  # noqa: E402
+
+SHAPES = VIDEO_SHAPES  # B, S, H, D: all seven
 
 
 def measure(name: str, rounds: int) -> dict:
