@@ -23,6 +23,7 @@ ITEM = {**SCHEMA["$defs"]["run"]["properties"]["fp8_launches"]["items"], "$defs"
 def _record(shape, sk, qk_int8, streamk, tvm_ffi=True, q_rot=False):
     rec = object.__new__(L.Fp8Launch)  # the fields a summary reads; building one needs a GPU
     rec.out_shape, rec.Sk, rec.dtype, rec.streamk, rec.calls = shape, sk, torch.bfloat16, streamk, 0
+    rec.graphs = None  # no graph replays (a test sets its own)
     rec.spec = L.KernelSpec("fp8-sm90", "sm_90a", shape[3], "bfloat16", True, False, tvm_ffi, qk_int8,
                             streamk=streamk is not None, q_rot=q_rot)
     return rec

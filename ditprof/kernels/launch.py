@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph
+from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph, side_stream
 from ditprof.kernels.prep import finish_finite_check
 from ditprof.kernels.qk_format import qk_format
 
@@ -257,15 +257,9 @@ def sync_checks() -> bool:
     return env_setting(b"DITPROF_FP8_CHECK") == "sync"
 
 
-_BRANCH_STREAMS: dict = {}
-
-
 def branch_stream(device) -> torch.cuda.Stream:
-    """The side stream of ``device`` that captured preps branch onto (one per device, made on first use)."""
-    stream = _BRANCH_STREAMS.get(device)
-    if stream is None:
-        stream = _BRANCH_STREAMS[device] = torch.cuda.Stream(device=device)
-    return stream
+    """The side stream of ``device`` that preps branch onto (``Fp8Launch._launch_all``)."""
+    return side_stream(device, "branch")
 
 
 def graphs_enabled(setting: Optional[str]) -> bool:
@@ -555,8 +549,7 @@ class Fp8Launch:
 
     def replays(self) -> int:
         """Calls of this record replayed as a CUDA graph so far (``launch_graphs``)."""
-        graphs = getattr(self, "graphs", None)
-        return graphs.hits if graphs is not None else 0
+        return self.graphs.hits if self.graphs is not None else 0
 
     def check(self, ws: dict, stream: torch.cuda.Stream, queue) -> None:
         """Queue a read of ``ws``'s flags (set by every prep since the last read), zeroing them after the copy."""

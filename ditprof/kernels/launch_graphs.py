@@ -87,6 +87,17 @@ class LaunchGraphs:
 _SIDE_STREAMS: dict = {}
 
 
+def side_stream(device, role: str):
+    """The side stream of ``device`` for ``role`` ("capture": graphs are captured on it; "branch": a captured
+    prep's V quantize runs on it), made once per (device, role)."""
+    import torch
+
+    stream = _SIDE_STREAMS.get((device, role))
+    if stream is None:
+        stream = _SIDE_STREAMS[(device, role)] = torch.cuda.Stream(device=device)
+    return stream
+
+
 def capture_graph(launch: Callable[[Optional[int]], None], stream):
     """``launch(side stream handle)``'s launches captured into a ``torch.cuda.CUDAGraph`` on a side stream of
     ``stream``'s device (ordered after ``stream``, a torch.cuda.Stream, and ``stream`` after it). Thread-local
@@ -94,9 +105,7 @@ def capture_graph(launch: Callable[[Optional[int]], None], stream):
     import torch
 
     device = stream.device
-    side = _SIDE_STREAMS.get(device)
-    if side is None:
-        side = _SIDE_STREAMS[device] = torch.cuda.Stream(device=device)
+    side = side_stream(device, "capture")
     side.wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):
@@ -114,4 +123,4 @@ def capture_graph(launch: Callable[[Optional[int]], None], stream):
     return graph
 
 
-__all__ = ["LaunchGraphs", "capture_graph", "GRAPH_SLOTS", "SEEN_SLOTS", "THRASH_WASTED"]
+__all__ = ["LaunchGraphs", "capture_graph", "side_stream", "GRAPH_SLOTS", "SEEN_SLOTS", "THRASH_WASTED"]
