@@ -14,14 +14,10 @@ import math
 import os
 import sys
 
-SHAPES = {  # B, S, H, D
-    "flux": (1, 4608, 24, 128),
-    "wan1.3b": (1, 32760, 12, 128),
-    "h3": (1, 30272, 56, 128),
-    "wan14b": (1, 75600, 40, 128),
-    "hunyuan": (1, 119056, 24, 128),
-    "small128": (1, 6000, 8, 128),
-}
+from bench_helpers import VIDEO_SHAPES  # the script's folder is on sys.path
+
+SHAPES = {**{n: VIDEO_SHAPES[n] for n in ("flux", "wan1.3b", "h3", "wan14b", "hunyuan")},
+          "small128": (1, 6000, 8, 128)}  # B, S, H, D
 
 
 def lds_record(q, k, v):

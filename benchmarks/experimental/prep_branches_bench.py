@@ -54,61 +54,50 @@ def split_qk(plan):
     return (variant(nq, NK=0) if nq else None), variant(nk, NQ=0)
 
 
-def schedules(plan, has_q: bool) -> dict:
-    """{name: fn(args, main, sides)}: each makes the prep's launches on torch streams ``main`` and ``sides`` (two)
-    with forks and joins by events; ``args`` = plan._arguments(...)."""
-    import torch
-
+def schedules(plan, q, k, v, ws, has_q: bool) -> dict:
+    """{name: fn(main, sides)}: each makes the prep's launches on torch streams ``main`` and ``sides`` (two) with
+    forks and joins by ``wait_stream`` (an event). "chain" and "kv" are the shipped ``PrepPlan.launch`` without and
+    with its branch stream."""
     q_only, k_only = split_qk(plan)
-    qk, v_launch = plan.quants
+    v_launch = plan.quants[1]
+    args = plan._arguments(q, k, v, ws, None)
 
-    def fork(src, dst):
-        ev = torch.cuda.Event()
-        ev.record(src)
-        dst.wait_event(ev)
+    def chain(main, sides):
+        plan.launch(q, k, v, ws, main.cuda_stream)
 
-    def chain(args, main, sides):
-        plan.stats(args[0], main.cuda_stream)
-        qk(args[1], main.cuda_stream)
-        v_launch(args[1], main.cuda_stream)
+    def kv(main, sides):
+        plan.launch(q, k, v, ws, main.cuda_stream, branch=sides[0])
 
-    def kv(args, main, sides):
-        plan.stats(args[0], main.cuda_stream)
-        fork(main, sides[0])
-        qk(args[1], main.cuda_stream)
-        v_launch(args[1], sides[0].cuda_stream)
-        fork(sides[0], main)
-
-    def q(args, main, sides):
-        fork(main, sides[0])
+    def q_beside_stats(main, sides):
+        sides[0].wait_stream(main)
         q_only(args[1], sides[0].cuda_stream)
         plan.stats(args[0], main.cuda_stream)
         k_only(args[1], main.cuda_stream)
         v_launch(args[1], main.cuda_stream)
-        fork(sides[0], main)
+        main.wait_stream(sides[0])
 
-    def q_kv(args, main, sides):
-        fork(main, sides[0])
+    def q_and_v_beside(main, sides):
+        sides[0].wait_stream(main)
         q_only(args[1], sides[0].cuda_stream)
         plan.stats(args[0], main.cuda_stream)
-        fork(main, sides[1])
+        sides[1].wait_stream(main)
         k_only(args[1], main.cuda_stream)
         v_launch(args[1], sides[1].cuda_stream)
-        fork(sides[0], main)
-        fork(sides[1], main)
+        main.wait_stream(sides[0])
+        main.wait_stream(sides[1])
 
     out = {"chain": chain, "kv": kv}
     if has_q:
-        out.update(q=q, q_kv=q_kv)
+        out.update(q=q_beside_stats, q_kv=q_and_v_beside)
     return out
 
 
-def capture(fn, args):
+def capture(fn):
     import torch
 
     main, sides = torch.cuda.Stream(), (torch.cuda.Stream(), torch.cuda.Stream())
     main.wait_stream(torch.cuda.current_stream())
-    fn(args, main, sides)  # eager first: the JIT compiles each launch outside the capture
+    fn(main, sides)  # eager first: the JIT compiles each launch outside the capture
     torch.cuda.current_stream().wait_stream(main)
     for s in sides:
         torch.cuda.current_stream().wait_stream(s)
@@ -116,7 +105,7 @@ def capture(fn, args):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(main):
         graph.capture_begin(capture_error_mode="thread_local")
-        fn(args, main, sides)
+        fn(main, sides)
         graph.capture_end()
     torch.cuda.synchronize()
     return graph
@@ -135,9 +124,8 @@ def measure(name: str, rounds: int) -> dict:
     if not (plan.qk_int8 and len(plan.quants) == 2):
         raise SystemExit("prep_branches_bench.py: needs the INT8 prep with V's own launch (SPLIT_V)")
     ws = rec._workspace()
-    args = plan._arguments(q, k, v, ws, None)
     has_q = not plan.skip_q
-    graphs = {n: capture(fn, args) for n, fn in schedules(plan, has_q).items()}
+    graphs = {n: capture(fn) for n, fn in schedules(plan, q, k, v, ws, has_q).items()}
     # with Q in the kernel, q8 is a placeholder and q_scales the shared rotation matrix: not outputs
     outs = [n for n in OUTPUTS if n in ws and ws[n].numel() > 1 and not (rec.q_rot and n == "q_scales")]
 

@@ -20,13 +20,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-SHAPES = {  # B, S, H, D
-    "flux": (1, 4608, 24, 128),
-    "ltx": (1, 7392, 32, 64),
-    "cogvideox": (1, 17776, 48, 64),
-    "h3": (1, 30272, 56, 128),
-    "quick": (1, 2048, 8, 128),
-}
+from bench_helpers import VIDEO_SHAPES  # noqa: E402
+
+SHAPES = {**{n: VIDEO_SHAPES[n] for n in ("flux", "ltx", "cogvideox", "h3")},
+          "quick": (1, 2048, 8, 128)}  # B, S, H, D
 
 
 def measure(name: str, rounds: int) -> dict:
