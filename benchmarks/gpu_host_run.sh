@@ -241,10 +241,13 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
-session23a)  # next H200 lease, with part3 (FA3): issues 17/20's table at five shapes (one process, graph-replayed op), one call's launches at four shapes, the host cost
+session23t)  # session 23: the launch / graph / stream-K / op GPU tests after the side-stream refactor (d26e59d), the host cost per call
+  step launch-gpu-tests 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_fp8_sm90_streamk_gpu.py tests/test_cuda_graph.py tests/test_fp8_op_gpu.py tests/test_finite_checks.py
+  step host-overhead 100 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
+  ;;
+session23a)  # next H200 lease, with part3 (FA3): issues 17/20's table at five shapes (one process, graph-replayed op), one call's launches at four shapes (the host cost is in session23t)
   step attention-peers 330 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
   step call-anatomy 150 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
-  step host-overhead 100 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
   ;;
 session23b)  # next H200 lease, with part3: the two long shapes of the table (one process), the default h3 compare
   step attention-peers-big 330 python benchmarks/attention.py --shapes wan14b,hunyuan --iters 5 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers-big.json"
