@@ -241,6 +241,13 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session23r)  # session 23: the h3 compare's NaN (q flag / NaN output with Q in the kernel): fresh inputs every call with the prep branch on and off, the compare with it off and on
+  step repro-branch 120 python benchmarks/experimental/fresh_inputs_repro.py --shape h3 --calls 12 --json "$out/repro-branch.json"
+  step repro-chain 120 env DITPROF_FP8_BRANCH=0 python benchmarks/experimental/fresh_inputs_repro.py --shape h3 --calls 12 --json "$out/repro-chain.json"
+  step compare-h3-chain 150 env DITPROF_FP8_BRANCH=0 python -m ditprof compare --iters 10 --out "$out/compare-h3-chain"
+  step compare-h3 150 python -m ditprof compare --iters 10 --out "$out/compare-h3"
+  step compare-h3-chain2 150 env DITPROF_FP8_BRANCH=0 python -m ditprof compare --iters 10 --out "$out/compare-h3-chain2"
+  ;;
 session23t)  # session 23: the launch / graph / stream-K / op GPU tests after the side-stream refactor (d26e59d), the host cost per call
   step launch-gpu-tests 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_fp8_sm90_streamk_gpu.py tests/test_cuda_graph.py tests/test_fp8_op_gpu.py tests/test_finite_checks.py
   step host-overhead 100 python benchmarks/host_overhead.py --json "$out/host_overhead.json"

@@ -109,18 +109,29 @@ class _FakePlan:
         self.log.append(("prep", stream, branch))
 
 
-@pytest.mark.parametrize("captured, reuse, branches", [(False, True, False), (True, True, True),
-                                                        (False, False, True), (True, False, True)])
-def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypatch, captured, reuse, branches):
+@pytest.mark.parametrize("captured, reuse, enabled, branches", [
+    (False, True, True, False), (True, True, True, True), (False, False, True, True), (True, False, True, True),
+    (True, True, False, False), (False, False, False, False)])
+def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypatch, captured, reuse, enabled,
+                                                                       branches):
     """``Fp8Launch._launch_all``'s rule: V's quantize on the branch stream when the launches are captured (a
     replay pays nothing for the fork and join) or the problem is too large to reuse a workspace; a direct call of a
-    small problem keeps the one-stream chain (its host cost)."""
+    small problem keeps the one-stream chain (its host cost); ``DITPROF_FP8_BRANCH=0`` (``enabled`` False) keeps the
+    chain always."""
     from ditprof.kernels import launch as L
 
     log = []
     rec = object.__new__(L.Fp8Launch)  # the fields _launch_all reads; building one needs a GPU
-    rec.plan, rec.reuse, rec.device = _FakePlan(log), reuse, "cuda:0"
+    rec.plan, rec.reuse, rec.device, rec.branch = _FakePlan(log), reuse, "cuda:0", enabled
     rec._launch_kernel = lambda ws, q, out, key_lens, scale, stream: log.append(("kernel", stream))
     monkeypatch.setattr(L, "branch_stream", lambda device: f"branch of {device}")
     rec._launch_all({}, "q", "k", "v", "out", None, 0.1, 7, captured)
     assert log == [("prep", 7, "branch of cuda:0" if branches else None), ("kernel", 7)]
+
+
+def test_the_branch_switch_takes_0_or_1():
+    from ditprof.kernels.launch import branch_enabled
+
+    assert branch_enabled(None) and branch_enabled("") and branch_enabled("1") and not branch_enabled("0")
+    with pytest.raises(DitprofError, match="DITPROF_FP8_BRANCH must be 0 or 1, got 'no'"):
+        branch_enabled("no")

@@ -272,6 +272,16 @@ def graphs_enabled(setting: Optional[str]) -> bool:
     raise DitprofError(f"DITPROF_FP8_GRAPHS must be 0 or 1, got {setting!r}")
 
 
+def branch_enabled(setting: Optional[str]) -> bool:
+    """``DITPROF_FP8_BRANCH``: "0" keeps the prep's launches in one chain on the call's stream; unset or "1": V's
+    quantize branches onto a side stream where ``Fp8Launch._launch_all`` takes it."""
+    if setting in (None, "", "1"):
+        return True
+    if setting == "0":
+        return False
+    raise DitprofError(f"DITPROF_FP8_BRANCH must be 0 or 1, got {setting!r}")
+
+
 def streamk_enabled(setting: Optional[str]) -> bool:
     """``DITPROF_FP8_STREAMK``: "0" keeps fp8-sm90 on its plain grid; unset or "1": the stream-K grid where
     ``streamk_schedule.streamk_plan`` takes it (a partial last round among few rounds)."""
@@ -411,7 +421,8 @@ class Fp8Launch:
     """Everything one call configuration needs, computed once (see the module docstring)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, key_lens: bool,
-                 qk_int8: bool = False, streamk: Optional[str] = None, graphs: Optional[str] = None):
+                 qk_int8: bool = False, streamk: Optional[str] = None, graphs: Optional[str] = None,
+                 branch: Optional[str] = None):
         from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
@@ -453,6 +464,7 @@ class Fp8Launch:
         self.calls = 0  # calls made through this record (``launch_summaries``)
         # repeated calls replayed as one CUDA graph (reused workspaces only: their addresses are the record's)
         self.graphs = LaunchGraphs(capture_graph) if self.reuse and graphs_enabled(graphs) else None
+        self.branch = branch_enabled(branch)
 
     def _workspace(self) -> dict:
         # normal tensors even when made inside inference mode: later calls outside it zero the flags in place
@@ -531,7 +543,7 @@ class Fp8Launch:
         branches off beside its Q/K one when they are being captured into a CUDA graph (``captured``: the fork and
         join cost no host time in a replay) or the problem is too large to reuse a workspace (milliseconds of GPU
         work against ~10 us of host time for the fork and join)."""
-        branch = branch_stream(self.device) if captured or not self.reuse else None
+        branch = branch_stream(self.device) if self.branch and (captured or not self.reuse) else None
         self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch)
         self._launch_kernel(ws, q, out, key_lens, scale, stream)
 
@@ -660,12 +672,14 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
     grid = env_setting(b"DITPROF_FP8_STREAMK")  # and the stream-K switch
     qrot = env_setting(b"DITPROF_FP8_QROT")  # and the Q-in-the-kernel switch
     graphs = env_setting(b"DITPROF_FP8_GRAPHS")  # and the graph replay switch
+    branch = env_setting(b"DITPROF_FP8_BRANCH")  # and the prep branch switch
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid, qrot, graphs)
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, kernel, fmt, grid, qrot, graphs, branch)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8", grid, graphs)
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, kernel, qk_format(fmt, q.shape[-1]) == "int8", grid, graphs,
+                                     branch)
     return rec
 
 
@@ -689,7 +703,7 @@ def launch_summaries(since: Optional[dict] = None) -> list[dict]:
 
 
 def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool,
-           streamk: Optional[str] = None, graphs: Optional[str] = None) -> Fp8Launch:
+           streamk: Optional[str] = None, graphs: Optional[str] = None, branch: Optional[str] = None) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -697,7 +711,7 @@ def _build(q, k, v, key_lens: bool, kernel: Optional[str], qk_int8: bool,
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
     name = kernel_name_for_arch(arch_of(q.device.index), kernel)
-    return Fp8Launch(q, k, v, name, key_lens, qk_int8, streamk, graphs)
+    return Fp8Launch(q, k, v, name, key_lens, qk_int8, streamk, graphs, branch)
 
 
 def fp8_attention_cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
