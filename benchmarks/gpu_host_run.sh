@@ -241,6 +241,17 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session23f)  # session 23, after the fix (the branch's fork/join on the default stream): what ExternalStream(0) is, fresh inputs with the branch, the graph/branch GPU tests, the h3 compare
+  step external-stream-0 30 python -c "import torch; s = torch.cuda.ExternalStream(0); print('ExternalStream(0).cuda_stream =', hex(s.cuda_stream), '; default stream =', hex(torch.cuda.default_stream().cuda_stream))"
+  step repro-branch 120 python benchmarks/experimental/fresh_inputs_repro.py --shape h3 --calls 12 --json "$out/repro-branch-fixed.json"
+  step graph-gpu-tests 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py
+  step compare-h3 150 python -m ditprof compare --iters 10 --out "$out/compare-h3"
+  ;;
+session23p)  # session 23, after the fix, with part3: issue 17/20's table at seven shapes (two processes), one call's launches
+  step attention-peers 200 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
+  step attention-peers-big 200 python benchmarks/attention.py --shapes wan14b,hunyuan --iters 5 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers-big.json"
+  step call-anatomy 150 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"
+  ;;
 session23r)  # session 23: the h3 compare's NaN (q flag / NaN output with Q in the kernel): fresh inputs every call with the prep branch on and off, the compare with it off and on
   step repro-branch 120 python benchmarks/experimental/fresh_inputs_repro.py --shape h3 --calls 12 --json "$out/repro-branch.json"
   step repro-chain 120 env DITPROF_FP8_BRANCH=0 python benchmarks/experimental/fresh_inputs_repro.py --shape h3 --calls 12 --json "$out/repro-chain.json"

@@ -240,3 +240,47 @@ def test_records_without_a_reused_workspace_branch_directly(case, setting, monke
         del o
     rec = launch.record_for(q, k, v, False)
     assert not rec.reuse and rec.graphs is None
+
+
+SLEEP_CYCLES = 40_000_000  # ~20 ms at ~2 GHz: far longer than the prep's launches at this size
+
+
+@pytest.mark.parametrize("on_default_stream", [True, False])
+@pytest.mark.parametrize("late", ["main", "branch"])
+def test_a_branched_prep_is_ordered_on_any_stream(on_default_stream, late, setting, monkeypatch):
+    """A record without a reused workspace (forced) branches V's quantize on every call: on the default stream
+    (where eager PyTorch runs; a raw handle 0) as on a side stream, the branch must start after the stats and the
+    kernel after the branch. ``late`` holds one stream back with a sleep before the call: "main" (the stats run
+    late: a branch that does not wait reads scales not yet written), "branch" (V's codes land late: a kernel that
+    does not wait reads the NaN-poisoned V codes). Fresh q/k/v every call; the chain's bits every time."""
+    _need_cuda()
+    from ditprof.kernels import launch
+
+    (B, H, Sq, Sk, D), n_sms, fmt = CASES[0]
+    setting(n_sms, fmt)
+    monkeypatch.setattr(launch, "WORKSPACE_REUSE_BYTES", 0)
+    base = gaussian_inputs(B, H, Sq, Sk, D, seed=997)
+    scale = 1.0 / math.sqrt(D)
+    monkeypatch.setenv("DITPROF_FP8_BRANCH", "0")
+    want = _call(*base, scale)
+    monkeypatch.delenv("DITPROF_FP8_BRANCH")
+    rec = launch.record_for(*base, False)
+    assert not rec.reuse and rec.branch and len(rec.plan.quants) == 2
+    stream = torch.cuda.current_stream() if on_default_stream else torch.cuda.Stream()
+    if not on_default_stream:
+        stream.wait_stream(torch.cuda.current_stream())
+    v8t = ((B, H, D, rec.sk_pad), torch.float8_e4m3fn)
+    outs = []
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            q, k, v = (x * 1.0 for x in base)  # new allocations, as a block's processor hands them over
+            held = launch.branch_stream(q.device) if late == "branch" else stream
+            with torch.cuda.stream(held):
+                torch.cuda._sleep(SLEEP_CYCLES)
+            with poisoned_outputs(((B, Sq, H, D), torch.bfloat16), v8t) as hits:
+                outs.append(_call(q, k, v, scale))
+            assert hits["n"] == 2, "the output and the V codes were poisoned"
+            del q, k, v
+    torch.cuda.synchronize()
+    for o in outs:
+        assert o.isfinite().all() and torch.equal(o, want)

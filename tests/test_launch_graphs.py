@@ -135,3 +135,45 @@ def test_the_branch_switch_takes_0_or_1():
     assert branch_enabled(None) and branch_enabled("") and branch_enabled("1") and not branch_enabled("0")
     with pytest.raises(DitprofError, match="DITPROF_FP8_BRANCH must be 0 or 1, got 'no'"):
         branch_enabled("no")
+
+
+class _FakeStream:
+    def __init__(self, name, log, handle):
+        self.name, self.log, self.cuda_stream = name, log, handle
+
+    def wait_stream(self, other):
+        self.log.append(("wait", self.name, other.name))
+
+
+@pytest.mark.parametrize("handle", [0, 0x7F00])
+def test_a_branched_prep_forks_after_the_stats_and_joins_before_returning(monkeypatch, handle):
+    """``PrepPlan.launch(branch=...)``: the stats on the call's stream, the branch waits for them, Q/K's quantize on
+    the call's stream and V's on the branch, the call's stream waits for the branch. The call's stream is a torch
+    Stream of the raw handle: the default stream for handle 0 (``torch.cuda.ExternalStream(0)`` would be a new pool
+    stream, whose events order nothing: the fork and join would be lost)."""
+    import ditprof.kernels.prep_triton as PT
+
+    log = []
+    made = []
+
+    def default_stream(device):
+        made.append(("default", device))
+        return _FakeStream("main", log, 0)
+
+    def external(h, device=None):
+        made.append(("external", h))
+        return _FakeStream("main", log, h)
+
+    monkeypatch.setattr(PT.torch.cuda, "default_stream", default_stream)
+    monkeypatch.setattr(PT.torch.cuda, "ExternalStream", external)
+    plan = object.__new__(PT.PrepPlan)
+    plan._arguments = lambda q, k, v, bufs, key_lens: ("stats args", "quant args")
+    plan.stats = lambda args, stream: log.append(("stats", stream))
+    plan.quants = [lambda args, stream: log.append(("quant qk", stream)),
+                   lambda args, stream: log.append(("quant v", stream))]
+    branch = _FakeStream("branch", log, 0xB0)
+    branch.device = "cuda:0"
+    plan.launch("q", "k", "v", {}, handle, branch=branch)
+    assert log == [("stats", handle), ("wait", "branch", "main"), ("quant qk", handle), ("quant v", 0xB0),
+                   ("wait", "main", "branch")]
+    assert made == ([("default", "cuda:0")] if handle == 0 else [("external", handle)])

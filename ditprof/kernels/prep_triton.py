@@ -751,6 +751,15 @@ def _launch_hooks_set() -> bool:
     return bool(getattr(enter, "calls", enter is not None)) or bool(getattr(leave, "calls", leave is not None))
 
 
+def stream_of_handle(handle: int, device) -> "torch.cuda.Stream":
+    """The torch Stream of a raw CUDA stream handle, for events to fork and join on. Handle 0 (the legacy default
+    stream, where eager PyTorch runs) needs ``default_stream``: ``torch.cuda.ExternalStream(0)`` takes a zero
+    pointer as "none given" and hands back a fresh pool stream, so events recorded on it order nothing."""
+    if handle == 0:
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(handle, device=device)
+
+
 class FixedLaunch:
     """One Triton kernel of the prep with its grid, options and argument list fixed but for the tensors. The first
     call goes through the JIT (which specialises, compiles and returns the CompiledKernel); later calls on CUDA call
@@ -950,7 +959,7 @@ class PrepPlan:
             for launch in self.quants:
                 launch(quant_args, stream)
             return
-        main = torch.cuda.ExternalStream(stream, device=branch.device)
+        main = stream_of_handle(stream, branch.device)
         branch.wait_stream(main)
         self.quants[0](quant_args, stream)
         for launch in self.quants[1:]:
