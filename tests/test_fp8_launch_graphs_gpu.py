@@ -284,3 +284,35 @@ def test_a_branched_prep_is_ordered_on_any_stream(on_default_stream, late, setti
     torch.cuda.synchronize()
     for o in outs:
         assert o.isfinite().all() and torch.equal(o, want)
+
+
+@pytest.mark.parametrize("case", [0, 2])
+def test_fresh_allocations_every_call_as_a_block_makes_them(case, setting):
+    """A small problem (reused workspace, graphs on) called the way a block's processor calls it: q/k/v made fresh
+    each call and freed after, the freed memory then filled with NaN by the next allocation's owner, a sleep ahead
+    of each call, nothing synchronized in between. The caching allocator hands addresses back, so calls are
+    captured and replayed; every output must have the direct launches' bits."""
+    _need_cuda()
+    from ditprof.kernels import launch
+
+    (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
+    setting(n_sms, fmt, graphs="0")
+    base = gaussian_inputs(B, H, Sq, Sk, D, seed=1001 + case)
+    scale = 1.0 / math.sqrt(D)
+    want = _call(*base, scale)
+    setting(n_sms, fmt)
+    outs = torch.full((6, *want.shape), float("nan"), dtype=want.dtype, device="cuda")
+    for i in range(6):
+        q, k, v = (x * 1.0 for x in base)
+        torch.cuda._sleep(SLEEP_CYCLES // 4)
+        o = _call(q, k, v, scale)
+        outs[i].copy_(o)  # on the stream; the output itself is freed, so its address comes back too
+        del q, k, v, o
+        junk = torch.empty(3 * base[0].numel(), dtype=base[0].dtype, device="cuda")  # takes the freed blocks
+        junk.fill_(float("nan"))
+        del junk
+    torch.cuda.synchronize()
+    rec = launch.record_for(*base, False)
+    assert rec.reuse and rec.graphs is not None and rec.graphs.hits >= 1, rec.graphs.summary()
+    for o in outs:
+        assert o.isfinite().all() and torch.equal(o, want)

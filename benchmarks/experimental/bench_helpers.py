@@ -191,6 +191,25 @@ def shape_format_main(description: str, shapes: dict, time_shape, title: str, co
     return 0 if ok(rows) else 1
 
 
+def default_and_switched_records(q, k, v, var: str, value: str = "0"):
+    """Two launch records of q, k, v (the op's own, ``launch.record_for``): with the environment switch ``var``
+    unset (the shipped default) and with ``var=value``; the process's own setting of ``var`` is restored after."""
+    import os
+
+    from ditprof.kernels import launch
+
+    saved = os.environ.pop(var, None)
+    try:
+        default = launch.record_for(q, k, v, False)
+        os.environ[var] = value
+        switched = launch.record_for(q, k, v, False)
+    finally:
+        os.environ.pop(var, None)
+        if saved is not None:
+            os.environ[var] = saved
+    return default, switched
+
+
 def records_ab(q, k, v, scale: float, records: dict, rounds: int) -> dict:
     """Two launch records ({name: record}, the first the one under test) on the same q, k, v: whole calls (prep +
     kernel) alternating behind a sleep, median of ``rounds``. {"ms", "all_ms", "ratio" (first / second),

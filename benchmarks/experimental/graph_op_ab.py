@@ -23,22 +23,14 @@ SHAPES = {n: VIDEO_SHAPES[n] for n in ("flux", "ltx", "cogvideox", "wan1.3b", "h
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import gaussian_qkv, records_ab
+    from bench_helpers import default_and_switched_records, gaussian_qkv, records_ab
 
     from ditprof.kernels import launch
 
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=4)
     scale = 1.0 / math.sqrt(D)
-    saved = os.environ.pop("DITPROF_FP8_GRAPHS", None)
-    try:
-        rec_graph = launch.record_for(q, k, v, False)
-        os.environ["DITPROF_FP8_GRAPHS"] = "0"
-        rec_direct = launch.record_for(q, k, v, False)
-    finally:
-        os.environ.pop("DITPROF_FP8_GRAPHS", None)
-        if saved is not None:
-            os.environ["DITPROF_FP8_GRAPHS"] = saved
+    rec_graph, rec_direct = default_and_switched_records(q, k, v, "DITPROF_FP8_GRAPHS")
     row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": rec_graph.summary()["grid"]}
     if rec_graph.graphs is not None:  # None where the workspace is too large to reuse: no graphs, nothing to time
         row.update(records_ab(q, k, v, scale, {"graph": rec_graph, "direct": rec_direct}, rounds))
