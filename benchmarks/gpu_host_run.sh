@@ -241,6 +241,10 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
+session23g)  # session 23, last: the two new graph/branch GPU tests, then the prep's direct branch vs one chain at the non-reused shapes (GPU time, one process)
+  step new-gpu-tests 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py -k "fresh_allocations or ordered_on_any_stream"
+  step branch-op-ab 200 python benchmarks/experimental/branch_op_ab.py --shapes cogvideox,wan1.3b,h3 --rounds 10 --json "$out/branch-op-ab.json"
+  ;;
 session23f)  # session 23, after the fix (the branch's fork/join on the default stream): what ExternalStream(0) is, fresh inputs with the branch, the graph/branch GPU tests, the h3 compare
   step external-stream-0 30 python -c "import torch; s = torch.cuda.ExternalStream(0); print('ExternalStream(0).cuda_stream =', hex(s.cuda_stream), '; default stream =', hex(torch.cuda.default_stream().cuda_stream))"
   step repro-branch 120 python benchmarks/experimental/fresh_inputs_repro.py --shape h3 --calls 12 --json "$out/repro-branch-fixed.json"
