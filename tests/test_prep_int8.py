@@ -519,3 +519,94 @@ def test_prep_knobs_from_the_environment():
         with pytest.raises(DitprofError, match=word) as info:
             parse_env_knobs(bad)
         assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ V_SAMPLE: V's descale from sampled rows
+
+def v_sampled_reference(ref: Fp8Prepared, v: torch.Tensor, ns: int, margin: float = 2.0) -> Fp8Prepared:
+    """``ref`` (the torch chain) with V's descale and codes as the V_SAMPLE prep makes them: descale = RN(margin *
+    amax of rows i * Sk // ns / 448), unless a code would saturate (|v| * RN(1 / descale) > 448) or V holds a
+    NaN/Inf, where the head keeps the chain's exact descale (the re-quantize launch)."""
+    from ditprof.kernels.key_order import key_order_for_positions
+    from ditprof.kernels.prep import quantize_v_e4m3
+
+    B, Sk, H, D = v.shape
+    vf = v.cpu().transpose(1, 2).float()
+    rows = torch.arange(ns) * Sk // ns
+    amax = vf[:, :, rows].abs().amax(dim=(2, 3)) * margin
+    ds = torch.where(amax == 0, torch.ones_like(amax), amax / torch.tensor(448.0))
+    xs = vf * (torch.ones_like(ds) / ds)[..., None, None]
+    redo = ((xs.abs() > 448) | xs.isnan()).any(dim=3).any(dim=2)
+    ds = torch.where(redo, ref.scales[..., 2].cpu(), ds)
+    scales = ref.scales.clone()
+    scales[..., 2] = ds.to(scales.device)
+    Sk_pad = ref.v8t.shape[-1]
+    v8 = torch.zeros((B, H, Sk_pad, D), dtype=torch.uint8)
+    v8[:, :, :Sk] = quantize_v_e4m3(vf, ds[..., None, None]).view(torch.uint8)
+    v8t = v8[:, :, key_order_for_positions(torch.arange(Sk_pad))].transpose(2, 3).contiguous().view(F8)
+    return Fp8Prepared(ref.q8, ref.k8, v8t.to(ref.v8t.device), scales, ref.sq, ref.sk, ref.k_mean,
+                       q_scales=ref.q_scales), redo
+
+
+def test_triton_interpreter_v_sample():
+    run_under_interpreter(__file__, "test_interpreter_v_sample_inner")
+
+
+@inner_only()
+@pytest.mark.parametrize("shape", [(2, 77, 300, 2, 128), (1, 33, 45, 3, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_interpreter_v_sample_inner(shape, monkeypatch):
+    """V_SAMPLE=16: Q/K as the chain's; V's descale from the sampled rows times 2 and its codes with it, bit for
+    bit; a head with a value the sample missed that would saturate gets the chain's exact V (the re-quantize
+    launch), the others keep theirs; a NaN V row the sample missed raises V's flag; the redo flags of one call do
+    not leak into the next on the same buffers; key_lens plans keep the stats pass's V."""
+    from ditprof.kernels import prep_triton
+
+    monkeypatch.setattr(prep_triton, "V_SAMPLE", 16)
+    run_v_sample_checks(shape, "cpu", prep_triton)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 77, 300, 2, 128), (1, 33, 45, 3, 64), (1, 4096, 4096, 4, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gpu_v_sample(shape, monkeypatch):
+    """The V_SAMPLE checks above with the compiled kernels."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from ditprof.kernels import prep_triton
+
+    monkeypatch.setattr(prep_triton, "V_SAMPLE", 16)
+    run_v_sample_checks(shape, "cuda", prep_triton)
+
+
+def run_v_sample_checks(shape, device, prep_triton):
+    B, Sq, Sk, H, D = shape
+    q, k, v = make_qkv(B, Sq, Sk, H, D, seed=Sk, device=device)
+    plan = prep_triton.PrepPlan(q, k, v, True, qk_int8=True)
+    assert plan.v_sample == 16 and plan.ncv == 1 and len(plan.quants) == 3
+    sampled = set((torch.arange(16) * Sk // 16).tolist())
+    hidden = next(r for r in range(Sk) if r not in sampled)  # a row the sample does not read
+    bufs = plan.buffers(device)
+    for case in ("plain", "saturating", "plain again"):
+        vv = v.clone()
+        if case == "saturating":
+            vv[B - 1, hidden, H - 1, 5] = 8.0 * v.float().abs().amax()
+        ref = fp8_prepare_torch(q, k, vv, qk_int8=True)
+        want, redo = v_sampled_reference(ref, vv, 16)
+        assert bool(redo.any()) == (case == "saturating")
+        if case == "saturating":
+            assert redo.tolist() == [[bb == B - 1 and hh == H - 1 for hh in range(H)] for bb in range(B)]
+        for name in ("v8t", "scales"):
+            bufs[name].view(torch.uint8).fill_(0x7F)
+        bufs["flags"].zero_()
+        plan.launch(q, k, vv, bufs, None if device == "cpu" else torch.cuda.current_stream().cuda_stream)
+        got = Fp8Prepared(bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], Sq, Sk, bufs["k_mean"],
+                          q_scales=bufs["q_scales"])
+        assert_close_int8(got, want)
+        assert bufs["redo"].view(B, H).bool().cpu().tolist() == redo.tolist(), case
+        assert bufs["flags"].cpu().tolist() == [0, 0, 0]
+    vv = v.clone()
+    vv[0, hidden, 0, 0] = float("nan")
+    plan.launch(q, k, vv, bufs)
+    assert bufs["flags"].cpu().tolist() == [0, 0, 1]
+    assert prep_triton.PrepPlan(q, k, v, True, qk_int8=True, key_lens=True).v_sample == 0
+    assert prep_triton.PrepPlan(q, k, v, True, qk_int8=False).v_sample == 0

@@ -159,6 +159,20 @@ VARIANTS = [
            "no stats pass: prep reads Q, K, V once"),
           ("single pass, K mean of 16 keys", "block160", "sample16", "e4m3_block160", "as above"),
       )],
+    # issue 20 lever 1 with the kernel unchanged: per-head K / V scales and the K mean from N sampled keys, a margin
+    # against clipping, the exact stats only for a head that would clip (SAMPLED_FALLBACKS counts them)
+    *[Variant(name, "sampled per-head scales", qk="int8", q_gran="token", rotate=True, strip=160, l_from="p8",
+              k_gran=kg, k_mean=km, v=vm, cost=cost)
+      for name, kg, km, vm, cost in (
+          ("K mean + scale from 256 keys, margin 1.25", "sample256_m1.25", "sample256", "e4m3", "K stats: 256 rows"),
+          ("K mean + scale from 256 keys, margin 1.5", "sample256_m1.5", "sample256", "e4m3", "K stats: 256 rows"),
+          ("V scale from 256 keys, margin 1.25", "head", "full", "e4m3_sample256_m1.25", "V stats: 256 rows"),
+          ("V scale from 256 keys, margin 2", "head", "full", "e4m3_sample256_m2", "V stats: 256 rows"),
+          ("no stats pass: K and V from 256 keys, margins 1.25", "sample256_m1.25", "sample256",
+           "e4m3_sample256_m1.25", "prep: one quantize pass + 256 rows per head"),
+          ("no stats pass: K and V from 64 keys, margins 1.5", "sample64_m1.5", "sample64", "e4m3_sample64_m1.5",
+           "prep: one quantize pass + 64 rows per head"),
+      )],
     *[Variant(f"shipped + linear-exp P byte, 1 in {n} columns", "P lin-exp", qk="int8", q_gran="token", rotate=True,
               strip=160, l_from="p8", p="lin", p_lin_every=n,
               cost=f"{1 / n:.0%} of the exps on the FMA pipe (FFMA, FADD, FMNMX, PRMT) instead of MUFU")
@@ -187,12 +201,38 @@ VARIANTS = [
 
 # ---------------------------------------------------------------------------------------------- quantization
 
+# issue 20 lever 1 without a kernel change: per-head scales from N sampled rows (row i * S // N) times a margin M
+# ('sampleN_mM'); a head where any value exceeds it takes the exact amax instead (what a prep would do after an
+# overflow flag: redo that call with the stats pass). {gran: [heads that fell back, heads]} per process.
+SAMPLED_FALLBACKS: dict = {}
+
+
+def _sampled_head_amax(a: torch.Tensor, gran: str) -> Optional[torch.Tensor]:
+    m = re.fullmatch(r"(?:v_)?sample(\d+)_m([\d.]+)", gran)  # "v_": V's scales (counted apart from K's)
+    if not m:
+        return None
+    S = a.shape[2]
+    n = min(int(m.group(1)), S)
+    idx = torch.arange(n) * S // n
+    est = a[:, :, idx].amax(dim=(2, 3), keepdim=True) * float(m.group(2))
+    full = a.amax(dim=(2, 3), keepdim=True)
+    over = full > est
+    count = SAMPLED_FALLBACKS.setdefault(gran, [0, 0])
+    count[0] += int(over.sum())
+    count[1] += over.numel()
+    return torch.where(over, full, est)
+
+
 def _group_amax(x: torch.Tensor, gran: str) -> torch.Tensor:
     """amax|x| of (B, H, S, D) over each scale group, broadcastable to x: 'head' (B, H, 1, 1), 'token'
-    (B, H, S, 1), 'blockN' (B, H, S, 1) with rows [i*N, (i+1)*N) sharing one value."""
+    (B, H, S, 1), 'blockN' (B, H, S, 1) with rows [i*N, (i+1)*N) sharing one value, 'sampleN_mM' (B, H, 1, 1):
+    M times the amax of N sampled rows, or the exact amax where that would clip."""
     a = x.abs()
     if gran == "head":
         return a.amax(dim=(2, 3), keepdim=True)
+    sampled = _sampled_head_amax(a, gran)
+    if sampled is not None:
+        return sampled
     if gran == "token":
         return a.amax(dim=3, keepdim=True)
     m = re.fullmatch(r"block(\d+)", gran)
@@ -286,6 +326,9 @@ def prepare_v(v: torch.Tensor, mode: str) -> tuple[torch.Tensor, Optional[torch.
         return codes * scale, None
     if mode == "int8":
         codes, scale = quantize(v, "int8", "head")
+        return codes * scale, None
+    if mode.startswith("e4m3_sample"):  # one scale per head from sampled keys times a margin (_group_amax)
+        codes, scale = quantize(v, "e4m3", "v_" + mode[len("e4m3_"):])
         return codes * scale, None
     if mode.startswith("e4m3_block"):  # one scale per N consecutive keys (a kernel tile), over all channels
         codes, scale = quantize(v, "e4m3", mode[len("e4m3_"):])
@@ -489,11 +532,14 @@ def main() -> int:
     for name, per_kind in res["lo_tile_fraction"].items():
         print(f"{name}: 64x160 tiles holding a P above the threshold (lo MMA not skippable), % per kind: "
               + ", ".join(f"{kind} {100 * sum(fr) / len(fr):.1f}" for kind, fr in per_kind.items()))
+    for gran, (fell, heads) in SAMPLED_FALLBACKS.items():
+        print(f"{gran}: {fell} of {heads} head scales fell back to the exact amax (all kinds and seeds)")
     print(f"total {time.time() - t0:.0f} s")
     if args.json:
         out = {"shape": {"B": 1, "H": args.heads, "Sq": args.sq, "Sk": args.sk, "D": args.head_dim},
                "seeds": args.seeds, "kinds": args.kinds, "goals_pct": GOALS,
-               "variants": [asdict(v) for v in variants], **res, "table": table}
+               "variants": [asdict(v) for v in variants], **res, "table": table,
+               "sampled_fallbacks": SAMPLED_FALLBACKS}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.json}")
