@@ -241,7 +241,7 @@ session20c)  # session 20, with part3 (FA3): issue 17's table at seven shapes wi
   step prep-vstats 170 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 15 \
     --settings "vm2=STATS_V_MULT=2;vm4=STATS_V_MULT=4;vfirst=STATS_V_FIRST=True;vm4first=STATS_V_MULT=4,STATS_V_FIRST=True" --json "$out/prep-vstats.json"
   ;;
-session23v)  # session 23: V's descale from sampled rows (prep_triton.V_SAMPLE, experimental): its GPU tests, then the op A/B against the shipped record
+session23v)  # session 23: V's descale from sampled rows (prep_triton.V_SAMPLE; measured, rejected, reverted: commit a8dc31b has the code): its GPU tests, then the op A/B against the shipped record
   step v-sample-gpu-tests 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py -k v_sample
   step v-sample-op-ab 110 python benchmarks/experimental/v_sample_op_ab.py --shapes flux,ltx,cogvideox,h3 --rounds 15 --rows 256 --json "$out/v-sample-op-ab.json"
   ;;

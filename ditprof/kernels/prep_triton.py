@@ -130,21 +130,12 @@ QK_RECIP = True
 # V first +0.2 % (benchmarks/NOTES.md, session 20).
 STATS_V_MULT = 2
 STATS_V_FIRST = False
-# V_SAMPLE (INT8 Q/K, SPLIT_V, no key_lens; 0: off): V leaves the stats pass. Its per-head descale comes from the amax
-# of V_SAMPLE rows spread over the keys (row i * Sk // V_SAMPLE) times V_SAMPLE_MARGIN, read by one stats program per
-# (b, h); the V quantize programs check that no code saturated (and no value is NaN/Inf) and keep their block's
-# amax; a third launch re-quantizes, with the exact amax, only the heads where one did (its other programs exit at
-# once). e4m3 is floating point, so a larger descale costs V nothing above e4m3's normal range (accuracy study,
-# benchmarks/NOTES.md, session 23: no change at 2048 / 16384 keys, no head fell back at margin 2). Experimental.
-V_SAMPLE = 0
-V_SAMPLE_MARGIN = 2.0  # a power of two: the descale is an exact multiple of the sample's
-V_SAMPLE_ROWS_PER_STEP = 16
 
 # ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
 # benchmark or a GPU test run of one setting without a code change; the same names prep_int8_sweep.py takes)
 ENV_KNOBS = ("STATS_CHUNK", "STATS_PROGRAMS_PER_SM", "STATS_R", "STATS_WARPS", "QUANT_BLOCK", "QUANT_WARPS",
              "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
-             "FAST_DIV", "QK_RECIP", "STATS_V_MULT", "STATS_V_FIRST", "V_SAMPLE")
+             "FAST_DIV", "QK_RECIP", "STATS_V_MULT", "STATS_V_FIRST")
 
 
 def parse_env_knobs(text: str) -> dict:
@@ -388,32 +379,18 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
 
 
 @triton.jit
-def _stats_v_sample(src, s_b, s_s, s_h, s_d, part_ptr, b, h, bh64, S,
-                    D: tl.constexpr, NS: tl.constexpr, SW: tl.constexpr):
-    # amax|V| (as fp32 |x| bits: NaN sorts above Inf) over NS rows spread over [0, S): row i * S // NS
-    base = src + b * s_b + h * s_h
-    d = tl.arange(0, D).to(tl.int64)
-    acc = tl.zeros([SW, D], dtype=tl.int32)
-    for i0 in range(0, NS, SW):
-        rows = ((i0 + tl.arange(0, SW)).to(tl.int64) * S) // NS
-        x = tl.load(base + rows[:, None] * s_s + d[None, :] * s_d, mask=(rows < S)[:, None], other=0.0)
-        acc = tl.maximum(acc, _abs_bits(x.to(tl.float32)))
-    tl.store(part_ptr + bh64, tl.max(tl.max(acc, axis=1), axis=0))
-
-
-@triton.jit
 def _stats_kernel(
     q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
     skb, sks, skh, skd,
     svb, svs, svh, svd,
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
-    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr, redo_ptr,
+    mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
     H, Sq, Sk, NCQ, NCK, NCV,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, V_MULT: tl.constexpr,
-    V_FIRST: tl.constexpr, V_SAMPLE: tl.constexpr, V_MARGIN: tl.constexpr, V_SW: tl.constexpr,
+    V_FIRST: tl.constexpr,
 ):
     # programs: NCQ Q chunks, NCK K chunks, NCV V chunks of V_MULT * CHUNK rows (V_FIRST: the V chunks first)
     t = tl.program_id(0)
@@ -435,8 +412,6 @@ def _stats_kernel(
         else:
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
-    elif V_SAMPLE:  # NCV == 1: one program per (b, h) reads the sampled rows
-        _stats_v_sample(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, n_keys, D, V_SAMPLE, V_SW)
     else:
         _stats_amax(v_ptr, svb, svs, svh, svd, vpart_ptr, b, h, bh64, t - NCQ - NCK, n_keys, NCV, D,
                     CHUNK * V_MULT, R, W)
@@ -447,10 +422,8 @@ def _stats_kernel(
     arrived = tl.atomic_add(count_ptr + bh64, 1, sem="acq_rel", scope="gpu")
     if arrived == NCQ + NCK + NCV - 1:
         _finalize_bh(bh64, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr, mean_ptr, scales_ptr, flags_ptr,
-                     rot_ptr, kmr_ptr, n_keys, NCQ, NCK, NCV, D, CB, SMOOTH, QK_INT8, V_SAMPLE, V_MARGIN)
+                     rot_ptr, kmr_ptr, n_keys, NCQ, NCK, NCV, D, CB, SMOOTH, QK_INT8)
         tl.store(count_ptr + bh64, 0)
-        if V_SAMPLE:
-            tl.store(redo_ptr + bh64, 0)  # this call's V quantize sets it where a code would saturate
 
 
 # ---------------------------------------------------------------- finalize
@@ -460,8 +433,7 @@ def _finalize_bh(
     bh, qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     mean_ptr, scales_ptr, flags_ptr, rot_ptr, kmr_ptr,
     Sk, NCQ, NCK, NCV,
-    D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr, QK_INT8: tl.constexpr, V_SAMPLE: tl.constexpr,
-    V_MARGIN: tl.constexpr,
+    D: tl.constexpr, CB: tl.constexpr, SMOOTH: tl.constexpr, QK_INT8: tl.constexpr,
 ):
     # the partials were written by other programs of this launch: loads bypass L1 (.cg)
     d = tl.arange(0, D)
@@ -512,8 +484,6 @@ def _finalize_bh(
     amax_k_bits = tl.max(_abs_bits(ak), axis=0)
     amax_k = tl.where(bad_k > 0, 0x7FC00000, amax_k_bits).to(tl.float32, bitcast=True)
     amax_v = tl.max(av, axis=0).to(tl.float32, bitcast=True)
-    if V_SAMPLE:
-        amax_v = amax_v * V_MARGIN  # a power of two: exact (NaN and Inf stay)
     ds_q = tl.where(amax_q == 0.0, 1.0, tl.math.div_rn(amax_q, 448.0))  # INT8 Q/K: no Q partials, 1.0
     if QK_INT8:
         ds_k = tl.where(amax_k == 0.0, 1.0, tl.math.div_rn(amax_k, 127.0))
@@ -565,9 +535,8 @@ def _div_scalar(x, ds, FAST: tl.constexpr, RECIP: tl.constexpr):
 
 
 @triton.jit
-def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds, vqpart_ptr, redo_ptr, NVB,
-             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr,
-             V_CHECK: tl.constexpr):
+def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds,
+             D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr):
     # output positions [t*BLOCK, (t+1)*BLOCK) (whole 16-key groups) of dst (B*H, D, Sk_pad): gather the V rows
     # key_order(p), quantize, transpose in registers, store feature-major
     pos = t * BLOCK + tl.arange(0, BLOCK)
@@ -576,12 +545,7 @@ def _quant_v(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, Sk, Sk_pad, ds, vqpart
     d = tl.arange(0, D).to(tl.int64)
     m = (keys < Sk)[:, None]
     x = tl.load(src + b * s_b + h * s_h + k64[:, None] * s_s + d[None, :] * s_d, mask=m, other=0.0)
-    xs = _div_scalar(x.to(tl.float32), ds, FAST, True)
-    if V_CHECK:  # V_SAMPLE: this block's amax for a re-quantize, and whether a code saturated (or is NaN)
-        tl.store(vqpart_ptr + bh64 * NVB + t, tl.max(tl.max(_abs_bits(x.to(tl.float32)), axis=1), axis=0))
-        over = tl.max(tl.max(((tl.abs(xs) > 448.0) | (xs != xs)).to(tl.int32), axis=1), axis=0)
-        tl.store(redo_ptr + bh64, 1, mask=over > 0)
-    y = _to_e4m3(xs, MANUAL_RNE)  # [BLOCK positions, D]
+    y = _to_e4m3(_div_scalar(x.to(tl.float32), ds, FAST, True), MANUAL_RNE)  # [BLOCK positions, D]
     yt = tl.trans(y)  # [D, BLOCK positions]
     p64 = pos.to(tl.int64)
     tl.store(dst + (bh64 * D + d)[:, None] * Sk_pad + p64[None, :], yt, mask=(pos < Sk_pad)[None, :])
@@ -690,12 +654,12 @@ def _quant_kernel(
     sqb, sqs, sqh, sqd,
     skb, sks, skh, skd,
     svb, svs, svh, svd,
-    q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr, vqpart_ptr, redo_ptr,
-    H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK, NVB,
+    q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
+    H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
-    DO_V: tl.constexpr, RECIP: tl.constexpr, V_CHECK: tl.constexpr,
+    DO_V: tl.constexpr, RECIP: tl.constexpr,
 ):
     # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
@@ -723,43 +687,10 @@ def _quant_kernel(
         else:
             if DO_V:
                 _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
-                         tl.load(scales_ptr + bh64 * 3 + 2), vqpart_ptr, redo_ptr, NVB, D, BLOCK, MANUAL_RNE, FAST,
-                         False)
+                         tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
     else:
         _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t - NQ - NK, Sk, Sk_pad,
-                 tl.load(scales_ptr + bh64 * 3 + 2), vqpart_ptr, redo_ptr, NVB, D, BLOCK, MANUAL_RNE, FAST,
-                 V_CHECK)
-
-
-@triton.jit
-def _v_redo_kernel(
-    q_ptr, k_ptr, v_ptr, svb, svs, svh, svd,
-    q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr, vqpart_ptr, redo_ptr,
-    H, Sk, Sk_pad, NVB,
-    D: tl.constexpr, BLOCK: tl.constexpr, MANUAL_RNE: tl.constexpr, FAST: tl.constexpr, CB: tl.constexpr,
-):
-    # the quantize launches' pointer arguments (the plan passes every quantize launch the same ones); reads v and
-    # the block amaxes, writes v8t, V's descale and flag
-    # V_SAMPLE: the heads where a V code saturated (or V holds NaN/Inf) quantized again with the exact amax (the max
-    # of the V quantize programs' block amaxes, the shipped descale); every other program exits at once
-    t = tl.program_id(0)
-    bh = tl.program_id(1)
-    bh64 = bh.to(tl.int64)
-    if tl.load(redo_ptr + bh64) != 0:
-        c = tl.arange(0, CB)
-        acc = tl.zeros([CB], dtype=tl.int32)
-        for c0 in range(0, NVB, CB):
-            cc = c0 + c
-            acc = tl.maximum(acc, tl.load(vqpart_ptr + bh64 * NVB + cc, mask=cc < NVB, other=0))
-        amax = tl.max(acc, axis=0).to(tl.float32, bitcast=True)
-        ds = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 448.0))
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        _quant_v(v_ptr, svb, svs, svh, svd, v8t_ptr, b, h, bh64, t, Sk, Sk_pad, ds, vqpart_ptr, redo_ptr, NVB,
-                 D, BLOCK, MANUAL_RNE, FAST, False)
-        if t == 0:
-            tl.store(scales_ptr + bh64 * 3 + 2, ds)
-            tl.store(flags_ptr + 2, 1, mask=(ds - ds) != 0.0)
+                 tl.load(scales_ptr + bh64 * 3 + 2), D, BLOCK, MANUAL_RNE, FAST)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -922,12 +853,6 @@ class PrepPlan:
         if v_mult < 1:
             raise ValueError(f"STATS_V_MULT must be >= 1, got {v_mult}")
         ncv = _cdiv(Sk, stats_chunk * v_mult)
-        # V_SAMPLE: V's descale from sampled rows, checked and redone where a code saturates (see V_SAMPLE)
-        self.v_sample = V_SAMPLE if (self.qk_int8 and SPLIT_V and not key_lens) else 0
-        if self.v_sample:
-            if self.v_sample < 0 or self.v_sample % V_SAMPLE_ROWS_PER_STEP:
-                raise ValueError(f"V_SAMPLE must be a positive multiple of {V_SAMPLE_ROWS_PER_STEP}, got {V_SAMPLE}")
-            ncv = 1
         if skip_q and not self.qk_int8:
             raise ValueError("skip_q needs the INT8 Q/K format (qk_int8=True)")
         self.skip_q = bool(skip_q)
@@ -936,7 +861,6 @@ class PrepPlan:
         else:
             nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
         nv = _cdiv(self.Sk_pad, quant_block)
-        self.nv = nv
         self.ncq, self.nck, self.ncv = ncq, nck, ncv
         # strides are (b, s, h, d) for each tensor: the kernels take them in that order
         strides = {}
@@ -948,31 +872,25 @@ class PrepPlan:
                      KLENS=bool(key_lens), QK_INT8=self.qk_int8,
                      RT=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device), F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, V_MULT=v_mult,
-                     V_FIRST=bool(STATS_V_FIRST and self.qk_int8), V_SAMPLE=self.v_sample,
-                     V_MARGIN=V_SAMPLE_MARGIN, V_SW=V_SAMPLE_ROWS_PER_STEP)
+                     V_FIRST=bool(STATS_V_FIRST and self.qk_int8))
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP, NVB=nv, V_CHECK=False)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
         self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": stats_warps}, stats,
                                  ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
                                   "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
-                                  "rot_ptr", "kmr_ptr", "redo_ptr"))
+                                  "rot_ptr", "kmr_ptr"))
         quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
-                      "rot_ptr", "flags_ptr", "vqpart_ptr", "redo_ptr")
+                      "rot_ptr", "flags_ptr")
         warps = {"num_warps": quant_warps}
         if self.qk_int8 and SPLIT_V:
             self.quants = (
                 FixedLaunch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
-                FixedLaunch(_quant_kernel, (nv, BH), warps,
-                            dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True, V_CHECK=bool(self.v_sample)), quant_args),
+                FixedLaunch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True),
+                            quant_args),
             )
-            if self.v_sample:
-                redo = {n: quant[n] for n in ("svb", "svs", "svh", "svd", "H", "Sk", "Sk_pad", "NVB", "D", "BLOCK",
-                                               "MANUAL_RNE", "FAST")}
-                self.quants += (FixedLaunch(_v_redo_kernel, (nv, BH), warps, dict(redo, CB=FINALIZE_CB),
-                                            quant_args),)
         else:
             self.quants = (FixedLaunch(_quant_kernel, (nq + nk + nv, BH), warps,
                                        dict(quant, DO_QK=True, DO_V=True), quant_args),)
@@ -1025,10 +943,6 @@ class PrepPlan:
             flags=scales_flags[BH * 3:] if out is None else torch.zeros((3,), dtype=torch.int32, device=device),
             # programs of each (b, h) that finished their stats (the last one resets it to 0)
             count=torch.zeros((BH,), dtype=torch.int32, device=device),
-            # V_SAMPLE: the V quantize programs' block amaxes, and per (b, h) whether V must be quantized again
-            vqpart=torch.empty((BH, self.nv) if self.v_sample else (1,),
-                               dtype=torch.int32, device=device),
-            redo=torch.zeros((BH,) if self.v_sample else (1,), dtype=torch.int32, device=device),
         )
 
     def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None, branch=None) -> None:
@@ -1072,10 +986,10 @@ class PrepPlan:
         else:  # never read
             rot, kmr, qs = b["scales"], b["k_mean"], b["scales"]
         stats = (q, k, v, b["qpart"], b["vpart"], b["ksum"], b["kmax"], b["kmin"], b["k_mean"], b["scales"],
-                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr, b["redo"])
+                 b["flags"], b["count"], key_lens if self.key_lens else b["count"], rot, kmr)
         # the quantize pass subtracts the mean of the basis it quantizes in
         quant = (q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs, rot,
-                 b["flags"], b["vqpart"], b["redo"])
+                 b["flags"])
         return stats, quant
 
 
