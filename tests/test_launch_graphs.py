@@ -177,3 +177,21 @@ def test_a_branched_prep_forks_after_the_stats_and_joins_before_returning(monkey
     assert log == [("stats", handle), ("wait", "branch", "main"), ("quant qk", handle), ("quant v", 0xB0),
                    ("wait", "main", "branch")]
     assert made == ([("default", "cuda:0")] if handle == 0 else [("external", handle)])
+
+
+def test_raw_stream_handles_become_streams_in_one_place():
+    """``torch.cuda.ExternalStream(0)`` is a new pool stream, not the default stream (the session-23 race: a prep
+    branch forked and joined on a stream nothing ran on). Raw handles become torch Streams only in
+    ``prep_triton.stream_of_handle``, which sends 0 to ``default_stream``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "ditprof"
+    calls = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                calls += [(str(path.relative_to(root)), fn.name) for node in ast.walk(fn)
+                          if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "ExternalStream"]
+    assert calls == [("kernels/prep_triton.py", "stream_of_handle")], calls
