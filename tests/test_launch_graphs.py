@@ -7,7 +7,7 @@ import pytest
 
 from ditprof.errors import DitprofError
 from ditprof.kernels import launch_graphs as LG
-from ditprof.kernels.launch import graphs_enabled
+from ditprof.kernels.launch import switch_on
 
 
 class FakeGraph:
@@ -95,10 +95,10 @@ def test_a_failed_capture_launches_directly_for_good():
 
 
 def test_graphs_switch_reads_0_and_1_only():
-    assert graphs_enabled(None) and graphs_enabled("1") and graphs_enabled("")
-    assert not graphs_enabled("0")
+    assert switch_on("DITPROF_FP8_GRAPHS", None) and switch_on("DITPROF_FP8_GRAPHS", "1")
+    assert switch_on("DITPROF_FP8_GRAPHS", "") and not switch_on("DITPROF_FP8_GRAPHS", "0")
     with pytest.raises(DitprofError, match="DITPROF_FP8_GRAPHS must be 0 or 1, got 'off'"):
-        graphs_enabled("off")
+        switch_on("DITPROF_FP8_GRAPHS", "off")
 
 
 class _FakePlan:
@@ -130,11 +130,10 @@ def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypat
 
 
 def test_the_branch_switch_takes_0_or_1():
-    from ditprof.kernels.launch import branch_enabled
-
-    assert branch_enabled(None) and branch_enabled("") and branch_enabled("1") and not branch_enabled("0")
+    assert switch_on("DITPROF_FP8_BRANCH", None) and switch_on("DITPROF_FP8_BRANCH", "")
+    assert switch_on("DITPROF_FP8_BRANCH", "1") and not switch_on("DITPROF_FP8_BRANCH", "0")
     with pytest.raises(DitprofError, match="DITPROF_FP8_BRANCH must be 0 or 1, got 'no'"):
-        branch_enabled("no")
+        switch_on("DITPROF_FP8_BRANCH", "no")
 
 
 class _FakeStream:

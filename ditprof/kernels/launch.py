@@ -262,34 +262,14 @@ def branch_stream(device) -> torch.cuda.Stream:
     return side_stream(device, "branch")
 
 
-def graphs_enabled(setting: Optional[str]) -> bool:
-    """``DITPROF_FP8_GRAPHS``: "0" launches every call directly; unset or "1": a launch record replays a call whose
-    arguments repeat as one CUDA graph (``launch_graphs``)."""
+def switch_on(name: str, setting: Optional[str]) -> bool:
+    """The value ``setting`` of the on/off switch ``name`` (``DITPROF_FP8_STREAMK``, ``_QROT``, ``_GRAPHS``,
+    ``_BRANCH``; each on by default): unset, "" or "1" on, "0" off, anything else a one-line error."""
     if setting in (None, "", "1"):
         return True
     if setting == "0":
         return False
-    raise DitprofError(f"DITPROF_FP8_GRAPHS must be 0 or 1, got {setting!r}")
-
-
-def branch_enabled(setting: Optional[str]) -> bool:
-    """``DITPROF_FP8_BRANCH``: "0" keeps the prep's launches in one chain on the call's stream; unset or "1": V's
-    quantize branches onto a side stream where ``Fp8Launch._launch_all`` takes it."""
-    if setting in (None, "", "1"):
-        return True
-    if setting == "0":
-        return False
-    raise DitprofError(f"DITPROF_FP8_BRANCH must be 0 or 1, got {setting!r}")
-
-
-def streamk_enabled(setting: Optional[str]) -> bool:
-    """``DITPROF_FP8_STREAMK``: "0" keeps fp8-sm90 on its plain grid; unset or "1": the stream-K grid where
-    ``streamk_schedule.streamk_plan`` takes it (a partial last round among few rounds)."""
-    if setting in (None, "", "1"):
-        return True
-    if setting == "0":
-        return False
-    raise DitprofError(f"DITPROF_FP8_STREAMK must be 0 or 1, got {setting!r}")
+    raise DitprofError(f"{name} must be 0 or 1, got {setting!r}")
 
 
 def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> bool:
@@ -299,12 +279,10 @@ def q_rot_for(spec: "KernelSpec", streamk: Optional[tuple], q: torch.Tensor) -> 
     h3 -0.4 / -0.5 %, HunyuanVideo -0.3 %, Wan 14B within noise. The stream-K grid keeps the prep's Q (with Q in the
     kernel on every CTA, H200: flux +1.4 %, Wan 1.3B +2.3 %; on the whole-tile CTAs only, H100: flux / ltx / Wan 1.3B
     +0.8 / +0.8 / +0.9 %), and so does the general path (``interface.launch_prepared``)."""
-    setting = env_setting(b"DITPROF_FP8_QROT")
-    if setting not in (None, "", "0", "1"):
-        raise DitprofError(f"DITPROF_FP8_QROT must be 0 or 1, got {setting!r}")
+    on = switch_on("DITPROF_FP8_QROT", env_setting(b"DITPROF_FP8_QROT"))
     # not for a record first made inside a graph capture: the rotation matrix's copy to the device cannot be
     # captured (such a record keeps the prep's Q)
-    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and streamk is None and setting != "0"
+    return (spec.kernel == "fp8-sm90" and spec.qk_int8 and streamk is None and on
             and q.is_contiguous() and q.data_ptr() % 16 == 0 and not torch.cuda.is_current_stream_capturing())
 
 
@@ -393,7 +371,8 @@ def streamk_for(kernel: str, arch: str, B: int, H: int, Sq: int, Sk: int, D: int
     decision for the launch record and the general path (``interface.launch_prepared``): both give the same bits."""
     if setting is None:
         setting = env_setting(b"DITPROF_FP8_STREAMK")
-    if kernel != "fp8-sm90" or key_lens or not streamk_enabled(setting):
+    # "0" keeps the plain grid
+    if kernel != "fp8-sm90" or key_lens or not switch_on("DITPROF_FP8_STREAMK", setting):
         return None
     from ditprof.kernels.fp8_fwd_sm90 import config_for
     from ditprof.kernels.streamk_schedule import streamk_plan
@@ -462,9 +441,11 @@ class Fp8Launch:
         self.ring = _Ring()
         self.sizes = (B, H, Sq, Sk, self.sq_pad, self.sk_pad)
         self.calls = 0  # calls made through this record (``launch_summaries``)
-        # repeated calls replayed as one CUDA graph (reused workspaces only: their addresses are the record's)
-        self.graphs = LaunchGraphs(capture_graph) if self.reuse and graphs_enabled(graphs) else None
-        self.branch = branch_enabled(branch)
+        # repeated calls replayed as one CUDA graph (reused workspaces only: their addresses are the record's);
+        # DITPROF_FP8_GRAPHS=0 launches every call directly
+        self.graphs = LaunchGraphs(capture_graph) if self.reuse and switch_on("DITPROF_FP8_GRAPHS", graphs) else None
+        # DITPROF_FP8_BRANCH=0 keeps the prep's launches in one chain on the call's stream (``_launch_all``)
+        self.branch = switch_on("DITPROF_FP8_BRANCH", branch)
 
     def _workspace(self) -> dict:
         # normal tensors even when made inside inference mode: later calls outside it zero the flags in place
