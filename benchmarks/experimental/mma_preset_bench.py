@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 
-from bench_helpers import VIDEO_SHAPES  # the script's folder is on sys.path
+from bench_helpers import VIDEO_SHAPES, default_and_switched_records  # the script's folder is on sys.path
 
 SHAPES = {**{n: VIDEO_SHAPES[n] for n in ("flux", "wan1.3b", "h3", "wan14b", "hunyuan")},
           "small128": (1, 6000, 8, 128)}  # B, S, H, D
@@ -25,14 +24,9 @@ def lds_record(q, k, v):
     through ``DITPROF_FP8_QROT`` unset / "1", the same rule), the second running the build with
     ``mma_preset=False``; None for the second where the shipped build has no wgmma preset."""
     from ditprof.kernels import fp8_fwd_sm90 as K
-    from ditprof.kernels import launch
     from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
-    os.environ.pop("DITPROF_FP8_QROT", None)
-    shipped = launch.record_for(q, k, v, False)
-    os.environ["DITPROF_FP8_QROT"] = "1"
-    other = launch.record_for(q, k, v, False)
-    os.environ.pop("DITPROF_FP8_QROT")
+    shipped, other = default_and_switched_records(q, k, v, "DITPROF_FP8_QROT", "1")
     spec = other.spec
     shipped_config = K.config_for(spec.arch, spec.head_dim)
     if other is shipped or not spec.qk_int8 or not shipped_config.mma_preset:

@@ -23,18 +23,12 @@ SHAPES = VIDEO_SHAPES  # B, S, H, D: all seven
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import gaussian_qkv, records_ab
-
-    from ditprof.kernels import launch
+    from bench_helpers import default_and_switched_records, gaussian_qkv, records_ab
 
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=3)
     scale = 1.0 / math.sqrt(D)
-    os.environ.pop("DITPROF_FP8_QROT", None)
-    rec_in = launch.record_for(q, k, v, False)
-    os.environ["DITPROF_FP8_QROT"] = "0"
-    rec_prep = launch.record_for(q, k, v, False)
-    os.environ.pop("DITPROF_FP8_QROT")
+    rec_in, rec_prep = default_and_switched_records(q, k, v, "DITPROF_FP8_QROT")
     row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "q_in_kernel": rec_in.q_rot,
            "grid": rec_in.summary()["grid"]}
     if not rec_in.q_rot:

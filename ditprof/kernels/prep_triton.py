@@ -952,7 +952,8 @@ class PrepPlan:
         beside the Q/K one (a fork after the stats launch and a join at the end, by events): the quantize launches
         do not read each other's output, and side by side they fill the SMs their short grids leave idle (the prep
         as one CUDA graph, H100: flux -8.9 %, ltx -7.9 %, Wan 1.3B -2.9 %, CogVideoX -3.1 %, h3 -1.1 %; NOTES,
-        session 22). Meant for graph captures, where the fork and join cost no host time."""
+        session 22). ``Fp8Launch._launch_all`` passes it when the launches are captured (the fork and join cost no
+        host time in a replay) and for problems too large to reuse a workspace."""
         stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
         self.stats(stats_args, stream)
         if branch is None or stream is None or len(self.quants) < 2:
