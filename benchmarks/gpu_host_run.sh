@@ -271,6 +271,19 @@ session23t)  # session 23: the launch / graph / stream-K / op GPU tests after th
   step launch-gpu-tests 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_fp8_sm90_streamk_gpu.py tests/test_cuda_graph.py tests/test_fp8_op_gpu.py tests/test_finite_checks.py
   step host-overhead 100 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
   ;;
+session24a)  # session 24, with part2: the rotating K loops without per-element row masks (prep_triton.ROT_TAIL) vs the shipped masked loops, the prep alone timed interleaved at seven shapes; the INT8 prep's GPU tests (its layouts included); the wgmma-preset and launch GPU tests (not run since session 23's review commits)
+  shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
+  step prep-rottail 240 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
+    --settings "tail=ROT_TAIL=True" --json "$out/prep-rottail.json"
+  best=$(python benchmarks/experimental/prep_best_setting.py "$out/prep-rottail.json" --min-gain 0.01)
+  echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
+  step prep-int8-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py
+  step preset-launch-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_sm90_preset_gpu.py tests/test_fp8_launch_gpu.py tests/test_fp8_launch_graphs_gpu.py
+  ;;
+session24b)  # session 24: every sm90 GPU test (DITPROF_PREP_KNOBS from the caller: session24a's winner, if any), then one call's launches at flux and h3
+  step gpu-tests 400 python -m pytest -q -p no:cacheprovider -m gpu tests -k "not sm120 and not two_level" --ignore=tests/test_report_schema.py --ignore=tests/test_prep_int8.py --ignore=tests/test_compile.py
+  step call-anatomy 120 python benchmarks/experimental/call_anatomy.py --shapes flux,h3 --calls 20 --json "$out/call-anatomy.json"
+  ;;
 session23a)  # next H200 lease, with part3 (FA3): issues 17/20's table at five shapes (one process, graph-replayed op), one call's launches at four shapes (the host cost is in session23t)
   step attention-peers 330 python benchmarks/attention.py --shapes flux,ltx,cogvideox,wan1.3b,h3 --iters 10 --only fp8,fa3-fp8,fa3-fp8+quant,fa3-bf16,sdpa-cudnn --json "$out/attention-peers.json"
   step call-anatomy 150 python benchmarks/experimental/call_anatomy.py --shapes flux,ltx,cogvideox,h3 --calls 20 --json "$out/call-anatomy.json"

@@ -275,7 +275,8 @@ def test_interpreter_int8_inner(shape):
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
 LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
            {"QK_RECIP": False}, {"STATS_ROT_ROWS": 16}, {"STATS_ROT_ROWS": 32}, {"STATS_V_MULT": 4},
-           {"STATS_V_MULT": 2, "STATS_V_FIRST": True}]
+           {"STATS_V_MULT": 2, "STATS_V_FIRST": True}, {"ROT_TAIL": True}, {"ROT_TAIL": True, "QK_PREFETCH": False},
+           {"ROT_TAIL": True, "STATS_ROT_ROWS": 32}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
