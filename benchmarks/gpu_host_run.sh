@@ -271,10 +271,10 @@ session23t)  # session 23: the launch / graph / stream-K / op GPU tests after th
   step launch-gpu-tests 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_launch_graphs_gpu.py tests/test_fp8_launch_gpu.py tests/test_fp8_sm90_streamk_gpu.py tests/test_cuda_graph.py tests/test_fp8_op_gpu.py tests/test_finite_checks.py
   step host-overhead 100 python benchmarks/host_overhead.py --json "$out/host_overhead.json"
   ;;
-session24a)  # session 24, with part2: the rotating K loops without per-element row masks (prep_triton.ROT_TAIL) vs the shipped masked loops, the prep alone timed interleaved at seven shapes; the INT8 prep's GPU tests (its layouts included); the wgmma-preset and launch GPU tests (not run since session 23's review commits)
+session24a)  # session 24, with part2 (ran with a first ROT_TAIL knob covering the stats and the K quantize loops; the parse of its setting failed there, the A/B ran by hand: NOTES "Session 24"; now the knob is STATS_ROT_TAIL, on by default): the rotating K loops without per-element row masks vs the masked loops, the prep alone timed interleaved at seven shapes; the INT8 prep's GPU tests (its layouts included); the wgmma-preset and launch GPU tests (not run since session 23's review commits)
   shapes="flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128;wan13b=1,32760,12,128;wan14b=1,75600,40,128;hunyuan=1,119056,24,128"
   step prep-rottail 240 python benchmarks/experimental/prep_tiling_interleaved.py --shapes "$shapes" --rounds 30 \
-    --settings "tail=ROT_TAIL=True" --json "$out/prep-rottail.json"
+    --settings "masked=STATS_ROT_TAIL=False" --json "$out/prep-rottail.json"
   best=$(python benchmarks/experimental/prep_best_setting.py "$out/prep-rottail.json" --min-gain 0.01)
   echo "best setting: ${best:-none}" | tee -a "$out/summary.txt"
   step prep-int8-gpu-tests 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_prep_int8.py

@@ -11,6 +11,7 @@ V (e4m3) and the V descale bit for bit.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
@@ -275,8 +276,8 @@ def test_interpreter_int8_inner(shape):
 # the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
 LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
            {"QK_RECIP": False}, {"STATS_ROT_ROWS": 16}, {"STATS_ROT_ROWS": 32}, {"STATS_V_MULT": 4},
-           {"STATS_V_MULT": 2, "STATS_V_FIRST": True}, {"ROT_TAIL": True}, {"ROT_TAIL": True, "QK_PREFETCH": False},
-           {"ROT_TAIL": True, "STATS_ROT_ROWS": 32}]
+           {"STATS_V_MULT": 2, "STATS_V_FIRST": True}, {"STATS_ROT_TAIL": False},
+           {"STATS_ROT_TAIL": False, "QK_PREFETCH": False}, {"STATS_ROT_TAIL": False, "STATS_ROT_ROWS": 32}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
@@ -406,6 +407,58 @@ def test_triton_int8_kernels_compile_offline(arch):
         if prep_triton.SPLIT_V:  # V's own launch: no rotation, so no rotation matrix in shared memory
             assert "mma" not in v_ptx and ks["quant_v"].metadata.shared <= 8192, ks["quant_v"].metadata.shared
         assert ".local" not in "".join(ptx.values())
+
+
+def _rotating_loop_opcodes(cubin: bytes) -> collections.Counter:
+    """SASS opcodes of the loop (a backward branch's body) that holds the stats pass's mma.sync rotation."""
+    import re
+    import subprocess
+    import tempfile
+
+    from ditprof.kernels.inspect_sass import find_nvdisasm
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        lines = subprocess.run([find_nvdisasm(), "-c", f.name], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) for m in [re.match(r"^\.(L_x_\d+):", line)] if m}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\(\.(L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            ops = collections.Counter(mm.group(1) for body in lines[labels[m.group(1)]:i + 1]
+                                      for mm in [re.match(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", body)]
+                                      if mm)
+            if ops["HMMA"]:
+                loops.append(ops)
+    assert len(loops) == 1, loops
+    return loops[0]
+
+
+def test_stats_rotating_loop_without_row_masks_sass(monkeypatch):
+    """STATS_ROT_TAIL: the stats pass's rotating K loop (sm_90, 16-row tiles, D 128) folds whole tiles with no
+    select per element (the ragged last tile is masked outside the loop); the masked build has two per element.
+    The quantize launches do not depend on the knob."""
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton
+
+    if prep_triton.INTERPRET:
+        pytest.skip("TRITON_INTERPRET=1: triton.jit gives interpreted functions")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the gpu tests compile and run the kernels for real")
+    monkeypatch.setattr(prep_triton, "STATS_ROT_ROWS", 16)
+    builds = {}
+    for tail in (True, False):
+        monkeypatch.setattr(prep_triton, "STATS_ROT_TAIL", tail)
+        builds[tail] = prep_triton.compile_offline(90, head_dim=128, qk_int8=True)
+    unmasked = _rotating_loop_opcodes(builds[True]["stats"].asm["cubin"])
+    masked = _rotating_loop_opcodes(builds[False]["stats"].asm["cubin"])
+    assert unmasked["FSEL"] == 0 and masked["FSEL"] == 32, (unmasked, masked)  # 16 elements a thread, max and min
+    assert unmasked["HMMA"] == masked["HMMA"] == 32 and unmasked["FMNMX"] == masked["FMNMX"] == 32
+    assert sum(unmasked.values()) < sum(masked.values())
+    for name in ("quant", "quant_v"):
+        assert builds[True][name].asm["ptx"] == builds[False][name].asm["ptx"], name
 
 
 def test_plan_rejects_small_head_dim_for_int8():

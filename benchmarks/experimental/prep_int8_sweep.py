@@ -36,7 +36,7 @@ TILING_KNOBS = {"QK_ROWS": (128, 256, 512, 1024), "QK_BLOCK": (32, 64, 128), "QK
                 "STATS_ROT_ROWS": (0, 16, 32, 64), "STATS_CHUNK": (128, 256, 512),
                 "STATS_PROGRAMS_PER_SM": (0, 6), "QUANT_WARPS": (4, 8), "STATS_WARPS": (4, 8),
                 "STATS_V_MULT": (1, 2, 4), "STATS_V_FIRST": (False, True)}
-KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS}
+KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS, "STATS_ROT_TAIL": (False, True)}
 
 
 def defaults() -> dict:

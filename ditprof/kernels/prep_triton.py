@@ -130,16 +130,18 @@ QK_RECIP = True
 # V first +0.2 % (benchmarks/NOTES.md, session 20).
 STATS_V_MULT = 2
 STATS_V_FIRST = False
-# ROT_TAIL: the rotating K loops (the stats' per-channel max/min, the K quantize's codes) run their whole row blocks
-# without per-element row masks and only the ragged last block with them (the stats loop, RT = 16, D = 128: 191 -> 159
-# SASS instructions per tile, sm_90 offline). An experiment until it is timed against the masked loops.
-ROT_TAIL = False
+# STATS_ROT_TAIL: the stats pass's rotating K loop folds the chunk's whole tiles without per-element row masks and
+# masks only a ragged last tile (RT = 16, D = 128: 191 -> 155 SASS instructions per tile, sm_90 offline; same bits).
+# H100, the prep alone, interleaved, 60 rounds: ltx -0.6 %, h3 -0.8 %, Wan 1.3B -1.2 %, Wan 14B -0.6 %, HunyuanVideo
+# -0.4 %, flux +0.2 %. The same split in the K quantize loop measured +6.5 % at h3 and Wan 14B (not kept; NOTES,
+# session 24).
+STATS_ROT_TAIL = True
 
 # ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
 # benchmark or a GPU test run of one setting without a code change; the same names prep_int8_sweep.py takes)
 ENV_KNOBS = ("STATS_CHUNK", "STATS_PROGRAMS_PER_SM", "STATS_R", "STATS_WARPS", "QUANT_BLOCK", "QUANT_WARPS",
              "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
-             "FAST_DIV", "QK_RECIP", "STATS_V_MULT", "STATS_V_FIRST", "ROT_TAIL")
+             "FAST_DIV", "QK_RECIP", "STATS_V_MULT", "STATS_V_FIRST", "STATS_ROT_TAIL")
 
 
 def parse_env_knobs(text: str) -> dict:
@@ -365,11 +367,11 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     # rows once, after the loop, so the loop carries no cross-thread reduction (H200, prep alone, vs reducing each
     # tile in the loop with a float64 sum: -5.2 % flux, -5.3 % ltx, -3.3 % CogVideoX, -1.7 % h3; a float64
     # elementwise sum's 244 registers halve the programs per SM: -3.7 / -5.0 / -2.6 / +1.6 %; NOTES, session 15).
-    # TAIL (``ROT_TAIL``): the chunk's whole tiles fold without the max/min row masks (two FSEL per element, 32 of
-    # the loop's 191 SASS instructions at RT = 16, D = 128) and only a ragged last tile takes them; otherwise every
-    # tile is masked. The sum runs in fp32 across the chunk's tiles (CHUNK / RT terms per accumulator, at most 32 at
-    # the shipped sizes) and in float64 from the row reduction on; the mean may differ from a float64 sum's in its
-    # last bits (the K descale is exact: max and min are).
+    # TAIL (``STATS_ROT_TAIL``): the chunk's whole tiles fold without the max/min row masks (two FSEL per
+    # element, 32 of the loop's 191 SASS instructions at RT = 16, D = 128) and only a ragged last tile takes them;
+    # otherwise every tile is masked. The sum runs in fp32 across the chunk's tiles (CHUNK / RT terms per
+    # accumulator, at most 32 at the shipped sizes) and in float64 from the row reduction on; the mean may differ
+    # from a float64 sum's in its last bits (the K descale is exact: max and min are).
     base = src + b * s_b + h * s_h
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, S)
@@ -617,65 +619,30 @@ def _codes_q(xr, qs, FAST: tl.constexpr, RECIP: tl.constexpr):
 
 
 @triton.jit
-def _codes_k(xr, m, mu, ds, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, RECIP: tl.constexpr,
-             MASKED: tl.constexpr):
-    # (K' - mu') / ds, pad rows (m False) zero (``QK_RECIP``: one FFMA with RN(1 / ds) and -mu' * RN(1 / ds));
-    # MASKED False: every row is a key (no select per element)
+def _codes_k(xr, m, mu, ds, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, RECIP: tl.constexpr):
+    # (K' - mu') / ds, pad rows (m False) zero (``QK_RECIP``: one FFMA with RN(1 / ds) and -mu' * RN(1 / ds))
     if RECIP and SUB_MEAN:
         if ds >= 1e-26:
             inv = tl.math.div_rn(1.0, ds)
-            y = tl.fma(xr, inv, (-mu * inv)[None, :])
-            if MASKED:
-                y = tl.where(m, y, 0.0)
+            y = tl.where(m, tl.fma(xr, inv, (-mu * inv)[None, :]), 0.0)
         else:
-            if MASKED:
-                y = _div_by_descale(tl.where(m, xr - mu[None, :], 0.0), ds, FAST)
-            else:
-                y = _div_by_descale(xr - mu[None, :], ds, FAST)
+            y = _div_by_descale(tl.where(m, xr - mu[None, :], 0.0), ds, FAST)
     else:
         if SUB_MEAN:
-            if MASKED:
-                xr = tl.where(m, xr - mu[None, :], 0.0)
-            else:
-                xr = xr - mu[None, :]
+            xr = tl.where(m, xr - mu[None, :], 0.0)
         y = _div_scalar(xr, ds, FAST, RECIP)
     return y
-
-
-@triton.jit
-def _quant_block_int8(x, rot, rows, dst, bh64, S, S_pad, mu, ds, qs_ptr, scales_ptr, flags_ptr, D: tl.constexpr,
-                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
-                      RECIP: tl.constexpr, MASKED: tl.constexpr):
-    # one block of rows: rotate, codes, store (see ``_quant_rows_int8``)
-    d = tl.arange(0, D).to(tl.int64)
-    r64 = rows.to(tl.int64)
-    xr = _rot_dot(x, rot, F32DOT)
-    if IS_Q:
-        xr = xr * (1.0 / D)  # a power of two: exact
-        amax_bits = tl.max(_abs_bits(xr), axis=1)  # integer max: NaN sorts above Inf
-        amax = amax_bits.to(tl.float32, bitcast=True)
-        qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
-        y = _codes_q(xr, qs, FAST, RECIP)
-        tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
-        bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
-        tl.store(flags_ptr + 0, 1, mask=bad > 0)
-        tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
-    else:
-        y = _codes_k(xr, (rows < S)[:, None], mu, ds, SUB_MEAN, FAST, RECIP, MASKED)
-    tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y), mask=(rows < S_pad)[:, None])
 
 
 @triton.jit
 def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
                      scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
-                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, RECIP: tl.constexpr, TAIL: tl.constexpr):
+                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, RECIP: tl.constexpr):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
     # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
-    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero. TAIL (``ROT_TAIL``, K
-    # only): the blocks whose rows are all keys take no per-element select for the zero pad rows; the blocks after
-    # them (the ragged one and the padding) do.
+    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero.
     d = tl.arange(0, D).to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
     mu = tl.zeros([D], dtype=tl.float32)
@@ -684,31 +651,32 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
     base = src + b * s_b + h * s_h
     n = tl.minimum(ROWS, S_pad - t * ROWS)
     end = tl.minimum(S, t * ROWS + n)  # rows to read: this program's, below S
-    n_main = n
-    if TAIL and not IS_Q:
-        keys = tl.maximum(end - t * ROWS, 0)
-        n_main = keys - keys % BLOCK
     if PREFETCH:
         x_next = _load_rows(base, s_s, s_d, t * ROWS, end, d, BLOCK)
-    for i in tl.range(0, n_main, BLOCK, num_stages=STAGES):
+    for i in tl.range(0, n, BLOCK, num_stages=STAGES):
         rows = t * ROWS + i + tl.arange(0, BLOCK)
+        r64 = rows.to(tl.int64)
+        m = (rows < S)[:, None]
         if PREFETCH:
             x = x_next
             x_next = _load_rows(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK)
         else:
             x = _load_rows(base, s_s, s_d, t * ROWS + i, end, d, BLOCK)
-        _quant_block_int8(x, rot, rows, dst, bh64, S, S_pad, mu, ds, qs_ptr, scales_ptr, flags_ptr, D, IS_Q,
-                          SUB_MEAN, FAST, F32DOT, RECIP, not (TAIL and not IS_Q))
-    if TAIL and not IS_Q:
-        for i in range(n_main, n, BLOCK):
-            rows = t * ROWS + i + tl.arange(0, BLOCK)
-            if PREFETCH:
-                x = x_next
-                x_next = _load_rows(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK)
-            else:
-                x = _load_rows(base, s_s, s_d, t * ROWS + i, end, d, BLOCK)
-            _quant_block_int8(x, rot, rows, dst, bh64, S, S_pad, mu, ds, qs_ptr, scales_ptr, flags_ptr, D, IS_Q,
-                              SUB_MEAN, FAST, F32DOT, RECIP, True)
+        xr = _rot_dot(x, rot, F32DOT)
+        if IS_Q:
+            xr = xr * (1.0 / D)  # a power of two: exact
+            amax_bits = tl.max(_abs_bits(xr), axis=1)  # integer max: NaN sorts above Inf
+            amax = amax_bits.to(tl.float32, bitcast=True)
+            qs = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 127.0))
+            y = _codes_q(xr, qs, FAST, RECIP)
+            tl.store(qs_ptr + bh64 * S_pad + r64, qs, mask=rows < S_pad)
+            bad = tl.max((amax_bits >= 0x7F800000).to(tl.int32), axis=0)
+            tl.store(flags_ptr + 0, 1, mask=bad > 0)
+            tl.store(scales_ptr + bh64 * 3 + 0, float("nan"), mask=bad > 0)
+        else:
+            y = _codes_k(xr, m, mu, ds, SUB_MEAN, FAST, RECIP)
+        tl.store(dst + (bh64 * S_pad + r64)[:, None] * D + d[None, :], _to_int8(y),
+                 mask=(rows < S_pad)[:, None])
 
 
 @triton.jit
@@ -722,7 +690,7 @@ def _quant_kernel(
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
-    DO_V: tl.constexpr, RECIP: tl.constexpr, TAIL: tl.constexpr,
+    DO_V: tl.constexpr, RECIP: tl.constexpr,
 ):
     # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
@@ -735,7 +703,7 @@ def _quant_kernel(
             if QK_INT8:
                 _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
                                  1.0, qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT,
-                                 QK_STAGES, PREFETCH, RECIP, TAIL)
+                                 QK_STAGES, PREFETCH, RECIP)
             else:
                 _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
@@ -743,7 +711,7 @@ def _quant_kernel(
             if QK_INT8:
                 _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr,
                                  mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D,
-                                 QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH, RECIP, TAIL)
+                                 QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH, RECIP)
             else:
                 _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
@@ -935,12 +903,12 @@ class PrepPlan:
                      KLENS=bool(key_lens), QK_INT8=self.qk_int8,
                      RT=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device), F32DOT=INTERPRET,
                      QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, V_MULT=v_mult,
-                     V_FIRST=bool(STATS_V_FIRST and self.qk_int8), TAIL=ROT_TAIL)
+                     V_FIRST=bool(STATS_V_FIRST and self.qk_int8), TAIL=STATS_ROT_TAIL)
         self.key_lens = bool(key_lens)
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
                      BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
                      QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP, TAIL=ROT_TAIL)
+                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
         self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": stats_warps}, stats,
                                  ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
                                   "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
@@ -1143,7 +1111,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     qw = quant_warps or QUANT_WARPS
     quant = {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k, "MANUAL_RNE": False,
              "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
-             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH, "RECIP": QK_RECIP, "TAIL": ROT_TAIL}
+             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH, "RECIP": QK_RECIP}
     split = qk_int8 and SPLIT_V
     kernels = {
         "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
@@ -1151,7 +1119,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
                                        "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
                                        "RT": STATS_ROT_ROWS or 32, "F32DOT": False, "QK_STAGES": QK_STAGES,
                                        "PREFETCH": QK_PREFETCH, "V_MULT": STATS_V_MULT if qk_int8 else 1,
-                                       "V_FIRST": bool(STATS_V_FIRST and qk_int8), "TAIL": ROT_TAIL}, sw),
+                                       "V_FIRST": bool(STATS_V_FIRST and qk_int8), "TAIL": STATS_ROT_TAIL}, sw),
         "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
     }
     if split:
