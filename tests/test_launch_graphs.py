@@ -94,11 +94,12 @@ def test_a_failed_capture_launches_directly_for_good():
     assert not c.capturing and "not permitted" in c.failure
 
 
-def test_graphs_switch_reads_0_and_1_only():
-    assert switch_on("DITPROF_FP8_GRAPHS", None) and switch_on("DITPROF_FP8_GRAPHS", "1")
-    assert switch_on("DITPROF_FP8_GRAPHS", "") and not switch_on("DITPROF_FP8_GRAPHS", "0")
-    with pytest.raises(DitprofError, match="DITPROF_FP8_GRAPHS must be 0 or 1, got 'off'"):
-        switch_on("DITPROF_FP8_GRAPHS", "off")
+@pytest.mark.parametrize("name, bad", [("DITPROF_FP8_GRAPHS", "off"), ("DITPROF_FP8_BRANCH", "no")])
+def test_the_graphs_and_branch_switches_read_0_and_1_only(name, bad):
+    assert switch_on(name, None) and switch_on(name, "") and switch_on(name, "1")
+    assert not switch_on(name, "0")
+    with pytest.raises(DitprofError, match=f"{name} must be 0 or 1, got '{bad}'"):
+        switch_on(name, bad)
 
 
 class _FakePlan:
@@ -127,13 +128,6 @@ def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypat
     monkeypatch.setattr(L, "branch_stream", lambda device: f"branch of {device}")
     rec._launch_all({}, "q", "k", "v", "out", None, 0.1, 7, captured)
     assert log == [("prep", 7, "branch of cuda:0" if branches else None), ("kernel", 7)]
-
-
-def test_the_branch_switch_takes_0_or_1():
-    assert switch_on("DITPROF_FP8_BRANCH", None) and switch_on("DITPROF_FP8_BRANCH", "")
-    assert switch_on("DITPROF_FP8_BRANCH", "1") and not switch_on("DITPROF_FP8_BRANCH", "0")
-    with pytest.raises(DitprofError, match="DITPROF_FP8_BRANCH must be 0 or 1, got 'no'"):
-        switch_on("DITPROF_FP8_BRANCH", "no")
 
 
 class _FakeStream:

@@ -344,12 +344,14 @@ def _load_rows(base, s_s, s_d, first, end, d, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, ok, F32DOT: tl.constexpr, MASKED: tl.constexpr):
-    # one rotated tile into the [RT, D] accumulators; masked rows (``ok`` False) loaded as zeros and rotate to exact
-    # zeros: the sum needs no mask, the max/min do (MASKED: the tile may hold such rows)
+def _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, first, end, RT: tl.constexpr, F32DOT: tl.constexpr,
+                   MASKED: tl.constexpr):
+    # the rotated tile of rows [first, first + RT) into the [RT, D] accumulators; rows >= end (MASKED: the tile may
+    # hold some) were loaded as zeros, which rotate to exact zeros: the sum needs no mask, the max/min do
     xr = _rot_dot(x, rot, F32DOT)
     acc_sum += xr
     if MASKED:
+        ok = (first + tl.arange(0, RT) < end)[:, None]
         acc_max = tl.maximum(acc_max, tl.where(ok, xr, float("-inf")))
         acc_min = tl.minimum(acc_min, tl.where(ok, xr, float("inf")))
     else:
@@ -388,21 +390,21 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     if PREFETCH:
         x_next = _load_rows(base, s_s, s_d, start, end, d, RT)
     for i in range(0, n_main, RT):
-        ok = (start + i + tl.arange(0, RT) < end)[:, None]
         if PREFETCH:
             x = x_next
             x_next = _load_rows(base, s_s, s_d, start + i + RT, end, d, RT)
         else:
             x = _load_rows(base, s_s, s_d, start + i, end, d, RT)
-        acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, ok, F32DOT, not TAIL)
+        acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + i, end, RT, F32DOT,
+                                                   not TAIL)
     if TAIL:
         if n_main < n:
-            ok = (start + n_main + tl.arange(0, RT) < end)[:, None]
             if PREFETCH:
                 x = x_next
             else:
                 x = _load_rows(base, s_s, s_d, start + n_main, end, d, RT)
-            acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, ok, F32DOT, True)
+            acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + n_main, end, RT,
+                                                       F32DOT, True)
     off = (bh64 * NC + c) * D + dd
     tl.store(ksum_ptr + off, tl.sum(acc_sum.to(tl.float64), axis=0))
     tl.store(kmax_ptr + off, tl.max(acc_max, axis=0))
