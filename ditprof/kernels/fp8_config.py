@@ -1,0 +1,56 @@
+"""The FP8 attention's settings as frozen configs (a leaf module: no torch, no other ditprof import but errors).
+
+``PrepConfig`` is the Triton prep's launch configuration, ``Fp8Options`` what a caller may choose about a call
+(kernel, Q/K format, grid, graph replay, launcher, finite checks). The defaults are the shipped choices; a
+non-default value is built by a caller (a benchmark in ``benchmarks/experimental/``, a CLI flag) and passed
+explicitly -- nothing on the per-call path reads the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+KERNEL_CHOICES = ("auto", "fp8-sm90", "fp8-sm120")
+QK_FORMAT_CHOICES = ("int8", "e4m3")
+CHECK_CHOICES = ("defer", "sync")
+
+
+@dataclass(frozen=True)
+class PrepConfig:
+    """Launch configuration of the Triton prep (``prep_triton``); every field is one the shipped prep uses."""
+
+    stats_chunk: int = 512
+    stats_programs_per_sm: int = 6
+    stats_r: int = 8
+    stats_warps: int = 4
+    quant_block: int = 32
+    quant_warps: int = 4
+    finalize_cb: int = 16
+    qk_rows: int = 512
+    qk_block: int = 64
+    stats_rot_rows: int = 0
+    stats_rot16_programs_per_sm: int = 24
+    qk_stages: int = 1
+    split_v: bool = True
+    qk_prefetch: bool = True
+    fast_div: bool = True
+    qk_recip: bool = True
+    stats_v_mult: int = 2
+    stats_v_first: bool = False
+    stats_rot_tail: bool = True
+
+
+@dataclass(frozen=True)
+class Fp8Options:
+    """What a caller may choose about an FP8 attention call; the defaults are what ships."""
+
+    kernel: str = "auto"  # "auto": fp8-sm90 on sm_90a, fp8-sm120 elsewhere; naming one forces it
+    qk_format: Optional[str] = None  # None: "int8" where the rotation applies (power-of-two head_dim >= 16)
+    streamk: bool = True  # fp8-sm90 may run a few-round grid as stream-K (kernel + merge)
+    q_in_kernel: bool = True  # fp8-sm90 INT8 on the plain grid rotates and quantizes Q itself
+    graphs: bool = True  # a call repeating an earlier one's arguments replays its launches as one CUDA graph
+    branch: bool = True  # the prep's V quantize may branch onto a side stream
+    tvm_ffi: bool = True  # launch through TVM-FFI where apache-tvm-ffi is importable
+    check: str = "defer"  # "defer": NaN/Inf checks read later without a sync; "sync": every call waits for its own
+    prep: PrepConfig = field(default_factory=PrepConfig)
