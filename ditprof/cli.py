@@ -60,7 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         interrupt.report_interrupt()
         return 130
+    finally:
+        _remove_empty_output_parents()
     return int(rc or 0)
+
+
+def _remove_empty_output_parents() -> None:
+    """Folders made on the way to an output folder by a run that did not finish (the default ``traces/``)."""
+    atomic = sys.modules.get("ditprof.harness.atomic")  # only if a command got as far as importing it
+    if atomic is not None:
+        atomic.remove_created_left_empty()
 
 
 def entry() -> None:

@@ -149,6 +149,7 @@ def test_staged_dir_into_existing_folder(tmp_path):
     (out / "tb").mkdir(parents=True)
     (out / "tb" / "old.pt.trace.json").write_text("{}")
     (out / "keep.txt").write_text("keep")
+    (out / atomic.MANIFEST).write_text('{"entries": ["tb"]}')  # tb is an earlier run's; keep.txt the user's
     with atomic.staged_dir(out) as stage:
         (stage / "tb").mkdir()
         (stage / "tb" / "new.pt.trace.json").write_text("{}")

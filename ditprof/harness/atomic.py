@@ -2,7 +2,10 @@
 folder and is moved into place only when everything succeeded. A failed run leaves nothing behind.
 
 One run per folder: every committed run records the entries it wrote in ``MANIFEST``; the next run into the same
-folder first removes the previous run's entries (and only those: files ditprof did not write stay untouched)."""
+folder first removes the previous run's entries (and only those: files ditprof did not write stay untouched).
+A run never replaces a file it did not write: an output folder whose ``report.json`` (or any entry the run
+writes) is not from an earlier ditprof run is refused in one line, before any work. Folders that a failed run
+created on the way to its output folder (the default ``traces/``) are removed again."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Iterator
 from ditprof.errors import DitprofError
 
 MANIFEST = "ditprof-files.json"  # {"entries": [top-level names this run wrote]}
+REPORT_SCHEMA_PREFIX = "ditprof."  # the ``schema`` of every report ditprof writes (ditprof.report/1, ...)
 
 
 def _umask() -> int:
@@ -56,14 +60,72 @@ def check_writable(out: str | Path) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise DitprofError(f"output dir {out} is not writable: {existing} is a file, not a folder")
+    if out.is_dir():
+        refuse_foreign(out, ["report.json"])
     parent = out if out.exists() else out.parent
+    created = missing_parents(parent)
     try:
         parent.mkdir(parents=True, exist_ok=True)
         probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".ditprof-probe-", delete=True)
         probe.close()
     except OSError as exc:
+        remove_if_empty(created)
         raise DitprofError(f"output dir {out} is not writable ({exc.strerror or exc})") from None
+    _CREATED.setdefault(out, created)
     return out
+
+
+# output folder -> the folders check_writable created on the way to it (removed again if the run fails)
+_CREATED: dict[Path, list[Path]] = {}
+
+
+def missing_parents(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove each folder (deepest first) while it is empty: what a failed run created and left empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def remove_created_left_empty() -> None:
+    """Remove the folders check_writable created for runs that did not commit, where they are still empty (the
+    CLI calls it when a command ends, so a failed run leaves no empty ``traces/`` behind)."""
+    while _CREATED:
+        remove_if_empty(_CREATED.popitem()[1])
+
+
+def forget_created(out: Path) -> list[Path]:
+    """The folders created for ``out`` by check_writable, no longer to be cleaned up by this process."""
+    return _CREATED.pop(Path(out).expanduser().absolute(), [])
+
+
+def is_ditprof_report(path: Path) -> bool:
+    """Whether ``path`` is a report ditprof wrote (its ``schema`` names ditprof); JSON only, never unpickled."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith(REPORT_SCHEMA_PREFIX)
+
+
+def refuse_foreign(out: Path, names) -> None:
+    """One-line DitprofError when any of ``names`` exists in ``out`` and was not written by an earlier ditprof run
+    (a run would replace the user's own file)."""
+    ours = previous_entries(out)
+    foreign = sorted(n for n in names if (out / n).exists() and n not in ours)
+    if foreign:
+        raise DitprofError(f"output dir {out} holds {', '.join(foreign)} that ditprof did not write: choose an "
+                           f"empty or new folder (--out)")
 
 
 @contextlib.contextmanager
@@ -82,13 +144,13 @@ def staged_dir(out: str | Path) -> Iterator[Path]:
     try:
         try:
             yield stage
+            commit(stage, out)
         except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
+            remove_if_empty(forget_created(out))
             raise
-        try:
-            commit(stage, out)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+        forget_created(out)
+        shutil.rmtree(stage, ignore_errors=True)
     finally:
         interrupt.unregister_staging(stage)
 
@@ -108,7 +170,7 @@ def previous_entries(out: Path) -> set[str]:
     try:
         if (out / MANIFEST).is_file():
             names = json.loads((out / MANIFEST).read_text()).get("entries", [])
-        elif (out / "report.json").is_file():
+        elif is_ditprof_report(out / "report.json"):
             names = json.loads((out / "report.json").read_text()).get("files", []) + ["report.json"]
     except (OSError, ValueError, AttributeError):
         return set()
@@ -125,6 +187,8 @@ def _remove(path: Path) -> None:
 
 def commit(stage: Path, out: Path) -> None:
     written = sorted(p.name for p in stage.iterdir() if p.name != MANIFEST)
+    if out.exists():
+        refuse_foreign(out, written)
     (stage / MANIFEST).write_text(json.dumps({"entries": written}) + "\n")
     if not out.exists():
         os.rename(stage, out)
