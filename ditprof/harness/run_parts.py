@@ -3,6 +3,7 @@ backend's phases, the bytes a run keeps resident, the run folder's files."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.progress import Progress
 
 from ditprof.errors import DitprofError
 from ditprof.harness import atomic, plots, report
+from ditprof.progress import LineProgress
 
 
 def resident_bytes(obj: Any) -> int:
@@ -68,13 +70,17 @@ class Phases:
         self.progress = progress
         self.label = label
         self.tasks: dict[str, Any] = {}
+        self.last = time.monotonic()  # a phase starts where the previous report left off
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         if self.progress is None:
             return
         if phase not in self.tasks:
-            self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total)
+            # a phase reported first at its end (one warm-up call) is dated from the previous report
+            start = {"start": self.last} if isinstance(self.progress, LineProgress) else {}
+            self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total, **start)
         self.progress.update(self.tasks[phase], completed=done, total=total)
+        self.last = time.monotonic()
 
 
 def plot_title(rep: dict) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.harness.memory import fmt_bytes, parse_size
+from ditprof.progress import human_duration
 
 DEFAULT_TIME_LIMIT_MIN = 15.0
 CPU_CHECKPOINT_TOKENS = 1024  # a checkpoint on CPU with no size: a small grid, not the pipeline's
@@ -39,6 +40,8 @@ class RunPlan:
     calls: int
     run_s_estimate: float
     note: str = ""
+    swap_name: str | None = None
+    swap_attention_flops_per_s: float | None = None  # a numerics emulation's own rate (far below SDPA's)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,18 +56,12 @@ class RunPlan:
             f"{fmt_bytes(self.input_module_bytes)}, inputs {fmt_bytes(self.input_bytes)}, activations "
             f"{fmt_bytes(self.activation_bytes)})"
             + (f" of {fmt_bytes(self.budget_bytes)} ({self.budget_source})" if self.budget_bytes else ""),
-            f"plan: ~{self.block_ms_estimate:.3g} ms a block call (measured here: matmul "
-            f"{self.matmul_flops_per_s / 1e12:.3g}, SDPA {self.attention_flops_per_s / 1e12:.3g} TFLOP/s), "
-            f"{self.calls} calls: ~{_duration(self.run_s_estimate)}",
+            f"plan: ~{human_duration(self.block_ms_estimate / 1e3)} a block call (measured here: matmul "
+            f"{self.matmul_flops_per_s / 1e12:.3g}, SDPA {self.attention_flops_per_s / 1e12:.3g}"
+            + (f", {self.swap_name} {self.swap_attention_flops_per_s / 1e12:.3g}"
+               if self.swap_attention_flops_per_s else "")
+            + f" TFLOP/s), {self.calls} calls: ~{human_duration(self.run_s_estimate)}",
         ] + ([f"plan: {self.note}"] if self.note else [])
-
-
-def _duration(s: float) -> str:
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def _best_time(fn, device: torch.device, reps: int) -> float:
@@ -93,6 +90,20 @@ def measured_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, flo
     return mm, attn
 
 
+def emulated_attention_rate(name: str | None, device: torch.device, dtype: torch.dtype) -> float | None:
+    """FLOP/s of the swap's attention where it is a numerics emulation (several times slower than SDPA, so an
+    estimate from SDPA's rate would be far too low); None for a real kernel (timed as SDPA's rate)."""
+    from ditprof.kernels import registry
+
+    if not name or not registry.is_numerics_only(name):
+        return None
+    fn = registry.get(name).fn
+    s = 1024  # long enough that the emulation's per-call set-up does not dominate
+    q = torch.randn(1, s, 8, 128, device=device).to(dtype)
+    fn(q, q, q)  # first call: one-time set-up out of the timing
+    return 4 * 8 * s * s * 128 / _best_time(lambda: fn(q, q, q), device, 2)
+
+
 def _budget(spec) -> tuple[int | None, str]:
     from ditprof.harness.validate import host_available_bytes
 
@@ -118,23 +129,29 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     peak = block_bytes + est["input_module_bytes"] + est["input_bytes"] + est["activation_bytes"]
     budget, budget_src = _budget(spec)
     mm, attn = rates or measured_rates(spec.device, spec.dtype)
+    swap_attn = None if rates else emulated_attention_rate(spec.swap, spec.device, spec.dtype)
     block_s = (est["gemm_flops"] / mm + est["attention_flops"] / attn) * OTHER_OPS_FACTOR
-    backends = 2 if spec.swap else 1
+    swap_block_s = block_s if swap_attn is None else (
+        (est["gemm_flops"] / mm + est["attention_flops"] / swap_attn) * OTHER_OPS_FACTOR)
     per_backend = max(spec.warmup, 1) + spec.iters + (spec.iters + 1) * PROFILER_FACTOR
     if spec.device.type == "cuda" and spec.cuda_graph:
         per_backend += spec.iters + 1
-    calls = round(backends * per_backend)
+    calls = round(per_backend * (2 if spec.swap else 1))
+    run_s = block_s * per_backend + (swap_block_s * per_backend if spec.swap else 0.0)
     if spec.swap:  # the rounds in turns (runner._interleaved): per round and backend one untimed call + the timed ones
         # (spec.interleave is 0 where they do not run)
         from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND
 
-        calls += 2 * getattr(spec, "interleave", 0) * (1 + INTERLEAVED_CALLS_PER_ROUND)
+        turns = getattr(spec, "interleave", 0) * (1 + INTERLEAVED_CALLS_PER_ROUND)
+        calls += 2 * turns
+        run_s += (block_s + swap_block_s) * turns
     return RunPlan(tokens=est["tokens"], text_tokens=est["text_tokens"], grid=est["grid"],
                    attention_flops=est["attention_flops"], gemm_flops=est["gemm_flops"], block_bytes=block_bytes,
                    input_module_bytes=est["input_module_bytes"], input_bytes=est["input_bytes"],
                    activation_bytes=est["activation_bytes"], peak_bytes=peak, budget_bytes=budget,
                    budget_source=budget_src, matmul_flops_per_s=mm, attention_flops_per_s=attn, block_ms_estimate=block_s * 1e3,
-                   calls=calls, run_s_estimate=block_s * calls)
+                   calls=calls, run_s_estimate=run_s, swap_name=spec.swap if swap_attn else None,
+                   swap_attention_flops_per_s=swap_attn)
 
 
 def check_plan(plan: RunPlan, *, time_limit_min: float, yes: bool) -> None:
@@ -146,6 +163,6 @@ def check_plan(plan: RunPlan, *, time_limit_min: float, yes: bool) -> None:
             f", more than the {fmt_bytes(plan.budget_bytes)} of {plan.budget_source}; give a smaller size")
     if not yes and plan.run_s_estimate > time_limit_min * 60:
         raise DitprofError(
-            f"this run would take ~{_duration(plan.run_s_estimate)} ({plan.calls} block calls of "
-            f"~{plan.block_ms_estimate:.3g} ms, {plan.tokens} rows), over the {time_limit_min:g} min limit; "
+            f"this run would take ~{human_duration(plan.run_s_estimate)} ({plan.calls} block calls of "
+            f"~{human_duration(plan.block_ms_estimate / 1e3)}, {plan.tokens} rows), over the {time_limit_min:g} min limit; "
             f"pass --yes to run it anyway, or a smaller size (--tokens / --height --width --frames)")

@@ -19,7 +19,7 @@ from ditprof.harness.environment import environment
 from ditprof.harness.extrapolate import extrapolate
 from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
 from ditprof.harness.memory import memory_budget
-from ditprof.harness.progress import make_progress
+from ditprof.progress import make_progress
 from ditprof.harness.run_parts import Phases, model_section, plot_title, resident_bytes, write_run  # noqa: F401
 from ditprof.harness.run_plan import check_plan, make_plan
 from ditprof.harness.session import BackendRun, measure

@@ -156,7 +156,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
     """Everything one rank does; rank 0 returns the report (and writes the run files into ``stage``)."""
     from rich.console import Console
 
-    from ditprof.harness.progress import make_progress
+    from ditprof.progress import make_progress
     from ditprof.harness.run_parts import resident_bytes, write_run
     from ditprof.model_blocks import load_block, make_inputs
 

@@ -37,7 +37,7 @@ from ditprof.errors import DitprofError
 from ditprof.harness import backends, compile_mode, swap
 from ditprof.harness.environment import environment
 from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
-from ditprof.harness.progress import make_progress
+from ditprof.progress import make_progress
 from ditprof.harness.activation import _LiveBytes, estimate_forward_bytes  # noqa: F401 -- re-exported
 from ditprof.harness.session import Clock, time_block
 from ditprof.harness.validate_report import SCHEMA, markdown, summary_table, to_json, write  # noqa: F401

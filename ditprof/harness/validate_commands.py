@@ -98,7 +98,7 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
 
     from ditprof.harness import backends, report, swap
     from ditprof.harness.environment import environment
-    from ditprof.harness.progress import make_progress
+    from ditprof.progress import make_progress
     from ditprof.model_blocks import get_preset, make_inputs
     from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
 

@@ -131,7 +131,7 @@ def time_parts(model: torch.nn.Module, call, device: torch.device, iters: int) -
 def measure_rest(src, *, device, dtype=torch.bfloat16, seed: int = 0, warmup: int = 1, iters: int = 5,
                  console=None, tokens=None, height=None, width=None, frames=None) -> dict:
     """Time the model's non-block parts once (whole forward with no blocks), plus a per-part breakdown."""
-    from ditprof.harness.progress import make_progress
+    from ditprof.progress import make_progress
 
     device = torch.device(device)
     grid, text = grid_and_text(src, tokens, height, width, frames)

@@ -140,7 +140,7 @@ def _check_slice(sl, name: str, expected: torch.Tensor, shard: str) -> None:
 
 
 class _progress:
-    """A rich progress bar over tensors, or a no-op."""
+    """Progress over tensors (a bar on a terminal, lines elsewhere), or a no-op."""
 
     def __init__(self, enabled: bool, label: str, total: int):
         self.enabled, self.label, self.total = enabled, label, total
@@ -148,9 +148,9 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda: None
-        from rich.progress import Progress
+        from ditprof.progress import make_progress, progress_console
 
-        self._p = Progress(transient=True)
+        self._p = make_progress(progress_console(True))
         self._p.__enter__()
         task = self._p.add_task(self.label, total=self.total)
         return lambda: self._p.advance(task)

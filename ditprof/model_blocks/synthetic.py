@@ -169,16 +169,16 @@ def make_checkpoint(
 
 
 def _write(preset, plan, folder: Path, seed, dtype, digest, blocks, kind, progress) -> None:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    from ditprof.progress import make_progress, progress_console
 
     family = preset.adapter
     n = len(plan)
     total_bytes = 0
     weight_map: dict[str, str] = {}
     sizes = sum(_numel(s) for shard in plan for _, s in shard)
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    with Progress(*columns, transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"writing {preset.name} checkpoint", total=sizes * torch.finfo(dtype).bits // 8)
+    with make_progress(progress_console(progress), unit="bytes") as bar:
+        task = bar.add_task(f"writing {preset.name} checkpoint", total=sizes * torch.finfo(dtype).bits // 8,
+                            unit="bytes")
         for i, shard in enumerate(plan, start=1):
             name = shard_name(i, n)
             tensors = {}
