@@ -8,6 +8,8 @@ explicitly -- nothing on the per-call path reads the environment.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,3 +56,19 @@ class Fp8Options:
     tvm_ffi: bool = True  # launch through TVM-FFI where apache-tvm-ffi is importable
     check: str = "defer"  # "defer": NaN/Inf checks read later without a sync; "sync": every call waits for its own
     prep: PrepConfig = field(default_factory=PrepConfig)
+    smooth_k: bool = True  # subtract each (batch, head)'s K mean before quantizing (softmax-invariant)
+
+
+@functools.lru_cache(maxsize=None)
+def default_options() -> Fp8Options:
+    """The process's options: the shipped defaults plus the two documented user settings, read here once per
+    process (never per call): ``DITPROF_FP8_QK`` ("int8" / "e4m3": the Q/K format where a call names none;
+    checked where it is used, ``qk_format.qk_format``) and ``DITPROF_FP8_CHECK=sync`` (every call waits for its own
+    NaN/Inf check). ``reset_default_options()`` makes the next call read them again (tests)."""
+    return Fp8Options(qk_format=os.environ.get("DITPROF_FP8_QK") or None,
+                      check="sync" if os.environ.get("DITPROF_FP8_CHECK") == "sync" else "defer")
+
+
+def reset_default_options() -> None:
+    """Forget the cached ``default_options()`` (after a test changed DITPROF_FP8_QK or DITPROF_FP8_CHECK)."""
+    default_options.cache_clear()
