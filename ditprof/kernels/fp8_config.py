@@ -3,12 +3,12 @@
 ``PrepConfig`` is the Triton prep's launch configuration, ``Fp8Options`` what a caller may choose about a call
 (kernel, Q/K format, grid, graph replay, launcher, finite checks). The defaults are the shipped choices; a
 non-default value is built by a caller (a benchmark in ``benchmarks/experimental/``, a CLI flag) and passed
-explicitly -- nothing on the per-call path reads the environment.
+explicitly; a call that passes none takes ``default_options()`` (the defaults plus the two documented user
+settings, DITPROF_FP8_QK and DITPROF_FP8_CHECK).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -59,16 +59,17 @@ class Fp8Options:
     smooth_k: bool = True  # subtract each (batch, head)'s K mean before quantizing (softmax-invariant)
 
 
-@functools.lru_cache(maxsize=None)
+_DEFAULTS: dict = {}  # (DITPROF_FP8_QK, DITPROF_FP8_CHECK) -> the one Fp8Options of those values
+
+
 def default_options() -> Fp8Options:
-    """The process's options: the shipped defaults plus the two documented user settings, read here once per
-    process (never per call): ``DITPROF_FP8_QK`` ("int8" / "e4m3": the Q/K format where a call names none;
-    checked where it is used, ``qk_format.qk_format``) and ``DITPROF_FP8_CHECK=sync`` (every call waits for its own
-    NaN/Inf check). ``reset_default_options()`` makes the next call read them again (tests)."""
-    return Fp8Options(qk_format=os.environ.get("DITPROF_FP8_QK") or None,
-                      check="sync" if os.environ.get("DITPROF_FP8_CHECK") == "sync" else "defer")
-
-
-def reset_default_options() -> None:
-    """Forget the cached ``default_options()`` (after a test changed DITPROF_FP8_QK or DITPROF_FP8_CHECK)."""
-    default_options.cache_clear()
+    """The options of a call that passes none: the shipped defaults plus the two documented user settings as
+    os.environ has them now, ``DITPROF_FP8_QK`` ("int8" / "e4m3": the Q/K format where a call names none; checked
+    where it is used, ``qk_format.qk_format``) and ``DITPROF_FP8_CHECK=sync`` (every call waits for its own NaN/Inf
+    check). One object per pair of values, so launch records keyed on it are reused. A caller that passes
+    ``Fp8Options`` reads no environment at all."""
+    key = (os.environ.get("DITPROF_FP8_QK") or None, os.environ.get("DITPROF_FP8_CHECK") == "sync")
+    opts = _DEFAULTS.get(key)
+    if opts is None:
+        opts = _DEFAULTS[key] = Fp8Options(qk_format=key[0], check="sync" if key[1] else "defer")
+    return opts

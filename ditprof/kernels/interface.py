@@ -20,7 +20,7 @@ from ditprof.errors import DitprofError
 from ditprof.kernels.checks import LAYOUTS, SUPPORTED_HEAD_DIMS, check_key_mask, check_qkv
 from ditprof.kernels.compile_cache import COMPILE_STATS
 from ditprof.kernels.finite_checks import finish_finite_checks
-from ditprof.kernels.fp8_config import Fp8Options, PrepConfig, default_options, reset_default_options
+from ditprof.kernels.fp8_config import Fp8Options, PrepConfig, default_options
 from ditprof.kernels.kernel_args import LAUNCH_INFO
 from ditprof.kernels.launch_choice import KERNELS, arch_for_capability, kernel_name_for_arch
 from ditprof.kernels.launch_record import (WORKSPACE_REUSE_BYTES, call_counts, canonical_options, clear_cache,
@@ -82,4 +82,4 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: 
 __all__ = ["COMPILE_STATS", "Fp8Options", "KERNELS", "LAUNCH_INFO", "LAYOUTS", "PrepConfig", "SUPPORTED_HEAD_DIMS",
            "WORKSPACE_REUSE_BYTES", "arch_for_capability", "call_counts", "clear_cache", "default_options",
            "deferred_finite_checks", "finish_finite_checks", "fp8_attention", "kernel_name_for_arch",
-           "launch_summaries", "record_for", "reset_default_options"]
+           "launch_summaries", "record_for"]

@@ -88,6 +88,13 @@ def check_options(options: Fp8Options) -> None:
         qk_format(options.qk_format)
 
 
+def q_in_kernel_ok(q: torch.Tensor) -> bool:
+    """Whether a record of ``q`` may quantize Q in the kernel: the q_rot build reads a contiguous, 16-byte aligned
+    q, and a record first made inside a graph capture keeps the prep's Q (the rotation matrix's copy to the device
+    cannot be captured)."""
+    return q.is_contiguous() and q.data_ptr() % 16 == 0 and not torch.cuda.is_current_stream_capturing()
+
+
 @dataclass(frozen=True)
 class LaunchChoice:
     """What a call runs: the kernel build (``spec``) and, on the stream-K grid, its plan
@@ -123,4 +130,4 @@ def choose_launch(arch: str, shape: tuple, dtype_name: str, options: Fp8Options,
 
 
 __all__ = ["KERNELS", "LaunchChoice", "arch_for_capability", "arch_of", "check_options", "choose_launch",
-           "kernel_name_for_arch", "sm_count"]
+           "kernel_name_for_arch", "q_in_kernel_ok", "sm_count"]

@@ -28,7 +28,7 @@ from ditprof.kernels.compile_cache import clear as clear_compiled
 from ditprof.kernels.finite_checks import CHECK_EVERY, UNCHECKED, Ring, drain, pending_queue
 from ditprof.kernels.fp8_config import Fp8Options, default_options
 from ditprof.kernels.kernel_args import launch_kernel
-from ditprof.kernels.launch_choice import LaunchChoice, arch_of, check_options, choose_launch
+from ditprof.kernels.launch_choice import LaunchChoice, arch_of, check_options, choose_launch, q_in_kernel_ok
 from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph, side_stream
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: small against their kernel time
@@ -298,11 +298,8 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool) -> Fp
     if any(x.stride(-1) != 1 for x in (q, k, v)):
         raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
     B, Sq, H, D = q.shape
-    # Q in the kernel reads a contiguous, 16-byte aligned q, and never for a record first made inside a graph
-    # capture: the rotation matrix's copy to the device cannot be captured (such a record keeps the prep's Q)
-    q_ok = q.is_contiguous() and q.data_ptr() % 16 == 0 and not torch.cuda.is_current_stream_capturing()
     choice = choose_launch(arch_of(q.device.index), (B, H, Sq, k.shape[1], D), DTYPE_NAMES[q.dtype], options,
-                           key_lens=key_lens, write_lse=return_lse, q_in_kernel_ok=q_ok,
+                           key_lens=key_lens, write_lse=return_lse, q_in_kernel_ok=q_in_kernel_ok(q),
                            device_index=q.device.index)
     return Fp8Launch(q, k, v, choice, options, return_lse)
 
