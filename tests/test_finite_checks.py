@@ -1,8 +1,8 @@
-"""fp8_attention's NaN/Inf check of q, k, v without a host sync per call (``kernels.launch``).
+"""fp8_attention's NaN/Inf check of q, k, v without a host sync per call (``kernels.finite_checks``).
 
 CPU: the queue logic with stand-in events (read in call order, only landed copies without ``wait``, everything at a
 ``deferred_finite_checks`` exit). GPU (marked ``gpu``): a NaN input raises the one-line error by the next call /
-``finish_finite_checks()`` at the latest, at the call itself with ``DITPROF_FP8_CHECK=sync``; the pinned ring wraps.
+``finish_finite_checks()`` at the latest, at the call itself with ``Fp8Options(check="sync")``; the pinned ring wraps.
 """
 
 import pytest
@@ -10,7 +10,9 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels import interface as I
-from ditprof.kernels import launch as L
+from ditprof.kernels import finite_checks as L
+from ditprof.kernels.fp8_config import Fp8Options
+from ditprof.kernels.launch_record import record_for
 
 
 class _Event:
@@ -27,8 +29,8 @@ class _Event:
 
 
 def _pending(q_ok=True, done=True):
-    host = torch.tensor([1.0 if q_ok else float("nan"), 1.0, 1.0])  # (B*H*3,) descales of q, k, v
-    return host, _Event(done)
+    host = torch.tensor([0 if q_ok else 1, 0, 0], dtype=torch.int32)  # the sticky non-finite flags of q, k, v
+    return L.Check(host, _Event(done))
 
 
 def test_drain_finishes_landed_checks_in_order():
@@ -45,17 +47,17 @@ def test_drain_raises_on_non_finite_and_names_the_input():
     with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
         L.drain(queue, wait=False)
     assert queue == []
-    host = torch.tensor([1.0, 1.0, 1.0, 1.0, float("inf"), 1.0])  # (B*H=2, 3): head 1's k
+    host = torch.tensor([0, 1, 1], dtype=torch.int32)  # k and v flagged: the first is named
     with pytest.raises(DitprofError, match="^k contains NaN or Inf$"):
-        L.finish_check((host, _Event(True)))
+        L.finish_check(L.Check(host, _Event(True)))
 
 
 def test_context_finishes_every_pending_check_at_exit():
     L.pending_queue().clear()
     with pytest.raises(DitprofError, match="^v contains NaN or Inf$"):
         with I.deferred_finite_checks():
-            host = torch.tensor([1.0, 1.0, float("nan")])
-            L.pending_queue().append((host, _Event(False)))  # as an fp8 call would queue it, copy not landed
+            host = torch.tensor([0, 0, 1], dtype=torch.int32)
+            L.pending_queue().append(L.Check(host, _Event(False)))  # as an fp8 call would queue it, copy not landed
     assert len(L.pending_queue()) == 0
 
 
@@ -69,10 +71,8 @@ def test_fp8_attention_nan_raises_without_a_sync_per_call(monkeypatch):
     with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
         I.fp8_attention(q, k, v)  # queued, read by a later call or here at the latest
         L.finish_finite_checks()
-    monkeypatch.setenv("DITPROF_FP8_CHECK", "sync")
     with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
-        I.fp8_attention(q, k, v)  # at the call itself
-    monkeypatch.delenv("DITPROF_FP8_CHECK")
+        I.fp8_attention(q, k, v, options=Fp8Options(check="sync"))  # at the call itself
     with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
         with I.deferred_finite_checks():
             I.fp8_attention(q, k, v)
@@ -80,7 +80,7 @@ def test_fp8_attention_nan_raises_without_a_sync_per_call(monkeypatch):
     with I.deferred_finite_checks():
         outs = [I.fp8_attention(q, k, v) for _ in range(L.RING_DEPTH + 3)]  # the ring wraps
     assert len(L.pending_queue()) == 0
-    rec = L.record_for(q, k, v, False)
+    rec = record_for(q, k, v, False)
     assert not any(rec.ring.busy)
     assert all(torch.isfinite(o).all() for o in outs)
 

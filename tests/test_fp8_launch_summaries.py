@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ditprof.harness import report as R
-from ditprof.kernels import launch as L
+from ditprof.kernels import launch_record as L
+from ditprof.kernels.compile_cache import KernelSpec
 from ditprof.kernels.launch_graphs import LaunchGraphs
 
 jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU host collects this file without it
@@ -24,7 +25,7 @@ def _record(shape, sk, qk_int8, streamk, tvm_ffi=True, q_rot=False):
     rec = object.__new__(L.Fp8Launch)  # the fields a summary reads; building one needs a GPU
     rec.out_shape, rec.Sk, rec.dtype, rec.streamk, rec.calls = shape, sk, torch.bfloat16, streamk, 0
     rec.graphs = None  # no graph replays (a test sets its own)
-    rec.spec = L.KernelSpec("fp8-sm90", "sm_90a", shape[3], "bfloat16", True, False, tvm_ffi, qk_int8,
+    rec.spec = KernelSpec("fp8-sm90", "sm_90a", shape[3], "bfloat16", True, False, tvm_ffi, qk_int8,
                             streamk=streamk is not None, q_rot=q_rot)
     return rec
 

@@ -76,18 +76,21 @@ def test_a_block_with_the_swap_compiles_fullgraph():
     assert torch.equal(out, ref)
 
 
-def test_env_setting_follows_os_environ(monkeypatch):
-    """The per-call settings read (launch.env_setting) sees what os.environ / monkeypatch set and unset."""
-    from ditprof.kernels.launch import env_setting, sync_checks
+def test_default_options_follow_os_environ(monkeypatch):
+    """A call without options takes ``fp8_config.default_options()``: DITPROF_FP8_QK and DITPROF_FP8_CHECK as
+    os.environ / monkeypatch set and unset them, one options object per pair of values (the launch records are
+    keyed on it)."""
+    from ditprof.kernels.fp8_config import default_options
 
     monkeypatch.delenv("DITPROF_FP8_QK", raising=False)
-    assert env_setting(b"DITPROF_FP8_QK") is None
+    monkeypatch.delenv("DITPROF_FP8_CHECK", raising=False)
+    assert default_options().qk_format is None and default_options().check == "defer"
     monkeypatch.setenv("DITPROF_FP8_QK", "int8")
-    assert env_setting(b"DITPROF_FP8_QK") == "int8"
+    assert default_options().qk_format == "int8"
     monkeypatch.setenv("DITPROF_FP8_CHECK", "sync")
-    assert sync_checks()
+    assert default_options().check == "sync" and default_options() is default_options()
     monkeypatch.delenv("DITPROF_FP8_CHECK")
-    assert not sync_checks()
+    assert default_options().check == "defer"
 
 
 def test_qk_format_switch(monkeypatch):
@@ -105,6 +108,8 @@ def test_qk_format_switch(monkeypatch):
 def test_cpu_op_follows_the_qk_format(monkeypatch):
     """On the CPU the op runs the emulation of the Q/K format the GPU path would take (DITPROF_FP8_QK)."""
     from ditprof.kernels.accuracy import make_inputs
+    from ditprof.kernels.fp8_config import Fp8Options
+    from ditprof.kernels.op import options_key
 
     q, k, v = make_inputs("outlier", (1, 2, 256, 64), seed=4)
     outs = {}
@@ -112,4 +117,7 @@ def test_cpu_op_follows_the_qk_format(monkeypatch):
         monkeypatch.setenv("DITPROF_FP8_QK", fmt)
         outs[fmt] = torch.ops.ditprof.fp8_attention(q, k, v, 0.125, None)
         assert torch.equal(outs[fmt], fp8_attention_emulated(q, k, v, scale=0.125, qk_format=fmt)), fmt
+        # the same format named by the call's options instead of the process's
+        by_options = torch.ops.ditprof.fp8_attention(q, k, v, 0.125, None, options_key(Fp8Options(qk_format=fmt)))
+        assert torch.equal(by_options, outs[fmt]), fmt
     assert not torch.equal(outs["int8"], outs["e4m3"])

@@ -41,7 +41,7 @@ def test_streamk_sass(tmp_path_factory, qk_int8, head_dim):
 
 
 def test_the_streamk_spec_compiles_the_streamk_kernel():
-    from ditprof.kernels.launch import KernelSpec, compile_spec
+    from ditprof.kernels.compile_cache import KernelSpec, compile_spec
 
     spec = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, False, True, streamk=True)
     fn = compile_spec(spec, fake=True)

@@ -39,9 +39,9 @@ def test_every_mask_form_gives_the_key_subset():
 
 
 def test_compact_keys_moves_any_subset_to_a_prefix():
-    """The CUDA path's mask handling (launch.compact_keys, pure torch): each item's kept keys first, in order, the
+    """The CUDA path's mask handling (masks.compact_keys, pure torch): each item's kept keys first, in order, the
     dropped ones zeroed, the counts as int32; attention over the kept keys is unchanged (float64)."""
-    from ditprof.kernels.launch import compact_keys
+    from ditprof.kernels.masks import compact_keys
     from ditprof.kernels.reference import attention_reference
 
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))

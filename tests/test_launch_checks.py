@@ -1,4 +1,4 @@
-"""CPU checks of ``kernels.launch.launch_compiled``'s argument checks (they run before anything is launched)."""
+"""CPU checks of ``kernels.kernel_args.launch_compiled``'s argument checks (they run before anything is launched)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.kernels.launch import KernelSpec, launch_compiled
+from ditprof.kernels.compile_cache import KernelSpec
+from ditprof.kernels.kernel_args import launch_compiled
 
 
 def _never_called(*args, **kwargs):
@@ -50,7 +51,7 @@ class _Ptr:
 def _record(plan):
     """A launch record with only what ``_launch_kernel`` reads (building a real one needs a GPU); its kernel and
     merge record their arguments instead of launching."""
-    from ditprof.kernels.launch import Fp8Launch
+    from ditprof.kernels.launch_record import Fp8Launch
 
     rec = object.__new__(Fp8Launch)
     rec.streamk, rec.sizes, rec.q_rot = plan, (1, 2, 3, 4, 5, 6), False
@@ -72,18 +73,18 @@ def test_tvm_ffi_launch_arguments_of_both_grids():
     rotation matrix)."""
     q = _Ptr(40)
     rec, ws = _record(None)
-    rec._launch_kernel(ws, q, _Ptr(50), None, 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), None, None, 0.5, 7)
     assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 1, 2, 3, 4, 5, 6, 0.5, 7)]
-    rec._launch_kernel(ws, q, _Ptr(50), _Ptr(60), 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), None, _Ptr(60), 0.5, 7)
     assert rec.calls[1][5] == 60  # key_lens
     rec.q_rot = True
-    rec._launch_kernel(ws, q, _Ptr(50), None, 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), None, None, 0.5, 7)
     assert rec.calls[2] == (40, 11, 12, 13, 15, 13, 50, 14, 1, 2, 3, 4, 5, 6, 0.5, 7)
     rec, ws = _record((528, 48, 132, 29))
-    rec._launch_kernel(ws, q, _Ptr(50), None, 0.5, 7)
+    rec._launch_kernel(ws, q, _Ptr(50), None, None, 0.5, 7)
     assert rec.calls == [(10, 11, 12, 13, 15, 13, 50, 14, 100, 101, 1, 2, 3, 4, 5, 6, 0.5, 528, 48, 132, 7)]
-    (o_part, lse_part, out, stream), = rec.merges
-    assert (o_part.p, lse_part.p, out.p, stream) == (100, 101, 50, 7)
+    (o_part, lse_part, out, stream, lse), = rec.merges
+    assert (o_part.p, lse_part.p, out.p, stream, lse) == (100, 101, 50, 7, None)
 
 
 def test_prep_plan_for_q_in_the_kernel():
@@ -110,7 +111,7 @@ def test_launch_compiled_with_q_in_the_kernel():
     integers and the JIT call's pointers."""
     import cutlass
 
-    from ditprof.kernels.launch import rotation_t
+    from ditprof.kernels.launch_record import rotation_t
 
     B, H, S, D = 1, 2, 300, 128
     q = torch.zeros((B, S, H, D), dtype=torch.bfloat16)
@@ -137,29 +138,33 @@ def test_launch_compiled_with_q_in_the_kernel():
 
 
 def test_which_records_quantize_q_in_the_kernel(monkeypatch):
-    """``launch.q_rot_for``: fp8-sm90 INT8 with a contiguous, 16-byte aligned q; the plain grid unless
-    ``DITPROF_FP8_QROT`` is "0"; never the stream-K grid (its whole-tile CTAs quantizing Q was measured slower); any
-    other value is a one-line error."""
-    from ditprof.kernels import launch
+    """``launch_choice.choose_launch``: Q in the kernel for fp8-sm90 INT8 with a q the q_rot build reads (contiguous,
+    16-byte aligned), on the plain grid unless ``Fp8Options.q_in_kernel`` is off; never on the stream-K grid (its
+    whole-tile CTAs quantizing Q was measured slower), never with e4m3 or on fp8-sm120."""
+    from ditprof.kernels import launch_choice as C
+    from ditprof.kernels.fp8_config import Fp8Options
 
+    plan = (528, 48, 132, 29)
+    monkeypatch.setattr("ditprof.kernels.streamk_schedule.streamk_plan", lambda *a: plan)
+    monkeypatch.setattr(C, "sm_count", lambda index: 132)
+
+    def q_rot(options, q_ok=True, arch="sm_90a"):
+        return C.choose_launch(arch, (1, 2, 64, 64, 128), "bfloat16", options, key_lens=False, write_lse=False,
+                               q_in_kernel_ok=q_ok).spec.q_rot
+
+    for on, (plain, streamk) in {True: (True, False), False: (False, False)}.items():
+        assert q_rot(Fp8Options(qk_format="int8", streamk=False, q_in_kernel=on)) is plain, on
+        assert q_rot(Fp8Options(qk_format="int8", streamk=True, q_in_kernel=on)) is streamk, on
+        assert not q_rot(Fp8Options(qk_format="e4m3", streamk=False, q_in_kernel=on))
+        assert not q_rot(Fp8Options(qk_format="int8", streamk=False, q_in_kernel=on), arch="sm_120a")
+        assert not q_rot(Fp8Options(qk_format="int8", streamk=False, q_in_kernel=on), q_ok=False)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
     q = torch.zeros((1, 64, 2, 128), dtype=torch.bfloat16)
-    int8 = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, True, True)
-    e4m3 = KernelSpec("fp8-sm90", "sm_90a", 128, "bfloat16", True, False, True, False)
-    sm120 = KernelSpec("fp8-sm120", "sm_120a", 128, "bfloat16", True, False, False, True)
-    plan = (528, 48, 132, 29)
-    want = {  # setting: (plain grid, stream-K grid)
-        None: (True, False), "1": (True, False), "0": (False, False)}
-    for setting, (plain, streamk) in want.items():
-        if setting is None:
-            monkeypatch.delenv("DITPROF_FP8_QROT", raising=False)
-        else:
-            monkeypatch.setenv("DITPROF_FP8_QROT", setting)
-        assert launch.q_rot_for(int8, None, q) is plain, setting
-        assert launch.q_rot_for(int8, plan, q) is streamk, setting
-        assert not launch.q_rot_for(e4m3, None, q) and not launch.q_rot_for(sm120, None, q)
-        assert not launch.q_rot_for(int8, None, q.transpose(1, 2).contiguous().transpose(1, 2))
-    for bad in ("yes", "streamk"):
-        monkeypatch.setenv("DITPROF_FP8_QROT", bad)
-        with pytest.raises(DitprofError, match=f"DITPROF_FP8_QROT must be 0 or 1, got '{bad}'"):
-            launch.q_rot_for(int8, None, q)
+    assert C.q_in_kernel_ok(q)
+    assert not C.q_in_kernel_ok(q.transpose(1, 2).contiguous().transpose(1, 2))  # not contiguous
+    misaligned = torch.zeros(1 + q.numel(), dtype=torch.bfloat16)[1:].view(q.shape)  # contiguous, 2 bytes off
+    assert misaligned.is_contiguous() and not C.q_in_kernel_ok(misaligned)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not C.q_in_kernel_ok(q)  # a record first made inside a capture keeps the prep's Q
+    with pytest.raises(DitprofError, match="unknown fp8 kernel 'fp9'"):
+        C.check_options(Fp8Options(kernel="fp9"))

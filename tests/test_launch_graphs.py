@@ -7,7 +7,8 @@ import pytest
 
 from ditprof.errors import DitprofError
 from ditprof.kernels import launch_graphs as LG
-from ditprof.kernels.launch import switch_on
+from ditprof.kernels.fp8_config import Fp8Options
+from ditprof.kernels.launch_choice import check_options
 
 
 class FakeGraph:
@@ -94,12 +95,14 @@ def test_a_failed_capture_launches_directly_for_good():
     assert not c.capturing and "not permitted" in c.failure
 
 
-@pytest.mark.parametrize("name, bad", [("DITPROF_FP8_GRAPHS", "off"), ("DITPROF_FP8_BRANCH", "no")])
-def test_the_graphs_and_branch_switches_read_0_and_1_only(name, bad):
-    assert switch_on(name, None) and switch_on(name, "") and switch_on(name, "1")
-    assert not switch_on(name, "0")
-    with pytest.raises(DitprofError, match=f"{name} must be 0 or 1, got '{bad}'"):
-        switch_on(name, bad)
+@pytest.mark.parametrize("field, bad, message", [("check", "later", "Fp8Options.check must be one of defer, sync"),
+                                                 ("qk_format", "fp4", "unknown fp8 Q/K format 'fp4'")])
+def test_options_with_a_value_no_call_runs_are_one_line_errors(field, bad, message):
+    """Graph replay and the prep branch are ``Fp8Options.graphs`` / ``.branch`` (booleans, no parsing); the options
+    a record is built from are checked once, with one-line errors."""
+    check_options(Fp8Options(graphs=False, branch=False))
+    with pytest.raises(DitprofError, match=message):
+        check_options(Fp8Options(**{field: bad}))
 
 
 class _FakePlan:
@@ -117,16 +120,16 @@ def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypat
                                                                        branches):
     """``Fp8Launch._launch_all``'s rule: V's quantize on the branch stream when the launches are captured (a
     replay pays nothing for the fork and join) or the problem is too large to reuse a workspace; a direct call of a
-    small problem keeps the one-stream chain (its host cost); ``DITPROF_FP8_BRANCH=0`` (``enabled`` False) keeps the
+    small problem keeps the one-stream chain (its host cost); ``Fp8Options(branch=False)`` (``enabled`` False) keeps the
     chain always."""
-    from ditprof.kernels import launch as L
+    from ditprof.kernels import launch_record as L
 
     log = []
     rec = object.__new__(L.Fp8Launch)  # the fields _launch_all reads; building one needs a GPU
     rec.plan, rec.reuse, rec.device, rec.branch = _FakePlan(log), reuse, "cuda:0", enabled
-    rec._launch_kernel = lambda ws, q, out, key_lens, scale, stream: log.append(("kernel", stream))
+    rec._launch_kernel = lambda ws, q, out, lse, key_lens, scale, stream: log.append(("kernel", stream))
     monkeypatch.setattr(L, "branch_stream", lambda device: f"branch of {device}")
-    rec._launch_all({}, "q", "k", "v", "out", None, 0.1, 7, captured)
+    rec._launch_all({}, "q", "k", "v", "out", None, None, 0.1, 7, captured)
     assert log == [("prep", 7, "branch of cuda:0" if branches else None), ("kernel", 7)]
 
 

@@ -196,7 +196,7 @@ def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: bac
         if state.masks:
             run.extra["attention_masks"] = dict(state.masks)
         if fp8_calls is not None:
-            from ditprof.kernels.launch import launch_summaries
+            from ditprof.kernels.launch_record import launch_summaries
 
             launches = launch_summaries(since=fp8_calls)
             if launches:
@@ -248,7 +248,7 @@ def _fp8_call_counts(backend: str, device) -> dict | None:
     own configurations (kernel, Q/K format, grid) are the records called after it."""
     if not backend.startswith("fp8") or torch.device(device).type != "cuda":
         return None
-    from ditprof.kernels.launch import call_counts
+    from ditprof.kernels.launch_record import call_counts
 
     return call_counts()
 

@@ -17,6 +17,7 @@ computed from those bf16 tensors, so the numbers measure the backend, not input 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -100,22 +101,16 @@ def backend_runners(device: torch.device, smooth_k: bool = True) -> tuple[dict[s
     notes = []
     ok, reason = registry.available("fp8", device)
     if ok:
-        def fp8(q, k, v):
-            from ditprof.kernels.interface import fp8_attention
+        from ditprof.kernels.interface import default_options, fp8_attention
 
-            return fp8_attention(q, k, v, layout="BSHD", smooth_k=smooth_k)
+        def fp8_with(fmt):
+            # fmt None: the process's default Q/K format (kernels.qk_format); the process's check mode either way
+            opts = dataclasses.replace(default_options(), smooth_k=smooth_k, **({"qk_format": fmt} if fmt else {}))
+            return lambda q, k, v: fp8_attention(q, k, v, layout="BSHD", options=opts)
 
-        def fp8_format(fmt):
-            def run(q, k, v):
-                from ditprof.kernels.interface import fp8_attention_kernel
-
-                return fp8_attention_kernel(q, k, v, layout="BSHD", smooth_k=smooth_k, qk_format=fmt)
-
-            return run
-
-        runners["fp8"] = fp8  # the process's default Q/K format (kernels.qk_format)
-        runners["fp8-e4m3"] = fp8_format("e4m3")
-        runners["fp8-int8"] = fp8_format("int8")
+        runners["fp8"] = fp8_with(None)
+        runners["fp8-e4m3"] = fp8_with("e4m3")
+        runners["fp8-int8"] = fp8_with("int8")
     elif device.type == "cuda":  # on a CPU run the kernel's absence is expected, not news
         notes.append(f"fp8 skipped: {reason}")
     return runners, notes

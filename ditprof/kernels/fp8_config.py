@@ -3,11 +3,13 @@
 ``PrepConfig`` is the Triton prep's launch configuration, ``Fp8Options`` what a caller may choose about a call
 (kernel, Q/K format, grid, graph replay, launcher, finite checks). The defaults are the shipped choices; a
 non-default value is built by a caller (a benchmark in ``benchmarks/experimental/``, a CLI flag) and passed
-explicitly -- nothing on the per-call path reads the environment.
+explicitly; a call that passes none takes ``default_options()`` (the defaults plus the two documented user
+settings, DITPROF_FP8_QK and DITPROF_FP8_CHECK).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -54,3 +56,20 @@ class Fp8Options:
     tvm_ffi: bool = True  # launch through TVM-FFI where apache-tvm-ffi is importable
     check: str = "defer"  # "defer": NaN/Inf checks read later without a sync; "sync": every call waits for its own
     prep: PrepConfig = field(default_factory=PrepConfig)
+    smooth_k: bool = True  # subtract each (batch, head)'s K mean before quantizing (softmax-invariant)
+
+
+_DEFAULTS: dict = {}  # (DITPROF_FP8_QK, DITPROF_FP8_CHECK) -> the one Fp8Options of those values
+
+
+def default_options() -> Fp8Options:
+    """The options of a call that passes none: the shipped defaults plus the two documented user settings as
+    os.environ has them now, ``DITPROF_FP8_QK`` ("int8" / "e4m3": the Q/K format where a call names none; checked
+    where it is used, ``qk_format.qk_format``) and ``DITPROF_FP8_CHECK=sync`` (every call waits for its own NaN/Inf
+    check). One object per pair of values, so launch records keyed on it are reused. A caller that passes
+    ``Fp8Options`` reads no environment at all."""
+    key = (os.environ.get("DITPROF_FP8_QK") or None, os.environ.get("DITPROF_FP8_CHECK") == "sync")
+    opts = _DEFAULTS.get(key)
+    if opts is None:
+        opts = _DEFAULTS[key] = Fp8Options(qk_format=key[0], check="sync" if key[1] else "defer")
+    return opts

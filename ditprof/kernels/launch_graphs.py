@@ -1,7 +1,7 @@
 """A launch record's calls replayed as one CUDA graph when their arguments repeat.
 
 One FP8 attention call is four or five launches (the prep's two or three Triton kernels, our kernel, the stream-K
-merge), each ~7-11 us of host time on the GPU hosts we measure on: most of the call's host cost. A DiT's eager
+merge), each a few microseconds of host time: most of the call's host cost (benchmarks/host_overhead.py). A DiT's eager
 forward calls attention with the same sizes every block and step, and PyTorch's caching allocator hands the same
 addresses back in that steady state, so the call's launches repeat argument for argument. ``LaunchGraphs`` keeps,
 per launch record, a small LRU of CUDA graphs keyed on everything a call's launches read that is not fixed by the
@@ -12,7 +12,7 @@ cudaGraphLaunch. The kernels, their arguments and so their bits are the same as 
 Nothing that differs between calls hides inside a graph: the workspace (prep buffers, the non-finite flags read
 every few calls, outside the graph) is the record's, one per stream. A record whose graphs leave the LRU without
 ever being replayed (addresses that do not come back, or more of them than it keeps) stops capturing after
-``THRASH_WASTED`` of them; ``DITPROF_FP8_GRAPHS=0`` launches directly always. Calls made while the caller itself
+``THRASH_WASTED`` of them; ``Fp8Options(graphs=False)`` launches directly always. Calls made while the caller itself
 captures a graph (``torch.cuda.graph``, torch.compile's cudagraphs) launch directly into the caller's graph.
 """
 

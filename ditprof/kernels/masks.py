@@ -5,7 +5,8 @@ masked), shaped to broadcast over (B, H, S_q, S_k): (B, S_k), (B, 1, 1, S_k), or
 ``m_i & m_j`` (HunyuanVideo-1.5: padded query rows mask everything). All of these are one key subset per batch
 item on every query row that attends to anything; rows that attend to nothing are padding, whose outputs the
 model never reads. ``key_mask`` returns that subset as a (B, S_k) bool tensor; a mask that is not one (a soft
-bias, a mask that differs between heads or between real query rows) is a one-line error.
+bias, a mask that differs between heads or between real query rows) is a one-line error. ``compact_keys`` turns a
+(B, S_k) subset into what the FP8 kernels read: each item's kept keys first and its key count.
 """
 
 from __future__ import annotations
@@ -65,3 +66,16 @@ def attended_keys(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) 
     m = mask if mask.dtype == torch.bool else (mask == 0 if mask.is_floating_point() else mask != 0)
     return _as_4d(m, mask, batch, heads, sq, sk)[:, 0].any(dim=1)
 
+
+
+def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
+    """Any key subset as a prefix, on the device (no sync, CUDA-graph capturable): ``keep`` (B, Sk) bool ->
+    (k, v with each batch item's kept keys first, in order, and the others zeroed; key_lens (B,) int32).
+    Zeroing keeps dropped keys out of the descales; attention over a key subset does not depend on key order."""
+    order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+    kept = torch.gather(keep, 1, order)[:, :, None, None]
+    idx = order[:, :, None, None].expand(-1, -1, k.shape[2], k.shape[3])
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    k2 = torch.where(kept, torch.gather(k, 1, idx), zero)
+    v2 = torch.where(kept, torch.gather(v, 1, idx), zero)
+    return k2, v2, keep.sum(dim=1, dtype=torch.int32)

@@ -2,16 +2,21 @@
 
 torch.compile treats it as one opaque node (``register_fake`` gives the output's shape and checks the inputs
 during tracing, so bad input is the same one-line ``DitprofError`` under compile), so a block with the swap compiles
-with ``fullgraph=True`` without dynamo tracing into the kernel's Python. CUDA runs our CuTe DSL kernel
-(``interface``); any other device runs the numerics emulation, so the op works everywhere.
+with ``fullgraph=True`` without dynamo tracing into the kernel's Python. CUDA runs our CuTe DSL kernel through the
+one launch record (``launch_record.fp8_call``, the front door's own call); any other device runs the numerics
+emulation, so the op works everywhere.
+
+``options`` (a string in the schema, so it is a constant of a compiled graph): "" for the process's options
+(``fp8_config.default_options``), else ``options_key(Fp8Options(...))``, which names the non-default fields.
 
 Key-padding masks (``key_mask`` (B, Sk) bool, any key subset): the emulation takes the mask as it is. On CUDA
-each batch item's kept keys are moved to the front on the device (``launch.compact_keys``: a stable sort of the
+each batch item's kept keys are moved to the front on the device (``masks.compact_keys``: a stable sort of the
 mask, gathers) and the kernels read the per-batch key counts on the device: no host sync, CUDA-graph capturable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -19,6 +24,7 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_key_mask, check_qkv
+from ditprof.kernels.fp8_config import Fp8Options, default_options
 
 
 def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:
@@ -27,38 +33,79 @@ def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[
     check_key_mask(key_mask, ks)
 
 
+_BY_KEY: dict = {}  # options_key(o) -> o
+_KEY_BY_ID: dict = {}  # id(o) -> (o, options_key(o)): no per-call field walk
+
+
+def options_key(options: Optional[Fp8Options]) -> str:
+    """The op's ``options`` argument for ``options`` (None: "", the process's options): the fields that differ
+    from ``Fp8Options()``, e.g. "Fp8Options(graphs=False)". Remembered, so the op finds the object again."""
+    if options is None:
+        return ""
+    hit = _KEY_BY_ID.get(id(options))
+    if hit is not None and hit[0] is options:
+        return hit[1]
+    if not isinstance(options, Fp8Options):
+        raise DitprofError(f"options must be an Fp8Options, got {type(options).__name__}")
+    base = Fp8Options()
+    diff = ", ".join(f"{f.name}={getattr(options, f.name)!r}" for f in dataclasses.fields(options)
+                     if getattr(options, f.name) != getattr(base, f.name))
+    key = f"Fp8Options({diff})"
+    _BY_KEY.setdefault(key, options)
+    if len(_KEY_BY_ID) >= 256:  # callers that make a new options object per call
+        _KEY_BY_ID.clear()
+    _KEY_BY_ID[id(options)] = (options, key)
+    return key
+
+
+def options_for(key: str) -> Fp8Options:
+    """The options of the op's ``options`` argument ("": the process's)."""
+    if not key:
+        return default_options()
+    opts = _BY_KEY.get(key)
+    if opts is None:
+        raise DitprofError(f"unknown fp8 options {key!r}: build the argument with op.options_key")
+    return opts
+
+
 # Defined with torch.library's schema API rather than ``torch.library.custom_op``: the same op for torch.compile,
 # CUDA graphs and the dispatcher, without custom_op's Python autograd and aliasing-check layers on every eager call
-# (~70 us of host time per call on the H200 host, 2026-12-02, benchmarks/host_overhead.py). No backward: calling
-# backward through it raises torch's "not implemented" error.
+# (their host cost is measured by benchmarks/host_overhead.py). No backward: calling backward through it raises
+# torch's "not implemented" error.
 _LIB = torch.library.Library("ditprof", "DEF")
-_LIB.define("fp8_attention(Tensor q, Tensor k, Tensor v, float scale, Tensor? key_mask=None) -> Tensor")
+_LIB.define('fp8_attention(Tensor q, Tensor k, Tensor v, float scale, Tensor? key_mask=None, str options="") '
+            '-> Tensor')
 
 
 def fp8_attention_cuda_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                            key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                            key_mask: Optional[torch.Tensor] = None, options: str = "") -> torch.Tensor:
     """o (B, Sq, H, D) in q's dtype; q (B, Sq, H, D), k and v (B, Sk, H, D), CUDA: our kernel."""
     # the launch record checks q, k, v once per configuration (shapes, strides, dtypes, device), not per call
-    from ditprof.kernels.launch import compact_keys, fp8_attention_cuda
+    from ditprof.kernels.launch_record import fp8_call
 
+    opts = options_for(options)
     if key_mask is None:
-        return fp8_attention_cuda(q, k, v, scale)
+        return fp8_call(q, k, v, scale, options=opts)
+    from ditprof.kernels.masks import compact_keys
+
     check_key_mask(key_mask, k)
     if key_mask.device != k.device:
         raise DitprofError(f"key_mask must be on {k.device}, got {key_mask.device}")
     k, v, key_lens = compact_keys(k, v, key_mask)
-    return fp8_attention_cuda(q, k, v, scale, key_lens)
+    return fp8_call(q, k, v, scale, key_lens, options=opts)
 
 
 def fp8_attention_cpu_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                           key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           key_mask: Optional[torch.Tensor] = None, options: str = "") -> torch.Tensor:
     """Any other device: the numerics emulation."""
     check(q, k, v, key_mask)
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
     from ditprof.kernels.qk_format import qk_format
 
-    # the Q/K format the GPU path would take in this process (DITPROF_FP8_QK), so the CPU shows its numerics
-    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, qk_format=qk_format(head_dim=q.shape[-1]))
+    opts = options_for(options)
+    # the Q/K format the GPU path would take with these options, so the CPU shows its numerics
+    return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask, smooth_k=opts.smooth_k,
+                                  qk_format=qk_format(opts.qk_format, head_dim=q.shape[-1]))
 
 
 _LIB.impl("fp8_attention", fp8_attention_cuda_impl, "CUDA")
@@ -66,16 +113,16 @@ _LIB.impl("fp8_attention", fp8_attention_cpu_impl, "CPU")
 
 
 @torch.library.register_fake("ditprof::fp8_attention")
-def _fake(q, k, v, scale, key_mask=None):
+def _fake(q, k, v, scale, key_mask=None, options=""):
     check(q, k, v, key_mask)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
-                  key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  key_mask: Optional[torch.Tensor] = None, options: Optional[Fp8Options] = None) -> torch.Tensor:
     """Python entry: the default scale (1/sqrt(head_dim)) and a one-line error for a bad scale, then the op."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
-    return torch.ops.ditprof.fp8_attention(q, k, v, float(scale), key_mask)
+    return torch.ops.ditprof.fp8_attention(q, k, v, float(scale), key_mask, options_key(options))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ditprof.kernels.registry import register
+from ditprof.kernels.registry import LaunchStats, register
 
 # GPUs our FP8 mma.sync kernel compiles for: native QMMA on sm_89/sm_120/sm_121, emulated (correct) on sm_90.
 FP8_KERNEL_CAPABILITIES = ((8, 9), (9, 0), (12, 0), (12, 1))
@@ -157,12 +158,44 @@ def _fp8_available(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-@register("fp8", description="our FP8 FlashAttention kernels (CuTe DSL): wgmma fp8-sm90 on Hopper, "
-                             "mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available)
-def fp8(q, k, v, *, scale=None, key_mask=None):
-    from ditprof.kernels.op import fp8_attention  # the custom op; the kernel (CuTe DSL) loads at the first call
+def _fp8_qk_format(options=None) -> Callable[[int], str]:
+    def fmt(head_dim: int) -> str:
+        from ditprof.kernels.qk_format import qk_format
 
-    return fp8_attention(q, k, v, scale=scale, key_mask=key_mask)
+        return qk_format(None if options is None else options.qk_format, head_dim)
+
+    return fmt
+
+
+def _fp8_snapshot() -> object:
+    from ditprof.kernels.launch_record import call_counts
+
+    return call_counts()
+
+
+def _fp8_since(snapshot: object) -> list:
+    from ditprof.kernels.launch_record import launch_summaries
+
+    return launch_summaries(since=snapshot)
+
+
+def _fp8_fn(options=None) -> Callable:
+    def fp8(q, k, v, *, scale=None, key_mask=None):
+        from ditprof.kernels.op import fp8_attention  # the custom op; the kernel (CuTe DSL) loads at the first call
+
+        return fp8_attention(q, k, v, scale=scale, key_mask=key_mask, options=options)
+
+    return fp8
+
+
+def _fp8_with_options(options) -> dict:
+    return {"fn": _fp8_fn(options), "qk_format": _fp8_qk_format(options)}
+
+
+register("fp8", description="our FP8 FlashAttention kernels (CuTe DSL): wgmma fp8-sm90 on Hopper, "
+                            "mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available,
+         qk_format=_fp8_qk_format(), launch_stats=LaunchStats(_fp8_snapshot, _fp8_since),
+         options=_fp8_with_options)(_fp8_fn())
 
 
 __all__ = ["FP8_KERNEL_CAPABILITIES", "FA4_CAPABILITY_MAJORS"]

@@ -3,21 +3,21 @@
 - ``"int8"``: Q and K rotated by the same Hadamard matrix in the prep (Q Kᵀ unchanged, outlier channels spread
   over all channels), then INT8 with a scale per query row and one per (batch, head) for K; S = Q8 K8ᵀ on the
   int8 tensor cores, exact in int32. Holds on Q/K outlier channels and peaked attention (benchmarks/NOTES.md,
-  "Session 8: FP8 accuracy on real activations").
+  "FP8 accuracy on real activations").
 - ``"e4m3"``: Q and K as float8_e4m3fn with one scale per (batch, head) each (the first kernels' format).
 
-V and P are e4m3 in both. ``DITPROF_FP8_QK`` picks the format for a process; a call may name one. Without either:
-INT8 wherever the rotation applies -- a power-of-two head_dim of at least 16, which covers every head_dim the GPU
-kernels take (H200, H3 shape, prep included: +1.9 % over e4m3 in steady state; benchmarks/NOTES.md, session 10) --
-and e4m3 for the other head dims (the tiny test presets' 12, 24, ...).
+V and P are e4m3 in both. A call names one through ``Fp8Options.qk_format``; ``DITPROF_FP8_QK`` picks the format
+for a process (read once, ``fp8_config.default_options``). Without either: INT8 wherever the rotation applies -- a
+power-of-two head_dim of at least 16, which covers every head_dim the GPU kernels take (it holds accuracy at a small
+speed cost over e4m3; benchmarks/NOTES.md) -- and e4m3 for the other head dims (the tiny test presets' 12, 24, ...).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.fp8_config import default_options
 
 QK_FORMATS = ("e4m3", "int8")
 DEFAULT_QK_FORMAT = "int8"
@@ -37,9 +37,9 @@ def default_qk_format(head_dim: Optional[int] = None) -> str:
 
 
 def qk_format(requested: Optional[str] = None, head_dim: Optional[int] = None) -> str:
-    """``requested``, else ``DITPROF_FP8_QK``, else the default for ``head_dim``; a one-line error for an unknown
-    name."""
-    name = requested or os.environ.get("DITPROF_FP8_QK") or default_qk_format(head_dim)
+    """``requested``, else the process's (``DITPROF_FP8_QK``, read once), else the default for ``head_dim``; a
+    one-line error for an unknown name."""
+    name = requested or default_options().qk_format or default_qk_format(head_dim)
     if name not in QK_FORMATS:
         raise DitprofError(f"unknown fp8 Q/K format {name!r}; known: {', '.join(QK_FORMATS)}")
     return name

@@ -5,7 +5,7 @@ table built on the host (``streamk_schedule.piece_table``, -1 padded); a tail ti
 and is left alone (its O is already written).
 
 ``streamk_merge`` launches through Triton's JIT (tests, benches); ``MergeLaunch`` is the per-configuration launch of
-``kernels.launch`` (``prep_triton.FixedLaunch``: the compiled kernel's launcher after the first call)."""
+``kernels.launch_record`` (``prep_triton.FixedLaunch``: the compiled kernel's launcher after the first call)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ditprof.kernels.prep_triton import FixedLaunch
+from ditprof.kernels.prep_api import FixedLaunch
 from ditprof.kernels.streamk_schedule import TILE_M, piece_table
 
 BLOCK = 64  # query rows per program
@@ -87,19 +87,23 @@ def device_table(n_full: int, n_tail: int, n_ctas_tail: int, n_kt: int, device) 
 
 class MergeLaunch:
     """The merge of one launch configuration: the table (``device_table``), the grid and the sizes fixed; a call
-    passes the workspace and ``out`` (B, Sq, H, D contiguous) and writes O only (the op returns no LSE)."""
+    passes the workspace, ``out`` (B, Sq, H, D contiguous) and, with ``write_lse``, the LSE (B, H, Sq) to write;
+    without it O only."""
 
     def __init__(self, n_full: int, n_tail: int, n_ctas_tail: int, n_kt: int, heads: int, sq: int, head_dim: int,
-                 device):
+                 device, write_lse: bool = False):
         self.table = device_table(n_full, n_tail, n_ctas_tail, n_kt, device)
         p_max = self.table.shape[1]
+        self.write_lse = bool(write_lse)
         static = {"table": self.table, "n_full": n_full, "n_m": -(-sq // TILE_M), "H": heads, "sq": sq}
         self.launch = FixedLaunch(_streamk_merge_kernel, (n_tail, TILE_M // BLOCK), {}, {
-            **static, "P_MAX": p_max, "D": head_dim, "TILE": TILE_M, "BLOCK": BLOCK, "WRITE_LSE": False},
+            **static, "P_MAX": p_max, "D": head_dim, "TILE": TILE_M, "BLOCK": BLOCK, "WRITE_LSE": self.write_lse},
             ("o_part", "lse_part", "out", "lse_out"))
 
-    def __call__(self, o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, stream: int) -> None:
-        self.launch((o_part, lse_part, out, lse_part), stream)  # lse_out: not written (WRITE_LSE=False)
+    def __call__(self, o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, stream: int,
+                 lse: torch.Tensor | None = None) -> None:
+        # lse_out: the LSE with write_lse; otherwise never written (lse_part stands in)
+        self.launch((o_part, lse_part, out, lse if self.write_lse else lse_part), stream)
 
 
 __all__ = ["BLOCK", "MergeLaunch", "device_table", "streamk_merge"]
