@@ -1,6 +1,7 @@
 """Fingerprints of the Triton prep's compiled kernels (sm_90, compiled offline: no GPU): one sha256 per kernel over
 its PTX (the debug information dropped: ``.loc`` / ``.file`` lines and the ``.debug_*`` sections carry source
-line numbers and the checkout's path) and one over its SASS (nvdisasm text), for the launch configurations the shipped prep compiles, so two checkouts can be compared kernel by kernel.
+line numbers and the checkout's path) and one over its SASS (nvdisasm text), for the launch configurations the
+shipped prep compiles, so two checkouts can be compared kernel by kernel.
 
     python benchmarks/prep_fingerprint.py --json before.json
     python benchmarks/prep_fingerprint.py --json after.json --compare before.json   # exit 1 on any difference
