@@ -883,7 +883,7 @@ class Sm90Fp8Attention:
             self.pv_waited(f.pv_mma_h_zero, f.pv_mma_h, acc_O, f.acc_Ot, f.alpha_keep, tOrP, f.tOrV_h,
                            v_state.index, f.sum_mma_zero, f.sum_mma, f.acc_L, f.tLrOnes, row_sum)
             # sk < 0 never holds but ptxas cannot know: the basic-block boundary keeps the next QK's
-            # set-up from being interleaved into the merge, which is what made v5 spill
+            # set-up from being interleaved into the merge (interleaved, the consumers spill)
             c = cute.arch.clock()
             if sk < 0:
                 if const_expr(self.qk_int8):
