@@ -232,6 +232,7 @@ def main(argv=None) -> int:
     # timing at H3
     if device == "cuda" and not args.no_h3:
         from ditprof.kernels import prep_triton
+        from ditprof.kernels.fp8_config import PrepConfig
 
         B, Sq, Sk, H, D = SHAPES[0]
         q, k, v = make_qkv(B, Sq, Sk, H, D, torch.bfloat16, device)
@@ -285,18 +286,20 @@ def main(argv=None) -> int:
                         for c, r, w in ((256, 8, 4), (1024, 8, 4), (512, 4, 4), (512, 16, 4), (1024, 16, 8))]
             for cfg in configs:
                 try:
-                    got = prep_triton.prepare_triton(qs, ks, vs, True, **cfg)
+                    got = prep_triton.prepare_triton(qs, ks, vs, True, config=PrepConfig(**cfg))
                     same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got[:3], base[:3]))
-                    ms = cuda_time(lambda: prep_triton.prepare_triton(qs, ks, vs, True, **cfg), iters=10)
+                    ms = cuda_time(lambda: prep_triton.prepare_triton(qs, ks, vs, True, config=PrepConfig(**cfg)),
+                                   iters=10)
                     report["sweep"].append({**cfg, "ms": ms, "same_bytes": same})
                     srows.append([str(cfg), ms, same, ""])
                     if not same:
                         failures.append(f"sweep {cfg}")
                 except Exception as exc:
                     srows.append([str(cfg), None, None, f"{type(exc).__name__}: {exc}"[:100]])
+            d = PrepConfig()
             print_table("launch-config sweep at H3 (whole prep, no finite check; defaults: quant_block "
-                        f"{prep_triton.QUANT_BLOCK}/{prep_triton.QUANT_WARPS} warps, stats chunk "
-                        f"{prep_triton.STATS_CHUNK}/R {prep_triton.STATS_R}/{prep_triton.STATS_WARPS} warps)",
+                        f"{d.quant_block}/{d.quant_warps} warps, stats chunk "
+                        f"{d.stats_chunk}/R {d.stats_r}/{d.stats_warps} warps)",
                         ["config", "ms", "same bytes", "error"], srows)
 
     report["failures"] = failures

@@ -10,6 +10,7 @@ import torch
 from triton_interpreter import inner_only, run_under_interpreter
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.prep import (
     Fp8Prepared,
     fp8_prepare,
@@ -301,7 +302,7 @@ def test_interpreter_inner(shape):
     # several stats chunks, each with full tiles and a ragged tail (chunk 40 rows, tiles of 2 * W rows)
     q, k, v = with_signed_zeros(*make_qkv(B, Sq, Sk, H, D, seed=3))
     ref = fp8_prepare_torch(q, k, v)
-    got = prep_triton.prepare_triton(q, k, v, True, stats_chunk=40, stats_r=2, quant_block=16)
+    got = prep_triton.prepare_triton(q, k, v, True, config=PrepConfig(stats_chunk=40, stats_r=2, quant_block=16))
     _assert_same_bytes(Fp8Prepared(*got[:4], Sq, Sk, got[4]), ref)
     # per-batch key counts: the K mean and the K/V descales from each item's first n keys (B > 1 shapes; 0 and
     # more than Sk included), identical to the torch chain and, on the rows kept, to a prep of those keys alone
@@ -411,7 +412,7 @@ def test_gpu_launch_configs_give_the_same_bytes(cfg):
 
     q, k, v = with_signed_zeros(*make_qkv(2, 1000, 777, 3, 128, seed=8, device="cuda"))
     ref = fp8_prepare_torch(q, k, v)
-    got = prep_triton.prepare_triton(q, k, v, True, **cfg)
+    got = prep_triton.prepare_triton(q, k, v, True, config=PrepConfig(**cfg))
     _assert_same_bytes(Fp8Prepared(*got[:4], 1000, 777, got[4]), ref)
 
 

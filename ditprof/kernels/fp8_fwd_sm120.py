@@ -11,7 +11,7 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
   the P.V mma as the A operand.  Each lane only holds keys ``8j + 2t + {0,1}`` of a strip, so its
   A-slot ``4t + e (+16)`` takes key ``2t + e%2 + 8*(e//2) (+16)``: V is stored by the prep
   feature-major with the keys of every 16-key group in exactly that order (``key_order``).
-* Two-level accumulation of O (issue 18): each P.V mma is issued with C = 0, so it sums one strip's 32 keys from
+* Two-level accumulation of O: each P.V mma is issued with C = 0, so it sums one strip's 32 keys from
   zero, and its products are added to the FP32 O on the CUDA cores: O = O * alpha (the online-softmax rescale,
   FMUL) + O_strip (FADD), a fresh accumulator per strip (``PV_ACC_STRIPS`` = 1: a group of several strips would need
   a second O-sized register fragment, which does not fit at head_dim 128).  On sm_89 / sm_120 the FP8 mma keeps
@@ -21,7 +21,7 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
   ``fp8_emulation``'s ``acc_promote=True``; the sm_89 / sm_120 accuracy is modelled there (``acc_bits=13``), not
   run (no such GPU here).
 * O is scaled by ``dv / 256 / l`` at the end; LSE (natural log) = (m + log2 l) * ln 2.
-* ``qk_int8`` (compile time, issue 18): q8 and k8 are int8 and S = Q8 K8^T is an s8 x s8 -> s32 mma.sync m16n8k32
+* ``qk_int8`` (compile time): q8 and k8 are int8 and S = Q8 K8^T is an s8 x s8 -> s32 mma.sync m16n8k32
   (``IMMA.16832.S8.S8``, native on sm_80+; same fragment layouts, smem tiles and ldmatrix as e4m3), exact in int32.
   The accumulator starts at ``QK_I32_BIAS`` (0x4B400000) instead of 0, so its bits read as a float are 12582912 + S
   exactly (|S| <= 2^22): no conversion instruction.  Each query row has its own scale ``q_scales[b, h, row] *
@@ -79,7 +79,7 @@ N_BLOCK = 32  # keys per strip
 NUM_THREADS = 128  # 4 warps
 NUM_STAGES = 2  # K/V cp.async stages
 SUPPORTED_HEAD_DIMS = (64, 128)
-# Two-level accumulation of O (issue 18): P V is summed over PV_ACC_STRIPS strips in the mma's accumulator, then
+# Two-level accumulation of O: P V is summed over PV_ACC_STRIPS strips in the mma's accumulator, then
 # added to the FP32 O on the CUDA cores.  1: every P V mma starts from C = 0 (one m16n8k32 covers exactly one 32-key
 # strip), so no mma accumulator outlives its instruction; the extra registers are only the products in flight.
 # 2 or more would keep a second O-sized fragment live across strips (head_dim floats per thread: 128 more registers
@@ -631,9 +631,9 @@ EMULATED_ARCHS = ("sm_90", "sm_90a", "sm_100a", "sm_103a")
 
 
 def default_early_v(arch: str) -> bool:
-    """Early V ldmatrix: 255 regs / 0 spills on sm_120a and sm_89 at head_dim 128 (244-250 before the two-level
-    P V of issue 18).  The sm_90 emulation (FP8 unpacked to F16 for HMMA) needs more registers: there the V chunks
-    are loaded right before their mma."""
+    """Early V ldmatrix: fits the register file without spills on sm_120a and sm_89 at head_dim 128.  The sm_90
+    emulation (FP8 unpacked to F16 for HMMA) needs more registers: there the V chunks are loaded right before their
+    mma."""
     return not arch.startswith(("sm_90", "sm_10"))
 
 

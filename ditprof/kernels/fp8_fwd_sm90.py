@@ -1,7 +1,7 @@
 """Hopper-native FP8 FlashAttention forward (sm_90a): TMA + mbarrier pipelines + warpgroup MMA (QGMMA).
 
-Design (issue 5, part 1)
-------------------------
+Design
+------
 CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by default), one CTA per
 (64 * consumer_wgs query rows, head, batch):
 
@@ -14,7 +14,7 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   S = Q K^T with both operands read from swizzled smem (K-major: Q and K rows are D-contiguous), then
   O += P V with P from registers (A operand, K-major by construction) and V^T from smem (the prep stores V
   feature-major, so the key axis — the K axis of this GEMM — is contiguous: K-major as FP8 wgmma requires).
-* The shipped schedule (v6, benchmarks/NOTES.md "Session 3"), with its four sizes in a frozen ``Sm90Config``
+* The shipped schedule (v6; benchmarks/NOTES.md has its measurements), with its four sizes in a frozen ``Sm90Config``
   picked by ``config_for(arch, head_dim)``: 3 consumer warpgroups (192 query rows per CTA, 160 registers each),
   160-key tiles, 3-deep K and V rings, P_{j-1} V_{j-1} finished before QK_j is issued (S and P never live
   together; the other warpgroups supply the overlap), each tile's P V promoted to FP32 in 2 head_dim slices, the row
@@ -23,7 +23,7 @@ CTA = 1 producer + ``consumer_wgs`` consumer warpgroups (4 x 128 threads by defa
   ``benchmarks/experimental/fp8_fwd_sm90_variants.py`` with the sweep and timeline scripts.
 * Promotion: each tile's P V goes into a fresh wgmma accumulator and is added on the FP32 cores,
   O = O * alpha + O_tile. Accumulating O across tiles inside the FP8 wgmma loses the low bits of every tile's
-  term once |O| is large (short accumulator alignment): 53 % error on a long key range with a biased V. In two
+  term once |O| is large (short accumulator alignment): a large error on a long key range with a biased V. In two
   head_dim slices the fresh accumulator is small enough for 3 consumer warpgroups at 160 registers.
 * The exps use the side-effecting inline-asm ``ex2.approx.ftz`` (``cute.arch.exp2``): with ``math.exp2`` LLVM
   cloned/sank them past the P V wait.
@@ -61,17 +61,17 @@ Numerics (ARCHITECTURE.md, "FP8 numerics") with the tiling's differences
 
 Q in the kernel (``q_rot``, INT8 only; the op's launch record uses it on the plain grid)
 ----------------------------------------------------------------------------------------
-Q's INT8 scales are per row, so the CTA that reads Q can quantize it: the prep then skips Q (at H3 434 MB read and
-108 MB written less, the INT8 prep 0.96 -> 0.74 ms). The producer loads the prep's +-1 matrix transposed (the
-16-bit wgmma's K-major B operand, 32 KiB at head_dim 128) by TMA on the Q pipeline instead of Q; each consumer
-warpgroup loads its 64 rows of the 16-bit q straight into the A-operand registers of a 16-bit wgmma (column pairs
-in 32-bit loads; rows >= Sq zeros), Q' = Q Rpm1 / D on the tensor cores (fp32), the row amax over the quad (a
-NaN-propagating max: a row with NaN or Inf sets Q's sticky flag, which follows ``scales`` in memory), descale
-RN(amax / 127), codes rni(Q' * RN(1 / descale)) -- the prep's codes: the H200 gave the prep path's output bits at
-every shape tried -- written byte by byte through the accumulator's partition of the int8 Q tile (CuTe applies the
-swizzle), then a proxy fence and a named barrier of the warpgroup. The key loop is unchanged. On the stream-K grid
-it lost (a tail segment's Q is then quantized on the critical path instead of prefetched: flux +1.4 %), so that
-grid keeps the prep's Q.
+Q's INT8 scales are per row, so the CTA that reads Q can quantize it: the prep then skips Q (its largest read and
+write). The producer loads the prep's +-1 matrix transposed (the 16-bit wgmma's K-major B operand, 32 KiB at
+head_dim 128) by TMA on the Q pipeline instead of Q; each consumer warpgroup loads its 64 rows of the 16-bit q
+straight into the A-operand registers of a 16-bit wgmma (column pairs in 32-bit loads; rows >= Sq zeros),
+Q' = Q Rpm1 / D on the tensor cores (fp32), the row amax over the quad (a NaN-propagating max: a row with NaN or Inf
+sets Q's sticky flag, which follows ``scales`` in memory), descale RN(amax / 127), codes rni(Q' * RN(1 / descale))
+-- the prep's codes: on the GPU the output bits were the prep path's at every shape tried -- written byte by byte
+through the accumulator's partition of the int8 Q tile (CuTe applies the swizzle), then a proxy fence and a named
+barrier of the warpgroup. The key loop is unchanged. On the stream-K grid
+it lost (a tail segment's Q is then quantized on the critical path instead of prefetched), so that grid keeps the
+prep's Q.
 
 Inputs (the shared prep's contract): q8 (B,H,Sq_pad,D) with Sq_pad % 128 == 0, k8 (B,H,Sk_pad,D),
 v8t (B,H,D,Sk_pad) with Sk_pad % 32 == 0 (TMA zero-fills the box beyond Sk_pad), scales (B,H,3) fp32.
@@ -259,16 +259,16 @@ def tma_views(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, head_dim: int, tile_n
 
 
 def config_for(arch: str, head_dim: int) -> Sm90Config:
-    """The one configuration we ship for (arch, head_dim): v6 (H3 shape on the H200: 27.3-28.2 ms vs v5's
-    28.3-29.4 ms in the same three sweeps; benchmarks/NOTES.md "Session 3"). head_dim 64 takes 192-key tiles: its
-    O accumulator is half as large, so they fit the consumers' 160 registers (0 spills; 88 spill bytes at 128),
-    and ltx / CogVideoX ran 2.3 % (INT8) and 4.8-5.1 % (e4m3) faster with them (H200, session 12)."""
+    """The one configuration we ship for (arch, head_dim): v6, the fastest schedule measured
+    (benchmarks/NOTES.md). head_dim 64 takes 192-key tiles: its O accumulator is half as large, so they fit the
+    consumers' 160 registers without spills (at head_dim 128 they spill), and the head_dim-64 shapes ran faster
+    with them."""
     if not arch.startswith("sm_90"):
         raise ValueError(f"the wgmma kernel is sm_90a only, not {arch}")
     if head_dim not in (64, 128):
         raise ValueError(f"head_dim {head_dim} not supported (64 or 128)")
-    # the INT8 accumulator preset as a wgmma: h3 -0.9 / -1.2 % (two H100 runs, 15 and 40 interleaved rounds), same
-    # output bits; at head_dim 64 (Q K^T's two k-steps, +24 % tensor work per tile) CogVideoX +1.2 % (session 21)
+    # the INT8 accumulator preset as a wgmma: faster at head_dim 128, same output bits; not at head_dim 64, where
+    # Q K^T has only two k-steps and the preset's extra tensor work per tile does not pay
     return Sm90Config(tile_n=192) if head_dim == 64 else Sm90Config(mma_preset=True)
 
 
@@ -581,7 +581,7 @@ class Sm90Fp8Attention:
         fences and the CTA barrier; returns the LDS preset's pointer (None for e4m3 and the wgmma preset)."""
         if tidx == 0:
             # a zeroed scratch slot no schedule of this kernel reads: dropping the store reorders the prologue's
-            # SASS, and this is the instruction stream that was measured (benchmarks/NOTES.md)
+            # SASS, and this is the instruction stream that was measured
             sPin[PIN_ZERO_SLOT] = Float32(0.0)
         # every byte is one element, so the swizzle does not matter: e4m3 1.0 = 0x38
         ones_raw = cute.recast_tensor(storage.sOnes.get_tensor(cute.make_layout(cute.cosize(sOnes_layout))), Uint8)
@@ -883,7 +883,7 @@ class Sm90Fp8Attention:
             self.pv_waited(f.pv_mma_h_zero, f.pv_mma_h, acc_O, f.acc_Ot, f.alpha_keep, tOrP, f.tOrV_h,
                            v_state.index, f.sum_mma_zero, f.sum_mma, f.acc_L, f.tLrOnes, row_sum)
             # sk < 0 never holds but ptxas cannot know: the basic-block boundary keeps the next QK's
-            # set-up from being interleaved into the merge, which is what made v5 spill
+            # set-up from being interleaved into the merge (interleaved, the consumers spill)
             c = cute.arch.clock()
             if sk < 0:
                 if const_expr(self.qk_int8):
@@ -1085,9 +1085,8 @@ class Sm90Fp8Attention:
     def epilogue(self, acc_O: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, qk_scale,
                  o_scale: Float32, mO: cute.Tensor, mLSE: cute.Tensor, sq: Int32, row0: Int32,
                  head: Int32, bat: Int32, wg_tidx: Int32):
-        """O = acc_O / l and the LSE. O leaves in 16-byte stores (``store_o_row``); one bf16 per store instead cost
-        4 us of a 70 us CTA at Flux's shape (partial sectors, 8 rows per instruction): -12 % kernel time there,
-        -1.7 to -2.7 % at h3 (benchmarks/NOTES.md)."""
+        """O = acc_O / l and the LSE. O leaves in 16-byte stores (``store_o_row``): one bf16 per store writes
+        partial sectors, 8 rows per instruction, a large share of a short CTA's time."""
         warp = wg_tidx // 32
         lane = wg_tidx % 32
         quad = lane % 4

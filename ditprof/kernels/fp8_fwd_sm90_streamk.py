@@ -2,11 +2,11 @@
 key-loop instruction is its ``attend``'s) on a grid whose last, partial round is spread evenly over the SMs.
 
 Why: a grid of work tiles (192 query rows each) fills the SMs in rounds; at the short shapes (Flux 1024^2: 576 tiles
-on 132 SMs = 4 rounds and 48 tiles) the partial last round kept 84 SMs idle for a fifth of the kernel (per-CTA
-timeline, benchmarks/NOTES.md session 12). Here the tail's n_tail x n_kt (tile, key tile) units, in order, are cut
+on 132 SMs = 4 rounds and 48 tiles) the partial last round kept most SMs idle for a large part of the kernel (the
+per-CTA timeline, benchmarks/NOTES.md). Here the tail's n_tail x n_kt (tile, key tile) units, in order, are cut
 into ``T`` = (SM count) contiguous ranges, one per tail CTA; a range crosses at most one tile boundary (T > n_tail),
-so a tail CTA runs one or two *segments* (a tile and a key range of it). H200, kernel only, same process (session
-13): Flux -8.1 % (INT8) / -6.3 % (e4m3) with the merge, LTX -3.9 / -2.5 %; H3 (67 rounds) within noise.
+so a tail CTA runs one or two *segments* (a tile and a key range of it). It pays at the short shapes (a few
+rounds), merge included; a grid of many rounds gains nothing (benchmarks/NOTES.md has the timings).
 
 Design
 ------
@@ -28,8 +28,8 @@ Design
   unit counts).
 
 Numerics: full CTAs are the shipped kernel bit for bit. Tail rows differ from it as any split of the keys does: each
-piece's P is quantized against its own running max and its O rounded to the output dtype before the merge (tail rows
-vs the one-pass kernel ~0.5 % rel-RMS on Gaussian inputs, both within the float64 goals; GPU tests).
+piece's P is quantized against its own running max and its O rounded to the output dtype before the merge (the
+GPU tests bound the tail rows against the one-pass kernel; both stay within the float64 goals).
 
 Arguments: the shipped kernel's (q8, k8, v8t, scales, q_scales, key_lens, out, lse), then ``o_part`` (2 T, 192, D)
 and ``lse_part`` (2 T, 192), then (B, H, Sq, Sk, Sq_pad, Sk_pad, softmax_scale, n_full, n_tail, T, stream).

@@ -217,19 +217,8 @@ def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, k
 _COMPILERS = {"fp8-sm120": _compile_fp8_sm120, "fp8-sm90": _compile_fp8_sm90}
 
 
-def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
-                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None,
-                   grid: str = "plain", q_in_kernel: bool = False) -> dict:
-    """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
-    spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
-    ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
-    ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
-    default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids).
-    ``q_in_kernel``: fp8-sm90 INT8's build that rotates and quantizes Q itself (``q_rot``, the build the op's launch
-    record runs on the plain grid; the stream-K grid takes the prep's Q)."""
-    from ditprof.kernels.qk_format import qk_format as resolve_qk_format
-
-    qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"
+def _check_build(kernel: str, arch: str, grid: str) -> None:
+    """One-line DitprofError unless ``kernel`` is known, compiles for ``arch`` and has the ``grid`` build."""
     if kernel not in KNOWN_KERNELS:
         raise DitprofError(f"unknown kernel {kernel!r}; known: {', '.join(KNOWN_KERNELS)}")
     if grid not in ("plain", "stream-K"):
@@ -237,6 +226,12 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
     archs = KNOWN_KERNELS[kernel]["archs"]
     if arch not in archs:
         raise DitprofError(f"kernel {kernel} compiles for {', '.join(archs)}, not {arch!r}")
+
+
+def _compile_to_sass(kernel: str, arch: str, head_dim: int, out_dtype: str, keep_sass: str | None, key_lens: bool,
+                     qk_int8: bool, grid: str, q_in_kernel: bool) -> tuple[str, dict, int, float, str]:
+    """Compile one build into a temporary dump directory and disassemble its cubin: (SASS text, the cubin's
+    resources, dynamic shared memory bytes, compile seconds, what the compiler printed)."""
     nvdisasm = find_nvdisasm()
     from ditprof.kernels.cute_arch import cute_dsl_arch
 
@@ -264,10 +259,13 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         if keep_sass:
             with open(keep_sass, "w") as f:
                 f.write(sass)
-    base, full = sass_opcodes(sass)
-    instructions = {op: base.get(op, 0) for op in KEY_OPCODES}
-    instructions.update(dict(sorted(base.items(), key=lambda kv: -kv[1])))
-    m = _PTXAS_SPILL.search(cap.text)
+    return sass, res, dyn_smem, compile_s, cap.text
+
+
+def _spills_and_registers(ptxas_text: str, res: dict) -> tuple[int, str, int | None]:
+    """(spill bytes, where that figure comes from, registers): ptxas's remarks where it printed them, else the
+    cubin's stack frame (the local memory per thread, spills included) and register count."""
+    m = _PTXAS_SPILL.search(ptxas_text)
     if m:
         spill = int(m.group(2)) + int(m.group(3))
         spill_source = "ptxas"
@@ -276,8 +274,31 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         spill_source = "stack frame"
     regs = res["registers"]
     if regs is None:
-        mr = _PTXAS_REGS.search(cap.text)
+        mr = _PTXAS_REGS.search(ptxas_text)
         regs = int(mr.group(1)) if mr else None
+    return spill, spill_source, regs
+
+
+def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
+                   keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None,
+                   grid: str = "plain", q_in_kernel: bool = False) -> dict:
+    """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
+    spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
+    ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
+    ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
+    default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids).
+    ``q_in_kernel``: fp8-sm90 INT8's build that rotates and quantizes Q itself (``q_rot``, the build the op's launch
+    record runs on the plain grid; the stream-K grid takes the prep's Q)."""
+    from ditprof.kernels.qk_format import qk_format as resolve_qk_format
+
+    qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"
+    _check_build(kernel, arch, grid)
+    sass, res, dyn_smem, compile_s, ptxas_text = _compile_to_sass(kernel, arch, head_dim, out_dtype, keep_sass,
+                                                                  key_lens, qk_int8, grid, q_in_kernel)
+    base, full = sass_opcodes(sass)
+    instructions = {op: base.get(op, 0) for op in KEY_OPCODES}
+    instructions.update(dict(sorted(base.items(), key=lambda kv: -kv[1])))
+    spill, spill_source, regs = _spills_and_registers(ptxas_text, res)
     mma = {k: v for k, v in full.items() if k.startswith(("QMMA", "HMMA", "IMMA", "QGMMA", "HGMMA", "IGMMA"))}
     return {
         "kernel": kernel,

@@ -21,7 +21,7 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.compile_cache import KernelSpec, compiled
-from ditprof.kernels.prep_api import padded_lengths
+from ditprof.kernels.prep_layout import padded_lengths
 
 LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None}
 

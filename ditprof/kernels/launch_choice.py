@@ -70,9 +70,9 @@ def kernel_name_for_arch(arch: str, requested: Optional[str] = None) -> str:
 
 def sm_count(device_index: int) -> int:
     """The device's SM count (the stream-K grid's tail width; tests replace it to give small problems a tail)."""
-    from ditprof.kernels import prep_api
+    from ditprof.kernels import triton_launch
 
-    return prep_api.sm_count(device_index)
+    return triton_launch.sm_count(device_index)
 
 
 def check_options(options: Fp8Options) -> None:

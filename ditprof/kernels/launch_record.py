@@ -83,7 +83,7 @@ class Fp8Launch:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, choice: LaunchChoice,
                  options: Fp8Options, return_lse: bool = False):
-        from ditprof.kernels.prep_api import PrepPlan
+        from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
         Sk = k.shape[1]

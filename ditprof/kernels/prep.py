@@ -11,7 +11,7 @@ bf16/fp16 (``layout="BHSD"`` takes (B,H,S,D)):
 - ``sq``, ``sk``: true lengths; ``k_mean`` (B,H,D) float32 when smoothing (else None) — not part of the
   contract, handy to correct an LSE (smoothing shifts each score row by q . mean_k).
 
-INT8 Q/K mode (``qk_int8=True``, issue 18; the default e4m3 mode above is unchanged). Rpm1 = ``rotation.rotation_pm1``
+INT8 Q/K mode (``qk_int8=True``; the default e4m3 mode above is unchanged). Rpm1 = ``rotation.rotation_pm1``
 (diag(+-1 signs) @ Sylvester Hadamard, entries +-1, Rpm1 Rpm1^T = D I):
 
 - rotation: Q' = fp32(Q @ Rpm1) / D, K' = fp32(K @ Rpm1) (the torch chain sums in float64, exact for 16-bit inputs;
@@ -53,13 +53,13 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import check_qkv
+from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.key_order import key_order_for_positions
+from ditprof.kernels.prep_layout import padded_lengths
 from ditprof.kernels.rotation import rotation_pm1
 
 FP8_MAX = 448.0
 INT8_MAX = 127.0
-Q_ROW_PAD = 128
-K_ROW_PAD = 32
 _NAMES = ("q", "k", "v")
 
 
@@ -101,10 +101,6 @@ def finish_finite_check(pending: Optional[tuple]) -> None:
 
 # ---------------------------------------------------------------- small shared helpers (no numerics)
 
-def padded_lengths(sq: int, sk: int) -> tuple[int, int]:
-    return -(-sq // Q_ROW_PAD) * Q_ROW_PAD, -(-sk // K_ROW_PAD) * K_ROW_PAD
-
-
 def _to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x if layout == "BSHD" else x.transpose(1, 2)
 
@@ -120,8 +116,8 @@ def _raise_if_nonfinite(scales: torch.Tensor) -> None:
     Skipped while a CUDA graph is being captured (no sync possible there)."""
     if scales.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    # numpy on the host copy: 4 us vs 14 us for the same test as torch ops (2-core CPU machine; ~90 us under the
-    # profiler in a 2 x H200 ltx-video trace, where per-call host overhead made the small fp8 block host-bound)
+    # numpy on the host copy: several times less host time than the same test as torch ops, which matters where
+    # per-call host overhead makes a small fp8 block host-bound
     host = scales.detach().reshape(-1, 3).cpu().numpy()
     finite = np.isfinite(host)
     if finite.all():
@@ -190,6 +186,7 @@ def fp8_prepare(
     out: Optional[Fp8Prepared] = None,
     key_lens: Optional[torch.Tensor] = None,
     qk_int8: bool = False,
+    config: PrepConfig = PrepConfig(),
 ) -> Fp8Prepared:
     """Fused FP8 prep. ``backend``: "auto" (Triton where it can run, else the torch chain), "triton", "torch".
 
@@ -201,6 +198,8 @@ def fp8_prepare(
     ``key_lens`` (B,) int32 on the inputs' device: batch item b's K mean and K/V descales come from its first
     key_lens[b] keys only (what the kernels attend to; clamped to [0, Sk]); the other rows are still quantized.
     ``qk_int8``: the INT8 Q/K mode (Hadamard-rotated, per-token Q scales; see the module docstring).
+    ``config``: the Triton kernels' launch configuration (``prep_triton``; the torch chain has none): the same
+    outputs for every valid one.
     """
     if backend not in ("auto", "triton", "torch"):
         raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -223,7 +222,7 @@ def fp8_prepare(
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
     q8, k8, v8t, scales, k_mean, q_scales = _triton_module().prepare_triton(
-        qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, qk_int8=qk_int8)
+        qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, qk_int8=qk_int8, config=config)
     pending = None
     if check_finite == "defer" and scales.is_cuda:
         pending = _start_finite_check(scales)
@@ -317,8 +316,8 @@ def quantize_v_e4m3(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
     """V's e4m3 codes (both Q/K modes): e4m3(clamp(fp32(x * fp32(1 / descale)), +-448)), round to nearest even;
     the exact quotient where descale < RECIP_MIN_DESCALE (or NaN). ``descale`` broadcasts against ``x``.
 
-    One multiply per element instead of a correctly rounded quotient (the prep's V programs are issue-bound: H200,
-    interleaved, prep alone -4 to -7 %, NOTES session 17). It differs from e4m3(x / descale) only where x / descale
+    One multiply per element instead of a correctly rounded quotient (the prep's V programs are issue-bound, so
+    it shortens them). It differs from e4m3(x / descale) only where x / descale
     lies at an e4m3 midpoint (bf16 V over a per-head descale does, now and then): there the product, an fp32 ulp
     off, picks the neighbour that round-half-even would not; both are equally near."""
     xf = x.float()

@@ -12,8 +12,8 @@ accumulated atomically):
    flight together; each is folded elementwise into [W, D] accumulators (no reductions, no shared memory in the
    loop). Q/V amax runs on the raw 16-bit patterns (signed and unsigned max, 16x2 at a time); K's max/min in
    fp32 (exact); K's sum in float64. Then each program counts itself done on its (b, h)'s counter; the last one
-   runs the finalize for that (b, h) (``_finalize_bh``) and resets the counter (one launch less than a separate
-   finalize kernel: ~8 us of host time per call on the H200 host):
+   runs the finalize for that (b, h) (``_finalize_bh``) and resets the counter (one launch, and its host time,
+   less than a separate finalize kernel):
    the finalize reduces the partials in a fixed order; mean_k = fp32(sum64 / n) (n = Sk, or with ``key_lens``
    the item's own key count: its K and V stats cover only those rows);
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
@@ -33,20 +33,18 @@ per token); its K programs take the same per-channel sum/max/min of K' = K @ Rpm
 tiles, ``stats_rot_rows_for``, with the +-1 matrix ``rot``, passed in the inputs' dtype, fp32 accumulation; the
 tiles folded elementwise, the sum in fp32 per program until its row reduction), and the finalize writes mu' (rotated,
 ``k_mean_rot``, for the quantize pass), the reported mean mu' @ Rpm1^T / D (float64 sum: the torch chain's value
-for the same mu') and descale_k = amax / 127. The quantize launch's Q and K programs take QK_ROWS rows each (the
-rotation matrix loaded to shared memory once per program), QK_BLOCK rows per ``tl.dot``: Q' = (Q @ Rpm1) / D with
-a descale per row (integer max of the |x| bits, so a NaN row stays NaN; a non-finite row sets Q's sticky flag and
-NaN in scales[b, h, 0], which is how every finiteness check sees Q in this mode), K' - mu' with the per-head
-descale; codes int8(clamp(rne(X' * RN(1 / descale)), +-127)) (``QK_RECIP``; without it the correctly rounded
-quotient below, per row for Q). V's programs are the
-e4m3 mode's, in a launch of their own (``SPLIT_V``: the rotating programs' 48 KiB of shared memory would cap V's
-occupancy too), and the rotating loops load the next row block before they rotate the current one
-(``QK_PREFETCH``): H200, H3 shape, the INT8 prep 1.56 -> 1.24 ms (e4m3's 0.96; benchmarks/NOTES.md, session 10,
-has the layouts measured slower). Tensor-core sums are not the torch chain's float64 sums: a code may be one off
-(tests/test_prep_int8.py states the tolerance). Under the interpreter the dot runs in fp32 (``F32DOT``: its numpy
-dot mishandles bf16).
+for the same mu') and descale_k = amax / 127. The quantize launch's Q and K programs take ``qk_rows`` rows each
+(the rotation matrix loaded to shared memory once per program), ``qk_block`` rows per ``tl.dot``: Q' = (Q @ Rpm1) / D
+with a descale per row (integer max of the |x| bits, so a NaN row stays NaN; a non-finite row sets Q's sticky flag
+and NaN in scales[b, h, 0], which is how every finiteness check sees Q in this mode), K' - mu' with the per-head
+descale; codes int8(clamp(rne(X' * RN(1 / descale)), +-127)) (``qk_recip``; without it the correctly rounded
+quotient below, per row for Q). V's programs are the e4m3 mode's, in a launch of their own (``split_v``: the
+rotating programs' shared memory would cap V's occupancy too), and the rotating loops load the next row block
+before they rotate the current one (``qk_prefetch``). Tensor-core sums are not the torch chain's float64 sums: a
+code may be one off (tests/test_prep_int8.py states the tolerance). Under the interpreter the dot runs in fp32
+(``F32DOT``: its numpy dot mishandles bf16).
 
-The division X / descale of Q and K (e4m3 mode; INT8 without ``QK_RECIP``) is the IEEE (correctly rounded) fp32
+The division X / descale of Q and K (e4m3 mode; INT8 without ``qk_recip``) is the IEEE (correctly rounded) fp32
 quotient, computed without a divide per element (``_div_by_descale``): inv = RN(1 / descale) once per program, q =
 RN(x * inv), then two Markstein corrections q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within
 one ulp of x / descale; Markstein's theorem (inv within half an ulp of 1/descale, q within an ulp) makes the second
@@ -58,6 +56,38 @@ against the exact quotient on every bf16 and fp16 value. The explicit +-448 clam
 
 Why float64 for the K sum: a sum of bf16/fp16 values in float64 is exact (unless a channel spans > ~30 binades),
 so the mean does not depend on the reduction order and the torch reference matches bit for bit.
+
+Launch configuration: a ``fp8_config.PrepConfig`` (frozen; its defaults are what ships), passed to ``PrepPlan``,
+``prepare_triton`` and ``compile_offline``. Its fields (benchmarks/NOTES.md has the measurements behind each
+default; benchmarks/prep_check.py and the INT8 sweep time alternatives):
+
+- ``stats_chunk`` rows per stats program; ``stats_r`` rows per thread per stats iteration (16-byte loads in
+  flight); ``stats_warps``, ``quant_warps`` the launches' warps; ``quant_block`` rows (positions for V) per e4m3
+  quantize program: divides 128 and is a multiple of 16 (whole key groups); ``finalize_cb`` chunks per finalize
+  step.
+- ``stats_programs_per_sm`` (INT8 Q/K): the stats chunk halves (down to 128 rows) while the K and V stats grid has
+  fewer programs per SM than this, because each K program rotates its chunk serially, so a grid under a few waves is
+  latency-bound (0: always ``stats_chunk``).
+- ``stats_rot_rows``: rows of the stats pass's rotated K tiles, 16 or 32 (0: ``stats_rot_rows_for`` picks: 16 at
+  head_dim >= 128 once the stats grid has ``stats_rot16_programs_per_sm`` programs per SM, where the smaller
+  accumulators double the programs per SM and the grid streams in many waves; 32 in a grid of a few waves, where
+  each program's serial loop is the latency, and at head_dim 64).
+- ``qk_rows`` rows per INT8 Q/K quantize program (the rotation matrix is loaded once per program), ``qk_block``
+  rows per ``tl.dot`` there; ``qk_stages`` those loops' ``tl.range`` num_stages (1: deeper pipelining failed to
+  compile in Triton's pipeliner).
+- ``split_v``, ``qk_prefetch``: the INT8 work layout above (the other layouts measured slower).
+- ``fast_div``: the Markstein division above (False: ``tl.math.div_rn`` per element).
+- ``qk_recip``: INT8 Q/K codes from X' * RN(1 / descale) (one FMUL, or one FFMA with K's mean folded in) instead of
+  the correctly rounded quotient (five FMAs and a sign fix per element): the two differ by at most one fp32 ulp
+  before the integer rounding, so a code moves only where X' / descale lands within an ulp of a half-integer --
+  inside the INT8 contract's "a code may be one off"; the rotating programs are issue-bound, not byte-bound. V's
+  e4m3 codes are always v * RN(1 / descale): the torch chain (``prep.quantize_v_e4m3``) computes them the same
+  way, so they stay bit for bit.
+- ``stats_v_mult`` (INT8 Q/K): V amax programs of this many K chunks each (fewer, longer V programs beside the
+  rotating K programs, which are the launch's latency); ``stats_v_first`` puts them at the front of the grid.
+- ``stats_rot_tail``: the stats pass's rotating K loop folds the chunk's whole tiles without per-element row masks
+  and masks only a ragged last tile (fewer instructions per tile, same bits; the same split in the K quantize loop
+  measured slower).
 
 Importing this module imports triton; ``TRITON_INTERPRET=1`` (set before the import) runs the kernels on CPU
 tensors. The interpreter (triton 3.9) rounds fp32 -> e4m3 wrongly when the mantissa carries into the exponent
@@ -73,97 +103,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ditprof.kernels.prep import padded_lengths
+from ditprof.kernels.fp8_config import PrepConfig
+from ditprof.kernels.prep_layout import padded_lengths
 from ditprof.kernels.rotation import rotation_pm1
+from ditprof.kernels.triton_launch import FixedLaunch, sm_count
 
+# Triton's own switch, read once here as Triton reads it: interpreted kernels need the fp32 workarounds below
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-# Launch configuration (tunable; benchmarks/prep_check.py sweeps a few). QUANT_BLOCK must divide 128 and be a
-# multiple of 16 (whole key groups). STATS_R: rows per thread per stats iteration (16-byte loads in flight).
-STATS_CHUNK = 512
-# INT8 Q/K mode: halve the stats chunk (down to 128 rows) while the stats grid (K and V chunks of every (b, h)) has
-# fewer than this many programs per SM: each K program rotates its chunk serially, so a grid under a few waves is
-# latency-bound (H200, interleaved: flux 1x4608x24 0.143 -> 0.128 ms with 256-row chunks; ltx, cogvideox, h3 keep
-# 512, where smaller chunks measured 0-14 % slower; benchmarks/NOTES.md, session 11). 0: always STATS_CHUNK.
-STATS_PROGRAMS_PER_SM = 6
-STATS_R = 8
-STATS_WARPS = 4
-QUANT_BLOCK = 32
-QUANT_WARPS = 4
-FINALIZE_CB = 16
-# INT8 Q/K mode (``qk_int8``): rows per quantize program for Q and K (the +-1 rotation matrix is loaded once per
-# program: 32 KiB at D = 128 against 2 * 128 * QK_ROWS bytes of input), rows per ``tl.dot`` there, and rows per
-# ``tl.dot`` of the stats pass's rotated K
-QK_ROWS = 512
-QK_BLOCK = 64
-# 0: ``stats_rot_rows_for`` picks 16 or 32 per call; 16 / 32 force one
-STATS_ROT_ROWS = 0
-# the stats pass's rotated K tiles have 16 rows instead of 32 at head_dim >= 128 once the stats grid has at least this
-# many programs per SM: the [rows, D] accumulators of the elementwise fold then take 122 registers instead of 216
-# (sm_90, D = 128), 4 programs per SM instead of 2, which pays where the grid streams in many waves (H200, prep
-# alone, interleaved: h3 (51 programs per SM) -3.4 %) but not in a grid of a few waves, where each program's serial
-# loop is the latency (flux, 6.5 per SM: +2.0 %) nor at head_dim 64 (ltx +6.8 %, CogVideoX +2.1 %); NOTES, session 17
-STATS_ROT16_PROGRAMS_PER_SM = 24
-# tl.range num_stages of those loops: 3 measured 975 vs 1119 us (quant, H3, H200) but then failed to compile in a
-# test (TritonGPUPipeline pass, triton 3.6); 1 until that is understood
-QK_STAGES = 1
-# INT8 Q/K mode layout of the work (benchmarks/experimental/prep_int8_sweep.py measures each; Q's quantize in the
-# stats launch, V's amax in a stats launch of its own and 8 warps for the rotating programs measured slower:
-# benchmarks/NOTES.md, session 10):
-# SPLIT_V: V's quantize programs get a launch of their own, so the rotation matrix's shared memory does not cap
-#   their occupancy (one launch more);
-# QK_PREFETCH: the rotated loops load the next row block into registers before they rotate the current one.
-SPLIT_V = True
-QK_PREFETCH = True
-FAST_DIV = True  # Markstein division (see the module docstring); False: tl.math.div_rn per element
-# INT8 Q/K codes from X' * RN(1 / descale) (one FMUL, or one FFMA with K's mean folded in) instead of the correctly
-# rounded quotient (five FMAs and a sign fix per element): the two differ by at most one fp32 ulp before the integer
-# rounding, so a code moves only where X' / descale lands within an ulp of a half-integer -- inside the INT8
-# contract's "a code may be one off" (tests/test_prep_int8.py). The rotating programs are issue-bound, not
-# byte-bound (benchmarks/NOTES.md, session 13's ncu). V's e4m3 codes are always v * RN(1 / descale): the torch
-# chain (``prep.quantize_v_e4m3``) computes them the same way, so they stay bit for bit.
-QK_RECIP = True
-# The stats launch's V amax programs (INT8 Q/K mode): STATS_V_MULT chunks of K's size each (fewer, longer V programs
-# beside the rotating K programs, which are the launch's latency), and STATS_V_FIRST puts them at the front of the
-# grid (scheduled first). H100, the whole prep, settings interleaved at seven shapes: 2 -1.3 % on the geometric mean
-# (ltx -2.6, CogVideoX -1.7, h3 -1.2, Wan 14B -1.5, HunyuanVideo -1.6, flux / Wan 1.3B within noise); 4 -1.1 %,
-# V first +0.2 % (benchmarks/NOTES.md, session 20).
-STATS_V_MULT = 2
-STATS_V_FIRST = False
-# STATS_ROT_TAIL: the stats pass's rotating K loop folds the chunk's whole tiles without per-element row masks and
-# masks only a ragged last tile (RT = 16, D = 128: 191 -> 155 SASS instructions per tile, sm_90 offline; same bits).
-# H100, the prep alone, interleaved, 60 rounds: ltx -0.6 %, h3 -0.8 %, Wan 1.3B -1.2 %, Wan 14B -0.6 %, HunyuanVideo
-# -0.4 %, flux +0.2 %. The same split in the K quantize loop measured +6.5 % at h3 and Wan 14B (not kept; NOTES,
-# session 24).
-STATS_ROT_TAIL = True
-
-# ``DITPROF_PREP_KNOBS="QK_RECIP=False,QK_ROWS=256"``: the knobs above for a process, read once at import (a
-# benchmark or a GPU test run of one setting without a code change; the same names prep_int8_sweep.py takes)
-ENV_KNOBS = ("STATS_CHUNK", "STATS_PROGRAMS_PER_SM", "STATS_R", "STATS_WARPS", "QUANT_BLOCK", "QUANT_WARPS",
-             "QK_ROWS", "QK_BLOCK", "STATS_ROT_ROWS", "QK_STAGES", "SPLIT_V", "QK_PREFETCH",
-             "FAST_DIV", "QK_RECIP", "STATS_V_MULT", "STATS_V_FIRST", "STATS_ROT_TAIL")
-
-
-def parse_env_knobs(text: str) -> dict:
-    """``NAME=VALUE,...`` (VALUE an integer, True or False) -> {NAME: value}; a one-line DitprofError otherwise."""
-    from ditprof.errors import DitprofError
-
-    out = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, eq, value = item.partition("=")
-        if name not in ENV_KNOBS or not eq:
-            raise DitprofError(f"DITPROF_PREP_KNOBS: {item!r} is not KNOB=VALUE with a KNOB of {', '.join(ENV_KNOBS)}")
-        if value in ("True", "False"):
-            out[name] = value == "True"
-        else:
-            try:
-                out[name] = int(value)
-            except ValueError:
-                raise DitprofError(f"DITPROF_PREP_KNOBS: {name}={value!r} is not an integer, True or False") from None
-    return out
-
-
-globals().update(parse_env_knobs(os.environ.get("DITPROF_PREP_KNOBS", "")))
 
 _INT_MIN = tl.constexpr(-2147483648)
 
@@ -366,11 +312,10 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
                  PREFETCH: tl.constexpr, TAIL: tl.constexpr):
     # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
     # matrix, fp32 accumulation), the rotated tiles folded elementwise into [RT, D] accumulators and reduced over
-    # rows once, after the loop, so the loop carries no cross-thread reduction (H200, prep alone, vs reducing each
-    # tile in the loop with a float64 sum: -5.2 % flux, -5.3 % ltx, -3.3 % CogVideoX, -1.7 % h3; a float64
-    # elementwise sum's 244 registers halve the programs per SM: -3.7 / -5.0 / -2.6 / +1.6 %; NOTES, session 15).
-    # TAIL (``STATS_ROT_TAIL``): the chunk's whole tiles fold without the max/min row masks (two FSEL per
-    # element, 32 of the loop's 191 SASS instructions at RT = 16, D = 128) and only a ragged last tile takes them;
+    # rows once, after the loop, so the loop carries no cross-thread reduction (faster than reducing each tile in
+    # the loop; a float64 elementwise sum would take so many registers that the programs per SM halve).
+    # TAIL (``stats_rot_tail``): the chunk's whole tiles fold without the max/min row masks (two FSEL per
+    # element) and only a ragged last tile takes them;
     # otherwise every tile is masked. The sum runs in fp32 across the chunk's tiles (CHUNK / RT terms per
     # accumulator, at most 32 at the shipped sizes) and in float64 from the row reduction on; the mean may differ
     # from a float64 sum's in its last bits (the K descale is exact: max and min are).
@@ -609,7 +554,7 @@ def _div_rows(x, ds, FAST: tl.constexpr):
 
 @triton.jit
 def _codes_q(xr, qs, FAST: tl.constexpr, RECIP: tl.constexpr):
-    # Q' / qs per row (``QK_RECIP``: times RN(1 / qs), unless a descale is so small that 1 / qs could overflow)
+    # Q' / qs per row (``qk_recip``: times RN(1 / qs), unless a descale is so small that 1 / qs could overflow)
     if RECIP:
         if tl.min(qs, axis=0) >= 1e-26:
             y = xr * tl.math.div_rn(tl.full(qs.shape, 1.0, tl.float32), qs)[:, None]
@@ -622,7 +567,7 @@ def _codes_q(xr, qs, FAST: tl.constexpr, RECIP: tl.constexpr):
 
 @triton.jit
 def _codes_k(xr, m, mu, ds, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, RECIP: tl.constexpr):
-    # (K' - mu') / ds, pad rows (m False) zero (``QK_RECIP``: one FFMA with RN(1 / ds) and -mu' * RN(1 / ds))
+    # (K' - mu') / ds, pad rows (m False) zero (``qk_recip``: one FFMA with RN(1 / ds) and -mu' * RN(1 / ds))
     if RECIP and SUB_MEAN:
         if ds >= 1e-26:
             inv = tl.math.div_rn(1.0, ds)
@@ -694,7 +639,7 @@ def _quant_kernel(
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
     DO_V: tl.constexpr, RECIP: tl.constexpr,
 ):
-    # DO_QK / DO_V: which operands this launch quantizes (SPLIT_V gives V a launch of its own: NQ = NK = 0)
+    # DO_QK / DO_V: which operands this launch quantizes (``split_v`` gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
@@ -730,40 +675,43 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device) -> int:
-    """Rows per stats program: STATS_CHUNK, or in INT8 Q/K mode on a GPU the largest of STATS_CHUNK, /2, ... (at
-    least 128) that gives the K and V stats grid STATS_PROGRAMS_PER_SM programs per SM."""
-    chunk = STATS_CHUNK
+def check_config(config: PrepConfig) -> None:
+    """ValueError unless ``config`` is a launch configuration the kernels take."""
+    if 128 % config.quant_block or config.quant_block % 16:
+        raise ValueError(f"quant_block must divide 128 and be a multiple of 16, got {config.quant_block}")
+    for name in ("stats_r", "stats_warps"):
+        val = getattr(config, name)
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two, got {val}")
+    if config.stats_chunk < 1:
+        raise ValueError(f"stats_chunk must be positive, got {config.stats_chunk}")
+    if config.stats_v_mult < 1:
+        raise ValueError(f"stats_v_mult must be >= 1, got {config.stats_v_mult}")
+
+
+def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device, config: PrepConfig = PrepConfig()) -> int:
+    """Rows per stats program: ``config.stats_chunk``, or in INT8 Q/K mode on a GPU the largest of it, /2, ... (at
+    least 128) that gives the K and V stats grid ``config.stats_programs_per_sm`` programs per SM."""
+    chunk = config.stats_chunk
     device = torch.device(device)
-    if not (qk_int8 and STATS_PROGRAMS_PER_SM and device.type == "cuda"):
+    if not (qk_int8 and config.stats_programs_per_sm and device.type == "cuda"):
         return chunk
-    target = STATS_PROGRAMS_PER_SM * sm_count(device.index)
+    target = config.stats_programs_per_sm * sm_count(device.index)
     while chunk > 128 and 2 * _cdiv(Sk, chunk) * BH < target:
         chunk //= 2
     return chunk
 
 
-def stats_rot_rows_for(D: int, stats_programs: int, device) -> int:
-    """Rows per ``tl.dot`` of the INT8 stats pass's rotated K tiles: STATS_ROT_ROWS when set, else 16 at
-    head_dim >= 128 on a GPU where the stats grid (``stats_programs``) has STATS_ROT16_PROGRAMS_PER_SM programs per
-    SM or more, else 32."""
-    if STATS_ROT_ROWS:
-        return STATS_ROT_ROWS
+def stats_rot_rows_for(D: int, stats_programs: int, device, config: PrepConfig = PrepConfig()) -> int:
+    """Rows per ``tl.dot`` of the INT8 stats pass's rotated K tiles: ``config.stats_rot_rows`` when set, else 16 at
+    head_dim >= 128 on a GPU where the stats grid (``stats_programs``) has ``config.stats_rot16_programs_per_sm``
+    programs per SM or more, else 32."""
+    if config.stats_rot_rows:
+        return config.stats_rot_rows
     device = torch.device(device)
     if device.type != "cuda" or D < 128:
         return 32
-    return 16 if stats_programs >= STATS_ROT16_PROGRAMS_PER_SM * sm_count(device.index) else 32
-
-
-_SMS: dict = {}
-
-
-def sm_count(index) -> int:
-    """The SM count of CUDA device ``index`` (None: the current one), read once per device."""
-    index = torch.cuda.current_device() if index is None else index
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
+    return 16 if stats_programs >= config.stats_rot16_programs_per_sm * sm_count(device.index) else 32
 
 
 def stats_rows_per_warp(D: int) -> int:
@@ -771,17 +719,29 @@ def stats_rows_per_warp(D: int) -> int:
     return max(1, 256 // D)
 
 
-_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
+def stats_constants(config: PrepConfig, *, D: int, chunk: int, rot_rows: int, smooth_k: bool, key_lens: bool,
+                    qk_int8: bool, interpret: bool) -> dict:
+    """The stats kernel's constexpr arguments for one build."""
+    return dict(D=D, CHUNK=chunk, R=config.stats_r, W=config.stats_warps * stats_rows_per_warp(D),
+                CB=config.finalize_cb, SMOOTH=smooth_k, KLENS=key_lens, QK_INT8=qk_int8, RT=rot_rows,
+                F32DOT=interpret, QK_STAGES=config.qk_stages, PREFETCH=config.qk_prefetch,
+                V_MULT=config.stats_v_mult if qk_int8 else 1, V_FIRST=bool(config.stats_v_first and qk_int8),
+                TAIL=config.stats_rot_tail)
 
 
-def _launch_hooks_set() -> bool:
-    # a launch hook (proton, a user's) must see every launch: then every launch goes through Triton's JIT. Newer
-    # Triton keeps the hooks as HookChain objects (never None; empty ``calls`` when nothing is hooked)
-    rt = _RUNTIME_KNOBS
-    if rt is None:
-        return False
-    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-    return bool(getattr(enter, "calls", enter is not None)) or bool(getattr(leave, "calls", leave is not None))
+def quant_constants(config: PrepConfig, *, D: int, smooth_k: bool, qk_int8: bool, interpret: bool) -> dict:
+    """The quantize kernel's constexpr arguments for one build, but for DO_QK / DO_V (``quant_launches``)."""
+    return dict(D=D, BLOCK=config.quant_block, SMOOTH=smooth_k, MANUAL_RNE=interpret, FAST=bool(config.fast_div),
+                QK_INT8=qk_int8, QK_ROWS=config.qk_rows, QK_BLOCK=config.qk_block, F32DOT=interpret,
+                QK_STAGES=config.qk_stages, PREFETCH=config.qk_prefetch, RECIP=config.qk_recip)
+
+
+def quant_launches(config: PrepConfig, qk_int8: bool) -> tuple[tuple[bool, bool], ...]:
+    """(DO_QK, DO_V) of each quantize launch: one launch for all three operands, or with ``split_v`` in INT8 mode
+    Q/K's and then V's."""
+    if qk_int8 and config.split_v:
+        return (True, False), (False, True)
+    return ((True, True),)
 
 
 def stream_of_handle(handle: int, device) -> "torch.cuda.Stream":
@@ -791,40 +751,6 @@ def stream_of_handle(handle: int, device) -> "torch.cuda.Stream":
     if handle == 0:
         return torch.cuda.default_stream(device)
     return torch.cuda.ExternalStream(handle, device=device)
-
-
-class FixedLaunch:
-    """One Triton kernel of the prep with its grid, options and argument list fixed but for the tensors. The first
-    call goes through the JIT (which specialises, compiles and returns the CompiledKernel); later calls on CUDA call
-    that kernel's launcher directly (what the JIT itself calls after ~10-20 us of per-call argument
-    specialisation), unless a launch hook is set. The arguments a plan fixes (sizes, strides, alignment of the
-    buffers) are what the JIT specialised on, so the compiled kernel stays valid for every call of the plan."""
-
-    def __init__(self, fn, grid: tuple, options: dict, static: dict, dynamic: tuple):
-        self.fn = fn
-        self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.options = options
-        names = list(fn.arg_names)
-        self.names = names
-        self.template = [static.get(n) for n in names]
-        self.slots = tuple(names.index(n) for n in dynamic)  # where each per-call tensor goes
-        missing = set(names) - set(static) - set(dynamic)
-        if missing:
-            raise ValueError(f"{fn.__name__}: no value for {sorted(missing)}")
-        self.compiled = None
-
-    def __call__(self, values: tuple, stream: int | None) -> None:
-        args = self.template.copy()
-        for i, val in zip(self.slots, values):
-            args[i] = val
-        ck = self.compiled
-        if ck is not None and stream is not None and not _launch_hooks_set():
-            ck.run(self.grid[0], self.grid[1], self.grid[2], stream, ck.function, ck.packed_metadata, None, None,
-                   None, *args)
-            return
-        res = self.fn[self.grid](**dict(zip(self.names, args)), **self.options)
-        if stream is not None and all(hasattr(res, a) for a in ("run", "function", "packed_metadata")):
-            self.compiled = res
 
 
 _ROTATIONS: dict = {}
@@ -843,29 +769,24 @@ def _device_rotation(D: int, dtype: torch.dtype, device) -> torch.Tensor:
     return rot
 
 
+_STATS_ARGS = ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr", "kmin_ptr", "mean_ptr",
+               "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr", "rot_ptr", "kmr_ptr")
+_QUANT_ARGS = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
+               "rot_ptr", "flags_ptr")
+
+
 class PrepPlan:
     """The prep's launches (two; three with INT8 Q/K) for one configuration (input shapes, strides, dtype,
-    smoothing, tuning): grids, sizes and launch options computed once, so that a caller that keeps the plan
-    (``kernels.launch``) pays only the launches per call. ``prepare_triton`` builds one per call."""
+    smoothing, launch configuration ``config``): grids, sizes and launch options computed once, so that a caller
+    that keeps the plan (``kernels.launch``) pays only the launches per call. ``prepare_triton`` builds one per
+    call."""
 
-    def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
-                 stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False,
-                 skip_q: bool = False, config=None):
-        # config: the PrepConfig (the prep's branch reads it; the shipped defaults here)
+    def __init__(self, q, k, v, smooth_k: bool, *, key_lens: bool = False, qk_int8: bool = False,
+                 skip_q: bool = False, config: PrepConfig = PrepConfig()):
         # skip_q (INT8 Q/K only): no Q programs, q8 and q_scales are not written -- for a kernel that rotates and
         # quantizes Q itself (fp8-sm90's q_rot build)
-        quant_block = quant_block or QUANT_BLOCK
-        quant_warps = quant_warps or QUANT_WARPS
-        stats_r = stats_r or STATS_R
-        stats_warps = stats_warps or STATS_WARPS
-        fast_div = FAST_DIV if fast_div is None else bool(fast_div)
-        if 128 % quant_block or quant_block % 16:
-            raise ValueError(f"quant_block must divide 128 and be a multiple of 16, got {quant_block}")
-        for name, val in (("stats_r", stats_r), ("stats_warps", stats_warps)):
-            if val < 1 or val & (val - 1):
-                raise ValueError(f"{name} must be a power of two, got {val}")
-        if stats_chunk is not None and stats_chunk < 1:
-            raise ValueError(f"stats_chunk must be positive, got {stats_chunk}")
+        check_config(config)
+        self.config = config
         B, Sq, H, D = q.shape
         Sk = k.shape[1]
         self.B, self.Sq, self.Sk, self.H, self.D = B, Sq, Sk, H, D
@@ -877,57 +798,43 @@ class PrepPlan:
             raise ValueError(f"the INT8 Q/K prep needs head_dim >= 16 (tl.dot), got {D}")
         if self.qk_int8 and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
             _device_rotation(D, q.dtype, q.device)  # made now, outside any graph capture
-        BH = B * H
-        stats_chunk = stats_chunk or stats_chunk_for(BH, Sk, self.qk_int8, q.device)
-        # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
-        ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
-        # the chunk and rotated-rows rules count V's chunks at K's size (as they were calibrated), so STATS_V_MULT
-        # changes only the V programs
-        v_mult = STATS_V_MULT if self.qk_int8 else 1
-        if v_mult < 1:
-            raise ValueError(f"STATS_V_MULT must be >= 1, got {v_mult}")
-        ncv = _cdiv(Sk, stats_chunk * v_mult)
         if skip_q and not self.qk_int8:
             raise ValueError("skip_q needs the INT8 Q/K format (qk_int8=True)")
         self.skip_q = bool(skip_q)
+        self.key_lens = bool(key_lens)
+        BH = B * H
+        stats_chunk = stats_chunk_for(BH, Sk, self.qk_int8, q.device, config)
+        # INT8 Q/K: Q has per-token scales, so it leaves the stats pass (no Q chunks)
+        ncq, nck = (0 if self.qk_int8 else _cdiv(Sq, stats_chunk)), _cdiv(Sk, stats_chunk)
+        # the chunk and rotated-rows rules count V's chunks at K's size (as they were calibrated), so stats_v_mult
+        # changes only the V programs
+        ncv = _cdiv(Sk, stats_chunk * (config.stats_v_mult if self.qk_int8 else 1))
         if self.qk_int8:
-            nq, nk = (0 if skip_q else _cdiv(self.Sq_pad, QK_ROWS)), _cdiv(self.Sk_pad, QK_ROWS)
+            nq, nk = (0 if skip_q else _cdiv(self.Sq_pad, config.qk_rows)), _cdiv(self.Sk_pad, config.qk_rows)
         else:
-            nq, nk = self.Sq_pad // quant_block, _cdiv(self.Sk_pad, quant_block)
-        nv = _cdiv(self.Sk_pad, quant_block)
+            nq, nk = self.Sq_pad // config.quant_block, _cdiv(self.Sk_pad, config.quant_block)
+        nv = _cdiv(self.Sk_pad, config.quant_block)
         self.ncq, self.nck, self.ncv = ncq, nck, ncv
         # strides are (b, s, h, d) for each tensor: the kernels take them in that order
         strides = {}
         for pre, x in (("sq", q), ("sk", k), ("sv", v)):
             for axis, st in zip("bshd", x.stride()):
                 strides[pre + axis] = st
-        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, NCV=ncv, D=D, CHUNK=stats_chunk, R=stats_r,
-                     W=stats_warps * stats_rows_per_warp(D), CB=FINALIZE_CB, SMOOTH=self.smooth_k,
-                     KLENS=bool(key_lens), QK_INT8=self.qk_int8,
-                     RT=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device), F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, V_MULT=v_mult,
-                     V_FIRST=bool(STATS_V_FIRST and self.qk_int8), TAIL=STATS_ROT_TAIL)
-        self.key_lens = bool(key_lens)
-        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, NQ=nq, NK=nk, D=D,
-                     BLOCK=quant_block, SMOOTH=self.smooth_k, MANUAL_RNE=INTERPRET, FAST=fast_div,
-                     QK_INT8=self.qk_int8, QK_ROWS=QK_ROWS, QK_BLOCK=QK_BLOCK, F32DOT=INTERPRET,
-                     QK_STAGES=QK_STAGES, PREFETCH=QK_PREFETCH, RECIP=QK_RECIP)
-        self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": stats_warps}, stats,
-                                 ("q_ptr", "k_ptr", "v_ptr", "qpart_ptr", "vpart_ptr", "ksum_ptr", "kmax_ptr",
-                                  "kmin_ptr", "mean_ptr", "scales_ptr", "flags_ptr", "count_ptr", "klens_ptr",
-                                  "rot_ptr", "kmr_ptr"))
-        quant_args = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_ptr", "scales_ptr", "qs_ptr",
-                      "rot_ptr", "flags_ptr")
-        warps = {"num_warps": quant_warps}
-        if self.qk_int8 and SPLIT_V:
-            self.quants = (
-                FixedLaunch(_quant_kernel, (nq + nk, BH), warps, dict(quant, DO_QK=True, DO_V=False), quant_args),
-                FixedLaunch(_quant_kernel, (nv, BH), warps, dict(quant, NQ=0, NK=0, DO_QK=False, DO_V=True),
-                            quant_args),
-            )
-        else:
-            self.quants = (FixedLaunch(_quant_kernel, (nq + nk + nv, BH), warps,
-                                       dict(quant, DO_QK=True, DO_V=True), quant_args),)
+        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, NCV=ncv,
+                     **stats_constants(config, D=D, chunk=stats_chunk, smooth_k=self.smooth_k,
+                                       key_lens=self.key_lens, qk_int8=self.qk_int8, interpret=INTERPRET,
+                                       rot_rows=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device, config)))
+        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad,
+                     **quant_constants(config, D=D, smooth_k=self.smooth_k, qk_int8=self.qk_int8,
+                                       interpret=INTERPRET))
+        self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": config.stats_warps}, stats,
+                                 _STATS_ARGS)
+        warps = {"num_warps": config.quant_warps}
+        self.quants = tuple(
+            FixedLaunch(_quant_kernel, ((nq + nk if do_qk else 0) + (nv if do_v else 0), BH), warps,
+                        dict(quant, NQ=nq if do_qk else 0, NK=nk if do_qk else 0, DO_QK=do_qk, DO_V=do_v),
+                        _QUANT_ARGS)
+            for do_qk, do_v in quant_launches(config, self.qk_int8))
         self.launches = (self.stats, *self.quants)
 
     def buffers(self, device, out=None) -> dict:
@@ -980,13 +887,12 @@ class PrepPlan:
         )
 
     def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None, branch=None) -> None:
-        """The launches (two; three with ``SPLIT_V`` in INT8 mode) on ``stream`` (a raw CUDA stream handle; None:
+        """The launches (two; three with ``split_v`` in INT8 mode) on ``stream`` (a raw CUDA stream handle; None:
         Triton's JIT path, which launches on the current stream). The current device must be the tensors'
         device. ``branch`` (a ``torch.cuda.Stream``, with ``stream`` given): V's own quantize launch runs on it,
         beside the Q/K one (a fork after the stats launch and a join at the end, by events): the quantize launches
-        do not read each other's output, and side by side they fill the SMs their short grids leave idle (the prep
-        as one CUDA graph, H100: flux -8.9 %, ltx -7.9 %, Wan 1.3B -2.9 %, CogVideoX -3.1 %, h3 -1.1 %; NOTES,
-        session 22). ``Fp8Launch._launch_all`` passes it when the launches are captured (the fork and join cost no
+        do not read each other's output, and side by side they fill the SMs their short grids leave idle.
+        ``Fp8Launch._launch_all`` passes it when the launches are captured (the fork and join cost no
         host time in a replay) and for problems too large to reuse a workspace."""
         stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
         self.stats(stats_args, stream)
@@ -1028,31 +934,15 @@ class PrepPlan:
         return stats, quant
 
 
-def prepare_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    smooth_k: bool,
-    *,
-    quant_block: int | None = None,
-    quant_warps: int | None = None,
-    stats_chunk: int | None = None,
-    stats_r: int | None = None,
-    stats_warps: int | None = None,
-    fast_div: bool | None = None,
-    out=None,
-    key_lens=None,
-    qk_int8: bool = False,
-):
-    """Run the two kernels on (B, S, H, D)-indexed views (any strides). Returns (q8, k8, v8t, scales, k_mean,
-    q_scales); q_scales is None unless ``qk_int8``.
+def prepare_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: bool, *, out=None, key_lens=None,
+                   qk_int8: bool = False, config: PrepConfig = PrepConfig()):
+    """Run the kernels on (B, S, H, D)-indexed views (any strides) with the launch configuration ``config``. Returns
+    (q8, k8, v8t, scales, k_mean, q_scales); q_scales is None unless ``qk_int8``.
 
     ``out``: optional (q8, k8, v8t, scales[, q_scales]) contiguous buffers to write into (checked by
     ``prep.fp8_prepare``). No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
     """
-    plan = PrepPlan(q, k, v, smooth_k, quant_block=quant_block, quant_warps=quant_warps, stats_chunk=stats_chunk,
-                    stats_r=stats_r, stats_warps=stats_warps, fast_div=fast_div, key_lens=key_lens is not None,
-                    qk_int8=qk_int8)
+    plan = PrepPlan(q, k, v, smooth_k, key_lens=key_lens is not None, qk_int8=qk_int8, config=config)
     bufs = plan.buffers(q.device, out)
     ctx = torch.cuda.device(q.device) if q.device.type == "cuda" else _NullCtx()
     with ctx:
@@ -1070,17 +960,18 @@ class _NullCtx:
 
 
 def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128, smooth_k: bool = True,
-                    quant_block: int | None = None, quant_warps: int | None = None,
-                    stats_chunk: int | None = None, stats_r: int | None = None, stats_warps: int | None = None,
-                    fast_div: bool | None = None, qk_int8: bool = False):
-    """Compile the two kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas), with the
-    specializations a real launch gets (16-divisible pointers, strides and padded lengths; unit feature stride).
-    Returns {kernel name: CompiledKernel} (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``). For tests and
-    inspection (vectorized loads/stores, IEEE division, e4m3 cvt); not used at run time.
+                    qk_int8: bool = False, config: PrepConfig = PrepConfig()):
+    """Compile the kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas), with the
+    specializations a real launch gets (16-divisible pointers, strides and padded lengths; unit feature stride) and
+    the launch configuration ``config`` (its ``stats_chunk`` as the chunk; ``stats_rot_rows`` 0 builds 32-row
+    rotated tiles). Returns {kernel name: CompiledKernel} (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``):
+    "stats", "quant" and, with ``split_v`` in INT8 mode, "quant_v". For tests and inspection (vectorized
+    loads/stores, IEEE division, e4m3 cvt); not used at run time.
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    check_config(config)
     target = GPUTarget("cuda", arch, 32)
     elem = {"bf16": "*bf16", "fp16": "*fp16"}[dtype]
     div16 = {"sqb", "sqs", "sqh", "skb", "sks", "skh", "svb", "svs", "svh", "Sq_pad", "Sk_pad"}
@@ -1109,22 +1000,10 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
         return triton.compile(src, target=target, options={"num_warps": num_warps, "enable_fp_fusion": True})
 
-    sw = stats_warps or STATS_WARPS
-    fast = FAST_DIV if fast_div is None else bool(fast_div)
-    qw = quant_warps or QUANT_WARPS
-    quant = {"D": head_dim, "BLOCK": quant_block or QUANT_BLOCK, "SMOOTH": smooth_k, "MANUAL_RNE": False,
-             "FAST": fast, "QK_INT8": qk_int8, "QK_ROWS": QK_ROWS, "QK_BLOCK": QK_BLOCK, "F32DOT": False,
-             "QK_STAGES": QK_STAGES, "PREFETCH": QK_PREFETCH, "RECIP": QK_RECIP}
-    split = qk_int8 and SPLIT_V
-    kernels = {
-        "stats": build(_stats_kernel, {"D": head_dim, "CHUNK": stats_chunk or STATS_CHUNK, "R": stats_r or STATS_R,
-                                       "W": sw * stats_rows_per_warp(head_dim), "CB": FINALIZE_CB,
-                                       "SMOOTH": smooth_k, "KLENS": False, "QK_INT8": qk_int8,
-                                       "RT": STATS_ROT_ROWS or 32, "F32DOT": False, "QK_STAGES": QK_STAGES,
-                                       "PREFETCH": QK_PREFETCH, "V_MULT": STATS_V_MULT if qk_int8 else 1,
-                                       "V_FIRST": bool(STATS_V_FIRST and qk_int8), "TAIL": STATS_ROT_TAIL}, sw),
-        "quant": build(_quant_kernel, dict(quant, DO_QK=True, DO_V=not split), qw),
-    }
-    if split:
-        kernels["quant_v"] = build(_quant_kernel, dict(quant, DO_QK=False, DO_V=True), qw)
+    stats = stats_constants(config, D=head_dim, chunk=config.stats_chunk, rot_rows=config.stats_rot_rows or 32,
+                            smooth_k=smooth_k, key_lens=False, qk_int8=qk_int8, interpret=False)
+    quant = quant_constants(config, D=head_dim, smooth_k=smooth_k, qk_int8=qk_int8, interpret=False)
+    kernels = {"stats": build(_stats_kernel, stats, config.stats_warps)}
+    for name, (do_qk, do_v) in zip(("quant", "quant_v"), quant_launches(config, qk_int8)):
+        kernels[name] = build(_quant_kernel, dict(quant, DO_QK=do_qk, DO_V=do_v), config.quant_warps)
     return kernels

@@ -1,5 +1,5 @@
-"""The one definition of the Hadamard rotation of Q and K (issue 18): the prep (torch and Triton), the numerics
-emulation and the kernels' tests all take it from here.
+"""The one definition of the Hadamard rotation of Q and K (the INT8 Q/K format): the prep (torch and Triton), the
+numerics emulation and the kernels' tests all take it from here.
 
 - ``hadamard_signs(D)``: a fixed +-1 vector (torch.Generator seeded with 0);
 - ``sylvester(D)``: the Sylvester Hadamard matrix, H[i, j] = (-1)^popcount(i & j), H H^T = D I;

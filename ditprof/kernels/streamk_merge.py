@@ -5,7 +5,7 @@ table built on the host (``streamk_schedule.piece_table``, -1 padded); a tail ti
 and is left alone (its O is already written).
 
 ``streamk_merge`` launches through Triton's JIT (tests, benches); ``MergeLaunch`` is the per-configuration launch of
-``kernels.launch_record`` (``prep_triton.FixedLaunch``: the compiled kernel's launcher after the first call)."""
+``kernels.launch_record`` (``triton_launch.FixedLaunch``: the compiled kernel's launcher after the first call)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ditprof.kernels.prep_api import FixedLaunch
+from ditprof.kernels.triton_launch import FixedLaunch
 from ditprof.kernels.streamk_schedule import TILE_M, piece_table
 
 BLOCK = 64  # query rows per program
