@@ -282,7 +282,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                              batch=spec.batch, text_tokens=spec.text_tokens)
         check_inputs(getattr(inputs, "kwargs", {}))
         if getattr(inputs, "size_note", None):
-            console.print(f"[yellow]size[/]: {inputs.size_note}", highlight=False)
+            console.print(f"[yellow]{inputs.size_note}[/]", highlight=False, soft_wrap=True)
         resident = int(getattr(loaded, "bytes", 0) or 0) + resident_bytes(getattr(inputs, "args", ())) + \
             resident_bytes(getattr(inputs, "kwargs", {}))
         with atomic.staged_dir(out) as stage:

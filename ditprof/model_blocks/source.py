@@ -42,27 +42,33 @@ def resolve_source(text: str | Path, *, presets: bool = True) -> ModelSource:
         return ModelSource("preset", text, preset=PRESETS[text])
     path = Path(text).expanduser()
     if path.suffix in PICKLE_SUFFIXES:
-        raise DitprofError(f"refusing to unpickle {path}: only safetensors checkpoints are read")
+        raise DitprofError(f"refusing to unpickle {_shown(text, path)}: only safetensors checkpoints are read")
     if path.is_dir():
         return ModelSource("folder", text, path=path)
     if path.exists():
-        raise DitprofError(f"checkpoint folder not found: {path} is a file (give the folder holding config.json)")
+        raise DitprofError(f"checkpoint folder not found: {_shown(text, path)} is a file (give the folder holding "
+                           "config.json)")
     preset_hint = _preset_hint(text, presets)
     if looks_like_repo_id(text):
         if hub_offline():
-            raise DitprofError(f"no folder {path} here{preset_hint}, and the Hugging Face Hub is offline "
+            raise DitprofError(f"no folder {text} here{preset_hint}, and the Hugging Face Hub is offline "
                                f"(HF_HUB_OFFLINE is set), so repo {text} cannot be looked up")
         return ModelSource("hub", text, repo_id=text)
     if "/" in text or "\\" in text or text.startswith((".", "~")):
-        raise DitprofError(f"checkpoint folder not found: {path}{preset_hint}")
+        raise DitprofError(f"checkpoint folder not found: {_shown(text, path)}{preset_hint}")
     if presets:
         raise DitprofError(f"{text!r} is not a preset ({', '.join(PRESETS)}), a folder, or a Hugging Face repo id")
     raise DitprofError(f"{text!r} is not a folder or a Hugging Face repo id (owner/name){preset_hint}")
 
 
+def _shown(text: str, path: Path) -> str:
+    """The string as given, with its expansion when ``~`` changed it."""
+    return text if str(path) == text or not text.startswith("~") else f"{text} ({path})"
+
+
 def _preset_hint(text: str, presets: bool) -> str:
     if not presets and text in PRESETS:
-        return f" ({text} is a preset: give it with --preset)"
+        return f"; {text} is a preset: give it with --preset"
     return " (and not a preset name)" if presets else ""
 
 

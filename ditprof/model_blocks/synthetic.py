@@ -155,7 +155,7 @@ def make_checkpoint(
         raise DitprofError(f"{out} exists and is not this checkpoint; remove it or choose another --out")
     plan = _plan(preset, blocks, kind)  # validates the blocks before anything is written
 
-    where = "$DITPROF_CACHE / the user cache" if default else "--out"
+    where = "--out" if not default else "$DITPROF_CACHE" if os.environ.get("DITPROF_CACHE") else "the user cache"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

@@ -415,7 +415,8 @@ class BlockFamily:
         """The pixel sizes ``pixel_size`` keeps unchanged, in words (for the note on a rounded size)."""
         st, sh, sw = self.vae_strides(config)
         pt, ph, pw = self.patch_size(config)
-        rule = f"height and width in multiples of {sh * ph} and {sw * pw} (VAE {sh} x patch {ph})"
+        multiples = f"{sh * ph}" if sh * ph == sw * pw else f"{sh * ph} and {sw * pw}"
+        rule = f"height and width in multiples of {multiples} (VAE {sh} x patch {ph})"
         if not self.is_video:
             return rule + ", one frame (an image model)"
         frames = f"{st}n + 1 frames" + (f" with n + 1 a multiple of {pt} (patch {pt})" if pt > 1 else "")
