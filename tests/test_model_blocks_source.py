@@ -156,7 +156,7 @@ def test_hub_offline_reads_the_environment(monkeypatch):
 
 def test_unreachable_hub_is_one_line_without_listing(monkeypatch, no_hub):
     monkeypatch.setattr(hub_mod, "hub_unreachable", lambda: "[Errno -2] Name or service not known")
-    msg = _raises(r"no folder fx/goood here, and the Hugging Face Hub cannot be reached to look up repo fx/goood "
+    msg = _raises(r"no folder fx/goood here \(and not a preset name\), and the Hugging Face Hub cannot be reached to look up repo fx/goood "
                   r"\(\[Errno -2\] Name or service not known\)", load_block, "fx/goood", progress=False)
     assert no_hub == [] and "Retry" not in msg  # the client (which retries for half a minute) was not called
 
@@ -170,7 +170,7 @@ def test_missing_repo_names_the_missing_folder_too(monkeypatch, no_hub):
 
     monkeypatch.setattr(huggingface_hub, "HfApi", MissingRepo)
     monkeypatch.setattr(hub_mod, "hub_unreachable", lambda: None)
-    _raises(r"no folder fx/goood here, and cannot list Hugging Face repo fx/goood: 404 Client Error: Repository "
+    _raises(r"no folder fx/goood here \(and not a preset name\), and cannot list Hugging Face repo fx/goood: 404 Client Error: Repository "
             r"Not Found for url \.\.\.$", load_block, "fx/goood", progress=False)
 
 
@@ -180,8 +180,32 @@ def test_cli_offline_typo_is_one_line_before_any_work(tmp_path, capsys, monkeypa
     t0 = time.perf_counter()
     line = _one_line_error(capsys, ["profile", "--checkpoint", "fx/goood", "--device", "cpu", "--out", str(out)],
                            out)
-    assert "no folder fx/goood here" in line and "offline" in line and no_hub == []
+    assert "no folder fx/goood here (and not a preset name)" in line and "offline" in line and no_hub == []
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_cli_missing_repo_is_one_line_naming_folder_and_preset(tmp_path, capsys, monkeypatch, no_hub):
+    import huggingface_hub
+
+    class MissingRepo:
+        def list_repo_files(self, repo_id, revision=None):
+            raise RuntimeError("404 Client Error: Repository Not Found for url ...\nmore lines")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", MissingRepo)
+    monkeypatch.setattr(hub_mod, "hub_unreachable", lambda: None)
+    out = tmp_path / "run"
+    line = _one_line_error(capsys, ["profile", "--checkpoint", "fx/goood", "--device", "cpu", "--out", str(out)],
+                           out)
+    assert line == ("ditprof: error: no folder fx/goood here (and not a preset name), and cannot list Hugging Face "
+                    "repo fx/goood: 404 Client Error: Repository Not Found for url ...")
+
+
+@pytest.mark.parametrize("text", ["./fx/goood", "fx/goood/", "fx/goood/x"])
+def test_cli_typo_path_that_is_no_repo_id_never_reaches_the_hub(text, tmp_path, capsys, monkeypatch, no_hub):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    line = _one_line_error(capsys, ["profile", "--checkpoint", text, "--device", "cpu", "--out", str(out)], out)
+    assert line == f"ditprof: error: checkpoint folder not found: {text}" and no_hub == []
 
 
 def test_cli_missing_folder_is_one_line(tmp_path, capsys, no_hub):
@@ -218,6 +242,44 @@ def test_unwritable_cache_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").rglob("*.safetensors"))
 
 
+def _sys_refuses(path: Path) -> bool:
+    try:
+        path.mkdir()
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    path.rmdir()
+    return False
+
+
+def test_cache_where_the_os_refuses_a_folder_is_one_line(monkeypatch):
+    """A place even root may not write (sysfs takes no new folders): the real PermissionError, not an injected one."""
+    cache = Path("/sys/ditprof-test-cache")
+    if not _sys_refuses(cache):
+        pytest.skip("this OS lets /sys take a new folder")
+    monkeypatch.setenv("DITPROF_CACHE", str(cache))
+    _raises(rf"cannot write the wan-tiny checkpoint to {cache}/.* \(\$DITPROF_CACHE\): Operation not permitted$",
+            make_checkpoint, get_preset("wan-tiny"), progress=False)
+    assert not cache.exists()
+
+
+def test_cache_the_user_may_not_look_into_is_one_line(tmp_path, monkeypatch):
+    """A non-root user's stat below another user's folder raises PermissionError (root's never does: injected)."""
+    cache = tmp_path / "theirs" / "cache"
+    real_is_dir = Path.is_dir
+
+    def is_dir(self):
+        if str(self).startswith(str(cache)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_dir(self)
+
+    monkeypatch.setenv("DITPROF_CACHE", str(cache))
+    monkeypatch.setattr(Path, "is_dir", is_dir)
+    _raises(rf"cannot read the wan-tiny checkpoint at {cache}/.* \(\$DITPROF_CACHE\): Permission denied$",
+            make_checkpoint, get_preset("wan-tiny"), progress=False)
+
+
 def test_write_failure_midway_removes_the_staging_folder(tmp_path, monkeypatch):
     from ditprof.model_blocks import synthetic
 
@@ -235,6 +297,18 @@ def test_out_at_a_file_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     _raises("exists and is a file, not a checkpoint folder", make_checkpoint, get_preset("wan-tiny"), tmp_path / "f",
             progress=False)
+
+
+def test_cli_unwritable_cache_is_one_line_and_no_run_folder(tmp_path, capsys, monkeypatch):
+    cache = Path("/sys/ditprof-test-cache")
+    if not _sys_refuses(cache):
+        pytest.skip("this OS lets /sys take a new folder")
+    monkeypatch.setenv("DITPROF_CACHE", str(cache))
+    out = tmp_path / "run"
+    line = _one_line_error(capsys, ["profile", "--preset", "wan-tiny", "--device", "cpu", "--tokens", "32",
+                                    "--iters", "1", "--out", str(out)], out)
+    assert line.startswith(f"ditprof: error: cannot write the wan-tiny checkpoint to {cache}/")
+    assert line.endswith("($DITPROF_CACHE): Operation not permitted") and not cache.exists()
 
 
 def test_cli_cache_at_a_file_is_one_line_and_no_run_folder(tmp_path, capsys, monkeypatch):

@@ -11,7 +11,7 @@ from .checkpoint import CheckpointLayout, read_layout
 from .families import BlockFamily, family_for_config, get_family
 from .hub import HubCheckpoint
 from .preset_configs import Preset
-from .source import ModelSource
+from .source import NOT_A_PRESET, ModelSource
 
 
 @dataclass
@@ -43,7 +43,7 @@ def open_model(source: ModelSource, kind: str | None = None) -> OpenedModel:
     if source.kind == "folder":
         hub, layout = None, read_layout(source.path)
     elif source.kind == "hub":
-        hub = HubCheckpoint(source.repo_id, why=f"no folder {source.text} here")
+        hub = HubCheckpoint(source.repo_id, why=f"no folder {source.text} here{NOT_A_PRESET}")
         layout = read_layout(hub.folder)
     else:
         raise DitprofError(f"unknown model source kind {source.kind!r} (known: preset, folder, hub)")

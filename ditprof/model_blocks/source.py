@@ -18,6 +18,9 @@ from .checkpoint import PICKLE_SUFFIXES
 from .hub import hub_offline, looks_like_repo_id
 from .preset_configs import PRESETS, Preset, get_preset
 
+NOT_A_PRESET = " (and not a preset name)"  # a repo id (owner/name) is never a preset name
+
+
 @dataclass(frozen=True)
 class ModelSource:
     kind: str  # "preset" | "folder" | "hub"
@@ -49,9 +52,9 @@ def resolve_source(text: str | Path, *, presets: bool = True) -> ModelSource:
         raise DitprofError(f"checkpoint folder not found: {_shown(text, path)} is a file (give the folder holding "
                            "config.json)")
     preset_hint = _preset_hint(text, presets)
-    if looks_like_repo_id(text):
+    if looks_like_repo_id(text):  # never a preset name (those hold no "/"), whether or not presets were asked
         if hub_offline():
-            raise DitprofError(f"no folder {text} here{preset_hint}, and the Hugging Face Hub is offline "
+            raise DitprofError(f"no folder {text} here{NOT_A_PRESET}, and the Hugging Face Hub is offline "
                                f"(HF_HUB_OFFLINE is set), so repo {text} cannot be looked up")
         return ModelSource("hub", text, repo_id=text)
     if "/" in text or "\\" in text or text.startswith((".", "~")):
@@ -69,7 +72,7 @@ def _shown(text: str, path: Path) -> str:
 def _preset_hint(text: str, presets: bool) -> str:
     if not presets and text in PRESETS:
         return f"; {text} is a preset: give it with --preset"
-    return " (and not a preset name)" if presets else ""
+    return NOT_A_PRESET if presets else ""
 
 
 def resolve_preset(text: str) -> ModelSource:

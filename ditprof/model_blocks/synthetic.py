@@ -147,15 +147,22 @@ def make_checkpoint(
     digest = checkpoint_hash(preset, blocks, kind if blocks is not None else "*", seed, dtype)
     default = out is None
     out = Path(out).expanduser() if out is not None else default_dir(preset, digest)
-    if out.exists() and not out.is_dir():
+    where = "--out" if not default else "$DITPROF_CACHE" if os.environ.get("DITPROF_CACHE") else "the user cache"
+    try:  # stat raises PermissionError in a folder the user may not look into: one line too
+        is_dir = out.is_dir()
+        is_file = not is_dir and out.exists()
+        found = _existing_hash(out) if is_dir else None
+    except OSError as exc:
+        raise DitprofError(f"cannot read the {preset.name} checkpoint at {out} ({where}): "
+                           f"{_reason(exc, out.parent)}") from None
+    if is_file:
         raise DitprofError(f"{out} exists and is a file, not a checkpoint folder; remove it or choose another --out")
-    if out.exists():
-        if _existing_hash(out) == digest:
+    if is_dir:
+        if found == digest:
             return out, True
         raise DitprofError(f"{out} exists and is not this checkpoint; remove it or choose another --out")
     plan = _plan(preset, blocks, kind)  # validates the blocks before anything is written
 
-    where = "--out" if not default else "$DITPROF_CACHE" if os.environ.get("DITPROF_CACHE") else "the user cache"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -183,9 +190,12 @@ def make_checkpoint(
 
 def _reason(exc: OSError, folder: Path) -> str:
     """Why a folder cannot be written, in words: a file in the way, or the OS's reason."""
-    blocking = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if blocking is not None and not blocking.is_dir():
-        return f"{blocking} is a file, not a folder"
+    for p in (folder, *folder.parents):  # the nearest existing path decides; one we may not stat is skipped
+        try:
+            if p.exists():
+                return f"{p} is a file, not a folder" if not p.is_dir() else exc.strerror or str(exc)
+        except OSError:
+            continue
     return exc.strerror or str(exc)
 
 
