@@ -7,6 +7,7 @@ the test when a string that is no ``owner/name`` id (or an offline Hub) would re
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -174,14 +175,17 @@ def test_missing_repo_names_the_missing_folder_too(monkeypatch, no_hub):
             r"Not Found for url \.\.\.$", load_block, "fx/goood", progress=False)
 
 
-def test_cli_offline_typo_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, no_hub):
-    monkeypatch.setattr(source_mod, "hub_offline", lambda: True)
+@pytest.mark.parametrize("command", ["profile", "compare", "validate"])
+def test_cli_offline_typo_is_one_line_before_any_work(command, tmp_path, capsys, monkeypatch, no_hub):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read as huggingface_hub reads it, not a patched flag
+    monkeypatch.setattr(source_mod, "hub_offline", REAL_HUB_OFFLINE)
+    monkeypatch.setattr(hub_mod, "hub_offline", REAL_HUB_OFFLINE)
     out = tmp_path / "run"
     t0 = time.perf_counter()
-    line = _one_line_error(capsys, ["profile", "--checkpoint", "fx/goood", "--device", "cpu", "--out", str(out)],
-                           out)
-    assert "no folder fx/goood here (and not a preset name)" in line and "offline" in line and no_hub == []
-    assert time.perf_counter() - t0 < 5.0
+    line = _one_line_error(capsys, [command, "--checkpoint", "fx/goood", "--device", "cpu", "--out", str(out)], out)
+    assert line == ("ditprof: error: no folder fx/goood here (and not a preset name), and the Hugging Face Hub is "
+                    "offline (HF_HUB_OFFLINE is set), so repo fx/goood cannot be looked up")
+    assert no_hub == [] and time.perf_counter() - t0 < 5.0
 
 
 def test_cli_missing_repo_is_one_line_naming_folder_and_preset(tmp_path, capsys, monkeypatch, no_hub):
@@ -331,10 +335,11 @@ def test_config_value_of_the_wrong_type_is_one_line(tmp_path, capsys, wan_folder
     (folder / "config.json").write_text(json.dumps(cfg))
     match = r"config.json: num_attention_heads is 'two', but WanTransformer3DModel takes a number there"
     _raises(match, load_block, str(folder), progress=False)
-    out = tmp_path / "run"
-    line = _one_line_error(capsys, ["profile", "--checkpoint", str(folder), "--device", "cpu", "--tokens", "32",
-                                    "--iters", "1", "--out", str(out)], out)
-    assert "num_attention_heads is 'two'" in line
+    for command in ("profile", "compare", "validate"):  # the plan's meta-device estimate is reached by each
+        out = tmp_path / f"run-{command}"
+        line = _one_line_error(capsys, [command, "--checkpoint", str(folder), "--device", "cpu", "--tokens", "32",
+                                        "--out", str(out)], out)
+        assert re.search(match, line) and "TypeError" not in line, (command, line)
 
 
 @pytest.mark.parametrize("name", [p.name for p in list_presets()])
