@@ -27,13 +27,13 @@ def rows_for(presets, budget_text: str, device: str) -> list[dict]:
     from ditprof.errors import DitprofError
     from ditprof.harness.memory import memory_budget, parse_size
     from ditprof.harness.validate import estimate_forward_bytes
-    from ditprof.model_blocks import measure_load_and_forward
+    from ditprof.model_blocks import get_family, measure_load_and_forward
     from ditprof.model_blocks.presets import block_size
 
     budget = parse_size(budget_text)
     out = []
     for preset in presets:
-        fam = preset.adapter
+        fam = get_family(preset.family)
         for kind in fam.kinds:
             params, nbytes = block_size(fam, preset.config, kind.name)
             est = estimate_forward_bytes(fam, preset.config, kind.name, preset=preset)

@@ -42,14 +42,14 @@ def _status() -> dict[str, int]:
 
 def _block_ranges(preset_name: str):
     """(folder, [(shard, name, begin, end)], block bytes) of block 0 of the preset's cached checkpoint."""
-    from ditprof.model_blocks import get_preset
+    from ditprof.model_blocks import get_family, get_preset
     from ditprof.model_blocks.checkpoint import read_layout, shards_for_prefix
     from ditprof.model_blocks.synthetic import ensure_checkpoint
 
     preset = get_preset(preset_name)
     folder = ensure_checkpoint(preset, blocks=[0], kind=preset.kind, progress=True)
     layout = read_layout(folder)
-    prefix = preset.adapter.prefix(preset.kind, 0)
+    prefix = get_family(preset.family).prefix(preset.kind, 0)
     ranges = []
     for shard, names in shards_for_prefix(layout.weight_map, prefix).items():
         with open(folder / shard, "rb") as f:
@@ -69,11 +69,11 @@ def child(case: str, preset_name: str) -> dict:
 
     folder, ranges, nbytes = _block_ranges(preset_name)
     if case == "load":  # one-time Python costs (diffusers' lazy imports, first meta build) before the clock
-        from ditprof.model_blocks import get_preset
+        from ditprof.model_blocks import get_family, get_preset
         from ditprof.model_blocks.presets import block_on_meta
 
         preset = get_preset(preset_name)
-        block_on_meta(preset.adapter, preset.config, preset.kind)
+        block_on_meta(get_family(preset.family), preset.config, preset.kind)
     before = _status()["VmRSS"]
     reset = True
     try:

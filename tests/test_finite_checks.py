@@ -114,11 +114,11 @@ def test_nan_weight_checkpoint_is_one_line_in_profile_and_compare(tmp_path, caps
     """A diffusers-saved checkpoint with one NaN weight: profile (which used to write a normal report) and compare
     both stop with one line naming the tensor, and leave no run folder."""
     from ditprof.cli import main
-    from ditprof.model_blocks import get_preset
+    from ditprof.model_blocks import get_family, get_preset
 
     preset = get_preset("wan-tiny")
     torch.manual_seed(0)
-    model = preset.adapter.model_class.from_config(preset.config).eval()
+    model = get_family(preset.family).model_class.from_config(preset.config).eval()
     with torch.no_grad():
         model.blocks[1].ffn.net[0].proj.weight[3, 2] = float("nan")
     model.save_pretrained(tmp_path / "ckpt", max_shard_size="8KB")

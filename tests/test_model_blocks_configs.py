@@ -10,7 +10,7 @@ import torch
 
 from ditprof.cli import main
 from ditprof.errors import DitprofError
-from ditprof.model_blocks import get_preset, load_block, make_inputs
+from ditprof.model_blocks import get_family, get_preset, load_block, make_inputs
 from ditprof.model_blocks.presets import _wan
 
 TINY = ["minimax-h3-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny",
@@ -29,7 +29,7 @@ def test_profile_a_diffusers_saved_checkpoint(tmp_path, capsys, name):
     """save_pretrained of a tiny random model, then `ditprof profile --checkpoint DIR --block 1` on the CPU: the
     block holds exactly the saved tensors, and the run writes its report."""
     preset = get_preset(name)
-    model = _save(preset.adapter.model_class, preset.config, tmp_path / "ckpt")
+    model = _save(get_family(preset.family).model_class, preset.config, tmp_path / "ckpt")
     out = tmp_path / "run"
     rc = main(["profile", "--checkpoint", str(tmp_path / "ckpt"), "--block", "1", "--device", "cpu",
                "--iters", "1", "--warmup", "1", "--tokens", "48", "--out", str(out)])
@@ -37,7 +37,7 @@ def test_profile_a_diffusers_saved_checkpoint(tmp_path, capsys, name):
     rep = json.loads((out / "report.json").read_text())
     assert rep["model"]["block_index"] == 1 and rep["model"]["family"] == preset.family
     loaded = load_block(tmp_path / "ckpt", 1, dtype=torch.float32, progress=False)
-    theirs = preset.adapter.stack(model, loaded.kind)[1].state_dict()
+    theirs = get_family(preset.family).stack(model, loaded.kind)[1].state_dict()
     assert all(torch.equal(v, theirs[k]) for k, v in loaded.module.state_dict().items())
 
 
@@ -82,7 +82,7 @@ def test_wan_rope_table_shorter_than_the_grid_is_one_line(tmp_path, capsys):
 def test_cpu_checkpoint_without_a_size_gets_a_small_default(tmp_path, capsys):
     """On CPU a checkpoint without a size runs a small grid (said to be one) instead of the pipeline's."""
     preset = get_preset("hunyuan-video-tiny")
-    _save(preset.adapter.model_class, preset.config, tmp_path / "ckpt")
+    _save(get_family(preset.family).model_class, preset.config, tmp_path / "ckpt")
     out = tmp_path / "run"
     assert main(["profile", "--checkpoint", str(tmp_path / "ckpt"), "--device", "cpu", "--iters", "1",
                  "--warmup", "1", "--out", str(out)]) == 0
@@ -133,7 +133,7 @@ def test_wan22_ti2v_blocks_get_a_per_token_temb(tmp_path):
 def test_minimax_h3_with_other_head_counts_and_prompt_lengths(tmp_path, capsys):
     cfg = dict(get_preset("minimax-h3-tiny").config, num_attention_heads=3, attention_head_dim=16, hidden_size=32)
     preset = get_preset("minimax-h3-tiny")
-    _save(preset.adapter.model_class, cfg, tmp_path / "ckpt")
+    _save(get_family(preset.family).model_class, cfg, tmp_path / "ckpt")
     loaded = load_block(tmp_path / "ckpt", 0, dtype=torch.float32, progress=False)
     inputs = make_inputs(loaded, height=64, width=64, frames=22, text_tokens=20)
     assert inputs.grid.text == 20 and inputs.tokens == 20 + 74 + 7 * 2 * 2

@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from ditprof.model_blocks import get_preset, load_block, make_inputs
+from ditprof.model_blocks import get_family, get_preset, load_block, make_inputs
 from ditprof.model_blocks.checkpoint import read_layout, shards_for_prefix
 
 SEED = 1234
@@ -152,7 +152,7 @@ def saved_models(tmp_path_factory):
     for name in sorted({c[0] for c in CASES}):
         preset = get_preset(name)
         torch.manual_seed(SEED)
-        model = preset.adapter.model_class.from_config(preset.config).eval()
+        model = get_family(preset.family).model_class.from_config(preset.config).eval()
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder, max_shard_size="4KB")
         out[name] = (model, folder)
@@ -260,7 +260,7 @@ VARIANTS = [
 def test_other_configs_load_and_get_the_models_inputs(tmp_path, name, kind, over):
     preset = get_preset(name)
     torch.manual_seed(SEED)
-    model = preset.adapter.model_class.from_config(dict(preset.config, **over)).eval()
+    model = get_family(preset.family).model_class.from_config(dict(preset.config, **over)).eval()
     model.save_pretrained(tmp_path, max_shard_size="4KB")
     _check_block_and_inputs(model, tmp_path, preset.family, kind)
 
@@ -288,7 +288,7 @@ def test_loading_opens_only_the_shards_holding_the_block(saved_models, monkeypat
 def test_single_unsharded_file(tmp_path):
     preset = get_preset("ltx-video-tiny")
     torch.manual_seed(0)
-    model = preset.adapter.model_class.from_config(preset.config).eval()
+    model = get_family(preset.family).model_class.from_config(preset.config).eval()
     model.save_pretrained(tmp_path)  # one diffusion_pytorch_model.safetensors, no index
     assert (tmp_path / "diffusion_pytorch_model.safetensors").is_file()
     loaded = load_block(tmp_path, 1, dtype=torch.float32, progress=False)

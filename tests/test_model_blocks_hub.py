@@ -81,6 +81,9 @@ def test_repo_id_downloads_only_needed_files(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr("ditprof.model_blocks.hub.hub_unreachable", lambda: None)  # the probe: no network in tests
+    monkeypatch.setattr("ditprof.model_blocks.hub.hub_offline", lambda: False)
+    monkeypatch.setattr("ditprof.model_blocks.source.hub_offline", lambda: False)
     loaded = load_block("someone/wan-tiny-diffusers", 1, dtype=torch.float32, progress=False)
     assert loaded.source == "someone/wan-tiny-diffusers"
     assert downloaded[:2] == ["transformer/config.json", "transformer/diffusion_pytorch_model.safetensors.index.json"]

@@ -8,7 +8,8 @@ from accelerate import init_empty_weights
 
 from ditprof.cli import main
 from ditprof.model_blocks import get_family, get_preset, list_presets, load_block, make_inputs
-from ditprof.model_blocks.presets import block_bytes, block_on_meta, block_params
+from ditprof.model_blocks.inputs import default_tokens
+from ditprof.model_blocks.presets import block_bytes, block_on_meta, block_params, n_blocks
 
 # Per-block parameter counts published in shared/reference/diffusers-notes.md (millions).
 PUBLISHED_M = {
@@ -27,23 +28,23 @@ def test_block_params_match_published_sizes(name, kind):
 def test_h3_is_the_real_minimax_h3_block_645m_params_1_20_gib():
     h3 = get_preset("h3")
     fam = get_family("minimax-h3")
-    assert h3.adapter is fam and type(block_on_meta(fam, h3.config, "main")).__name__ == "MiniMaxH3TransformerBlock"
-    assert h3.n_blocks == 50 and h3.default_tokens == 30272 and h3.text_tokens == 512
+    assert get_family(h3.family) is fam and type(block_on_meta(fam, h3.config, "main")).__name__ == "MiniMaxH3TransformerBlock"
+    assert n_blocks(h3) == 50 and default_tokens(h3) == 30272 and h3.text_tokens == 512
     assert fam.heads(h3.config) == (56, 128) and fam.dim(h3.config) == 5376  # inner 7168 > hidden 5376
     assert block_params(h3) / 1e6 == pytest.approx(645.6, abs=0.1)
     assert block_bytes(h3) / 2**30 == pytest.approx(1.20, abs=0.005)
     assert fam.n_blocks(h3.config, "refiner") == 2
     assert type(block_on_meta(fam, h3.config, "refiner")).__name__ == "MiniMaxH3TokenRefinerBlock"
     mini = get_preset("h3-mini")
-    assert mini.n_blocks == 50 and fam.heads(mini.config) == (4, 128) and mini.adapter is fam
-    assert get_preset("wan2.1-t2v-14b").n_blocks == 40
+    assert n_blocks(mini) == 50 and fam.heads(mini.config) == (4, 128) and get_family(mini.family) is fam
+    assert n_blocks(get_preset("wan2.1-t2v-14b")) == 40
 
 
 @pytest.mark.parametrize("name", [p.name for p in list_presets() if p.tiny] + ["h3-mini", "ltx-video"])
 def test_standalone_block_matches_the_models_own_block(name):
     """Our block construction equals diffusers' block i in the full model (names, shapes)."""
     preset = get_preset(name)
-    family = preset.adapter
+    family = get_family(preset.family)
     with init_empty_weights():
         model = family.model_class.from_config(preset.config)
     for kind in family.kinds:
@@ -66,8 +67,8 @@ def test_standalone_block_matches_the_models_own_block(name):
 )
 def test_tokens_from_pixel_size(name, size, tokens):
     preset = get_preset(name)
-    assert preset.adapter.grid_from_size(preset.config, *size).tokens == tokens
-    assert preset.default_tokens == tokens
+    assert get_family(preset.family).grid_from_size(preset.config, *size).tokens == tokens
+    assert default_tokens(preset) == tokens
 
 
 @pytest.mark.parametrize("tokens", [30272, 2048, 75600, 4096, 97])

@@ -8,7 +8,7 @@ import json
 import torch
 
 from ditprof.cli import main
-from ditprof.model_blocks import get_preset, load_block, make_checkpoint
+from ditprof.model_blocks import get_family, get_preset, load_block, make_checkpoint
 from ditprof.model_blocks.checkpoint import INDEX_NAME, read_layout
 from ditprof.model_blocks.synthetic import default_dir
 
@@ -77,7 +77,7 @@ def test_tiny_whole_model_loads_in_diffusers(tmp_path, monkeypatch):
     preset = get_preset("flux-tiny")
     loaded = load_block("flux-tiny", 1, kind="single", dtype=torch.float32, progress=False)
     assert loaded.folder.parent == tmp_path / "checkpoints"
-    model = preset.adapter.model_class.from_pretrained(loaded.folder)
+    model = get_family(preset.family).model_class.from_pretrained(loaded.folder)
     theirs = model.single_transformer_blocks[1].state_dict()
     assert all(torch.equal(v, theirs[k]) for k, v in loaded.module.state_dict().items())
     # the same cache folder serves both stacks

@@ -13,7 +13,7 @@ from ditprof.errors import DitprofError
 from ditprof.harness import session as S
 from ditprof.harness import validate as V
 from ditprof.kernels.qk_format import qk_format
-from ditprof.model_blocks import load_block, make_inputs
+from ditprof.model_blocks import get_family, load_block, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block
 
 
@@ -142,8 +142,8 @@ def test_activation_estimate_scales_with_tokens():
     from ditprof.model_blocks import get_preset
 
     p = get_preset("h3-mini")
-    a = V.estimate_forward_bytes(p.adapter, p.config, "main", preset=p, tokens=256)
-    b = V.estimate_forward_bytes(p.adapter, p.config, "main", preset=p, tokens=1024)
+    a = V.estimate_forward_bytes(get_family(p.family), p.config, "main", preset=p, tokens=256)
+    b = V.estimate_forward_bytes(get_family(p.family), p.config, "main", preset=p, tokens=1024)
     assert 0 < a["activation_bytes"] < b["activation_bytes"] < 8 * a["activation_bytes"]
     # at least the FFN intermediate (tokens x ffn_dim bf16) is alive at the peak
     assert b["activation_bytes"] >= 1024 * 1024 * 2

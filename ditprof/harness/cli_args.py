@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.model_blocks.source import resolve_as
 
 DEFAULT_CUDA_PRESET = "h3"
 DEFAULT_CPU_PRESET = "h3-mini"
@@ -18,12 +19,14 @@ DEFAULT_CPU_PRESET = "h3-mini"
 
 def source_of(args: Any, device: torch.device) -> tuple[str, str]:
     """(source, "preset" | "checkpoint"): ``--checkpoint``, else ``--preset``, else the default preset of the
-    device."""
+    device; checked by ``model_blocks.source.resolve_as``."""
     if args.preset and args.checkpoint:
         raise DitprofError("give --preset or --checkpoint, not both")
+    # resolved here, so a bad name is one line before any work (and before any network call)
     if args.checkpoint:
-        return args.checkpoint, "checkpoint"
-    return args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET), "preset"
+        return resolve_as(args.checkpoint, "checkpoint").text, "checkpoint"
+    name = args.preset or (DEFAULT_CUDA_PRESET if device.type == "cuda" else DEFAULT_CPU_PRESET)
+    return resolve_as(name, "preset").text, "preset"
 
 
 def check_size(args: Any) -> None:

@@ -48,6 +48,16 @@ def run_section(run: BackendRun) -> dict:
     }
 
 
+def size_settings(inputs: Any) -> dict:
+    """The settings' pixel size as requested and as the blocks run it (the family rounds to whole latents and
+    patches; ``model_blocks.inputs.BlockInputs``); both None for a token count."""
+    def size(s):
+        return None if s is None else dict(zip(("height", "width", "frames"), map(int, s)))
+
+    return {"size_requested": size(getattr(inputs, "requested_size", None)),
+            "size_used": size(getattr(inputs, "used_size", None))}
+
+
 def build(*, command: str, model: dict, environment: dict, settings: dict, baseline: BackendRun | dict,
           swapped: BackendRun | dict | None, extrapolation: dict, accuracy_section: dict | None,
           files: list[str], created: str, **extra: Any) -> dict:

@@ -118,10 +118,11 @@ def _budget(spec) -> tuple[int | None, str]:
 def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     """The plan of ``spec`` (a ``runner.RunSpec``), from the family's config alone: nothing is loaded."""
     from ditprof.harness.activation import estimate_forward_bytes
-    from ditprof.harness.validate import open_source
+    from ditprof.model_blocks.opened import open_model
     from ditprof.model_blocks.presets import block_size
+    from ditprof.model_blocks.source import resolve_as
 
-    src = open_source(spec.source, spec.source_kind, spec.kind)
+    src = open_model(resolve_as(spec.source, spec.source_kind), spec.kind)
     est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype,
                                  tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames,
                                  batch=getattr(spec, "batch", 1), text_tokens=getattr(spec, "text_tokens", None))

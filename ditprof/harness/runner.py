@@ -281,6 +281,8 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                              frames=spec.frames, seed=spec.seed, device=spec.device, dtype=spec.dtype,
                              batch=spec.batch, text_tokens=spec.text_tokens)
         check_inputs(getattr(inputs, "kwargs", {}))
+        if getattr(inputs, "size_note", None):
+            console.print(f"[yellow]{inputs.size_note}[/]", highlight=False, soft_wrap=True)
         resident = int(getattr(loaded, "bytes", 0) or 0) + resident_bytes(getattr(inputs, "args", ())) + \
             resident_bytes(getattr(inputs, "kwargs", {}))
         with atomic.staged_dir(out) as stage:
@@ -325,7 +327,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
     settings = {
         "device": str(spec.device), "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed,
         "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget, "argv": sys.argv[1:],
-        "execution": compile_mode.execution(spec.compile),
+        "execution": compile_mode.execution(spec.compile), **report.size_settings(inputs),
     }
     return report.build(
         command=spec.command, model=model, environment=environment(spec.device, model.get("head_dim")),

@@ -46,11 +46,11 @@ def _preset_shape(spec) -> tuple[Any, str, int, int] | None:
     """(family, kind, heads, tokens) of a preset run without loading anything; None for checkpoints."""
     if spec.source_kind != "preset":
         return None
-    from ditprof.model_blocks import get_preset
+    from ditprof.model_blocks import get_family, get_preset
     from ditprof.model_blocks.inputs import resolve_grid
 
     preset = get_preset(spec.source)
-    fam = preset.adapter
+    fam = get_family(preset.family)
     kind = fam.kind(spec.kind or preset.kind).name
     heads = fam.heads(preset.config)[0]
     grid, _ = resolve_grid(fam, preset.config, preset, spec.tokens, spec.height, spec.width, spec.frames)

@@ -142,34 +142,13 @@ class Source:
 
 
 def open_source(source: str, source_kind: str, kind: str | None) -> Source:
-    from ditprof.model_blocks import get_preset
+    """The run's source (``model_blocks.source.resolve_as``) opened, nothing loaded."""
+    from ditprof.model_blocks.opened import open_model
+    from ditprof.model_blocks.source import resolve_as
 
-    if source_kind == "preset":
-        preset = get_preset(source)
-        family = preset.adapter
-        k = family.kind(kind or preset.kind).name
-        n = family.n_blocks(preset.config, k)
-        return Source(source, "preset", family, preset.config, k, n, preset=preset, held=list(range(n)))
-    from ditprof.model_blocks import family_for_config
-    from ditprof.model_blocks.checkpoint import read_layout
-
-    path = Path(source).expanduser()
-    hub = None
-    if path.exists() or source.startswith((".", "/", "~")):
-        layout = read_layout(path)
-    else:
-        from ditprof.model_blocks.hub import HubCheckpoint, looks_like_repo_id
-
-        if not looks_like_repo_id(source):
-            raise DitprofError(f"--checkpoint {source!r} is not a folder or a Hugging Face repo id")
-        hub = HubCheckpoint(source)
-        layout = read_layout(hub.folder)
-    family = family_for_config(layout.config)
-    k = family.kind(kind).name
-    n = family.n_blocks(layout.config, k)
-    stack = family.kind(k).attribute + "."
-    held = sorted({int(name[len(stack):].split(".")[0]) for name in layout.weight_map if name.startswith(stack)})
-    return Source(source, "checkpoint", family, layout.config, k, n, layout=layout, hub=hub, held=held)
+    m = open_model(resolve_as(source, source_kind), kind)
+    return Source(source, m.source.source_kind, m.family, m.config, m.kind, m.n_blocks, preset=m.preset,
+                  layout=m.layout, hub=m.hub, held=m.held)
 
 
 def _ranges(ids: list[int]) -> str:

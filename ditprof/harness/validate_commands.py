@@ -99,7 +99,7 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     from ditprof.harness import backends, report, swap
     from ditprof.harness.environment import environment
     from ditprof.progress import make_progress
-    from ditprof.model_blocks import get_preset, make_inputs
+    from ditprof.model_blocks import get_family, get_preset, make_inputs
     from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
 
     base = backends.resolve(baseline, device)
@@ -115,7 +115,7 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     with prog as progress, torch.inference_mode():
         task = progress.add_task("accuracy table", total=len(resolved) * len(tokens)) if progress else None
         for preset in resolved:
-            fam = preset.adapter
+            fam = get_family(preset.family)
             if progress:
                 progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
             lb = synthetic_block(preset, 0, device=device, seed=seed)

@@ -11,7 +11,7 @@ import torch
 from ditprof.errors import DitprofError
 
 from .families import BlockFamily
-from .presets import Preset
+from .preset_configs import Preset
 
 
 @dataclass

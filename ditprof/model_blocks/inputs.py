@@ -9,8 +9,11 @@ import torch
 
 from ditprof.errors import DitprofError
 
-from .families import LatentGrid
-from .loading import LoadedBlock
+from .block import LoadedBlock
+from .families import LatentGrid, get_family
+
+
+Size = tuple[int, int, int]  # (height, width, frames) in pixels
 
 
 @dataclass
@@ -22,6 +25,14 @@ class BlockInputs:
     grid: LatentGrid
     output_index: int | None = None  # where the hidden states sit in the block's output tuple
     mask_note: str | None = None  # why the block's attention mask masks positions (None: it keeps every key)
+    requested_size: Size | None = None  # the pixel size asked for (or the preset's); None: a token count
+    used_size: Size | None = None  # the pixel size the grid stands for, after the pipeline's rounding
+    size_rule: str = ""  # the sizes the family keeps unchanged, in words
+
+    @property
+    def size_note(self) -> str | None:
+        """One line when the requested pixel size was rounded to another one, else None."""
+        return size_note(self.requested_size, self.used_size, self.size_rule)
 
     def run(self, module: torch.nn.Module) -> torch.Tensor:
         """Call the block; return the image/video hidden states whatever tuple order it uses."""
@@ -29,7 +40,31 @@ class BlockInputs:
         return out if self.output_index is None else out[self.output_index]
 
 
-def resolve_grid(family, config, preset, tokens=None, height=None, width=None, frames=None, text_tokens=None):
+def size_text(size: Size) -> str:
+    return "x".join(map(str, size))
+
+
+def size_note(requested: Size | None, used: Size | None, rule: str = "") -> str | None:
+    if requested is None or used is None or tuple(requested) == tuple(used):
+        return None
+    return (f"size {size_text(requested)} (height x width x frames) runs as {size_text(used)}"
+            + (f": the pipeline takes {rule}" if rule else ""))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a size request resolves to: the grid, the prompt length and, for a pixel size, that size as asked
+    and as used (the family rounds it to whole latents and patches)."""
+
+    grid: LatentGrid
+    text_tokens: int
+    requested_size: Size | None = None
+    used_size: Size | None = None
+    size_rule: str = ""
+
+
+def resolve_layout(family, config, preset, tokens=None, height=None, width=None, frames=None,
+                   text_tokens=None) -> Layout:
     """The latent grid and prompt length the blocks see: ``tokens`` or ``height``/``width`` (+ ``frames``);
     with neither, the preset's default size (or the family's pipeline default)."""
     if tokens is not None and (height or width):
@@ -45,12 +80,28 @@ def resolve_grid(family, config, preset, tokens=None, height=None, width=None, f
     if text_tokens is not None:
         text = int(text_tokens)
     if tokens is not None:
-        grid = family.layout_from_tokens(config, int(tokens), text)
-    else:
-        if not (height and width):
-            raise DitprofError("give both height and width")
-        grid = family.layout_from_size(config, int(height), int(width), frames, text)
-    return grid, text
+        return Layout(family.layout_from_tokens(config, int(tokens), text), text)
+    if not (height and width):
+        raise DitprofError("give both height and width")
+    grid = family.layout_from_size(config, int(height), int(width), frames, text)
+    requested = (int(height), int(width), int(frames) if frames is not None else 1)
+    return Layout(grid, text, requested, tuple(family.pixel_size(config, grid)), family.size_rule(config))
+
+
+def resolve_grid(family, config, preset, tokens=None, height=None, width=None, frames=None, text_tokens=None):
+    """(grid, prompt length) of ``resolve_layout``."""
+    lay = resolve_layout(family, config, preset, tokens, height, width, frames, text_tokens)
+    return lay.grid, lay.text_tokens
+
+
+def default_layout(preset) -> LatentGrid:
+    """The grid (a packed layout for MiniMax-H3) of the preset's default size or token count."""
+    return resolve_grid(get_family(preset.family), preset.config, preset)[0]
+
+
+def default_tokens(preset) -> int:
+    """The preset's default row count: its token count, else that of its default size."""
+    return preset.tokens if preset.tokens is not None else default_layout(preset).tokens
 
 
 def named(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -80,7 +131,8 @@ def make_inputs(
     family, config = loaded.family, loaded.config
     if batch < 1 or (text_tokens is not None and text_tokens < 1):
         raise DitprofError(f"batch and text_tokens must be positive (got {batch}, {text_tokens})")
-    grid, text_tokens = resolve_grid(family, config, loaded.preset, tokens, height, width, frames, text_tokens)
+    lay = resolve_layout(family, config, loaded.preset, tokens, height, width, frames, text_tokens)
+    grid, text_tokens = lay.grid, lay.text_tokens
     device = torch.device(device) if device is not None else loaded.device
     dtype = dtype or loaded.dtype or torch.float32
     gen = torch.Generator().manual_seed(seed)
@@ -89,4 +141,4 @@ def make_inputs(
     kwargs = named(loaded.module, args, kwargs)
     stream = family.stream_rows(config, text_tokens, loaded.kind)
     return BlockInputs((), kwargs, family.rows(grid, loaded.kind), stream, grid, family.output_index(loaded.kind),
-                       family.masks_positions(config, text_tokens))
+                       family.masks_positions(config, text_tokens), lay.requested_size, lay.used_size, lay.size_rule)

@@ -15,10 +15,13 @@ import torch
 
 from ditprof.errors import DitprofError
 
-from .checkpoint import PICKLE_SUFFIXES, CheckpointLayout, TensorReader, open_safetensors, read_layout, shards_for_prefix
-from .families import BlockFamily, family_for_config
 from .block import LoadedBlock, _first, install_state, module_bytes, parent_modules  # noqa: F401 -- re-exported
-from .presets import PRESETS, block_on_meta
+from .checkpoint import CheckpointLayout, TensorReader, open_safetensors, read_layout, shards_for_prefix
+from .families import BlockFamily, family_for_config
+from .presets import block_on_meta
+from .opened import open_model
+from .source import ModelSource, resolve_source
+from .synthetic import ensure_checkpoint
 
 FLOAT_DTYPES = {torch.float64, torch.float32, torch.float16, torch.bfloat16}
 
@@ -161,7 +164,7 @@ class _progress:
 
 
 def load_block(
-    source: str | Path,
+    source: str | Path | ModelSource,
     block: int = 0,
     *,
     kind: str | None = None,
@@ -169,30 +172,18 @@ def load_block(
     dtype: torch.dtype | None = torch.bfloat16,
     progress: bool = True,
 ) -> LoadedBlock:
-    """One block of a preset (synthetic checkpoint, cached), a diffusers folder, or a HF repo id."""
-    src = str(source)
-    if src in PRESETS:
-        from .synthetic import ensure_checkpoint
-
-        preset = PRESETS[src]
+    """One block of a preset (synthetic checkpoint, cached), a diffusers folder, or a HF repo id (a string's
+    meaning decided by ``source.resolve_source``, or a ``ModelSource`` already resolved)."""
+    src = source if isinstance(source, ModelSource) else resolve_source(source)
+    if src.kind == "preset":
+        preset = src.preset
         kind = kind or preset.kind
         folder = ensure_checkpoint(preset, blocks=[block], kind=kind, progress=progress)
         loaded = load_block_from_layout(
-            read_layout(folder), block, kind=kind, device=device, dtype=dtype, progress=progress, source=src
+            read_layout(folder), block, kind=kind, device=device, dtype=dtype, progress=progress, source=src.text
         )
         loaded.preset = preset
         return loaded
-    path = Path(src).expanduser()
-    if path.exists() or src.startswith((".", "/", "~")) or path.suffix in PICKLE_SUFFIXES:
-        return load_block_from_layout(
-            read_layout(path), block, kind=kind, device=device, dtype=dtype, progress=progress, source=src
-        )
-    from .hub import HubCheckpoint, looks_like_repo_id
-
-    if looks_like_repo_id(src):
-        hub = HubCheckpoint(src)
-        return load_block_from_layout(
-            read_layout(hub.folder), block, kind=kind, device=device, dtype=dtype, progress=progress,
-            fetch_shards=hub.fetch_shards, source=src,
-        )
-    raise DitprofError(f"{src!r} is not a preset ({', '.join(PRESETS)}), a folder, or a Hugging Face repo id")
+    opened = open_model(src, kind)
+    return load_block_from_layout(opened.layout, block, kind=kind, device=device, dtype=dtype, progress=progress,
+                                  fetch_shards=opened.fetch_shards, source=src.text)

@@ -1,20 +1,16 @@
 """Built-in model presets: published diffusers configs (MiniMax-H3 the default), and tiny test models.
 
-Plain data (no torch, no diffusers): ``ditprof presets`` and the CLI read it without the heavy imports.
-Per-block parameter counts are not written down here: they come from building the block on the meta device from
-the config (``presets.block_params``), so they can never drift from the config.
+Plain data (no torch, no diffusers): ``ditprof presets`` and the CLI read it without the heavy imports. What is
+derived from a preset lives with the code that derives it: its family adapter (``families.get_family``), block
+count and per-block sizes (``presets``: built on the meta device from the config, so they can never drift from
+it), its default grid and token count (``inputs.default_layout`` / ``inputs.default_tokens``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
-
 from ditprof.errors import DitprofError
-
-if TYPE_CHECKING:
-    from .families import BlockFamily
 
 
 @dataclass(frozen=True)
@@ -32,29 +28,6 @@ class Preset:
     tiny: bool = False  # small enough to write (and test) the whole model
     checkpoint_dtype: str = "bfloat16"  # dtype of synthetic checkpoints
     extra: dict = field(default_factory=dict)
-
-    @property
-    def adapter(self) -> BlockFamily:
-        from .families import get_family  # diffusers: only when a preset is used, not when it is listed
-
-        return get_family(self.family)
-
-    @property
-    def n_blocks(self) -> int:
-        return self.adapter.n_blocks(self.config, self.kind)
-
-    @property
-    def default_layout(self):
-        """The grid (a packed layout for MiniMax-H3) of the preset's default size or token count."""
-        from .inputs import resolve_grid  # inputs imports the loader, which imports presets
-
-        return resolve_grid(self.adapter, self.config, self)[0]
-
-    @property
-    def default_tokens(self) -> int:
-        if self.tokens is not None:
-            return self.tokens
-        return self.default_layout.tokens
 
 
 def _minimax_h3(**over) -> dict:

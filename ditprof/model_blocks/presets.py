@@ -1,8 +1,9 @@
-"""Built-in model presets (``preset_configs``, plain data) and what needs torch to answer about them: the block
-built on the meta device, its parameter count and bytes."""
+"""Built-in model presets (``preset_configs``, plain data) and what needs the family adapters (diffusers) to answer
+about them: the block count, the block built on the meta device, its parameter count and bytes."""
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 import torch
@@ -14,6 +15,11 @@ from .preset_configs import (  # noqa: F401 -- re-exported: the public names liv
 )
 
 
+def n_blocks(preset: Preset, kind: str | None = None) -> int:
+    """Blocks in the preset's ``kind`` stack (default: the preset's own stack)."""
+    return get_family(preset.family).n_blocks(preset.config, kind or preset.kind)
+
+
 def block_on_meta(family: BlockFamily, config: dict, kind: str | None) -> torch.nn.Module:
     """The block built without allocating weights: shapes and names only."""
     with torch.device("meta"):
@@ -22,8 +28,6 @@ def block_on_meta(family: BlockFamily, config: dict, kind: str | None) -> torch.
 
 @lru_cache(maxsize=None)
 def _params_cached(family_name: str, config_key: str, kind: str | None) -> int:
-    import json
-
     family = get_family(family_name)
     block = block_on_meta(family, json.loads(config_key), kind)
     return sum(p.numel() for p in block.parameters())
@@ -31,8 +35,6 @@ def _params_cached(family_name: str, config_key: str, kind: str | None) -> int:
 
 def block_params(preset: Preset, kind: str | None = None) -> int:
     """Parameters of one block of the preset, counted on a meta-device build of the block."""
-    import json
-
     return _params_cached(preset.family, json.dumps(preset.config, sort_keys=True), kind or preset.kind)
 
 
@@ -48,4 +50,4 @@ def block_size(family: BlockFamily, config: dict, kind: str | None,
 
 def block_bytes(preset: Preset, kind: str | None = None, dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes of one block of the preset in ``dtype``, counting the tensors diffusers keeps in fp32 at 4 bytes."""
-    return block_size(preset.adapter, preset.config, kind or preset.kind, dtype)[1]
+    return block_size(get_family(preset.family), preset.config, kind or preset.kind, dtype)[1]

@@ -34,18 +34,21 @@ def fingerprint() -> str:
 
 def compute_rows() -> tuple[list[dict], list[str]]:
     """(one row per preset and stack, the notes on packed layouts), from the classes (imports diffusers)."""
+    from .families import get_family
+    from .inputs import default_layout
     from .presets import block_bytes, block_params
 
     rows, notes = [], []
     for preset in list_presets():
-        layout = preset.default_layout
+        family = get_family(preset.family)
+        layout = default_layout(preset)
         if layout.packed:  # one sequence of several modalities: say where the count comes from
             notes.append(f"{preset.name}: {layout.describe()}")
-        heads, head_dim = preset.adapter.heads(preset.config)
-        for kind in preset.adapter.kinds:
+        heads, head_dim = family.heads(preset.config)
+        for kind in family.kinds:
             rows.append({"preset": preset.name, "family": preset.family, "kind": kind.name,
-                         "blocks": preset.adapter.n_blocks(preset.config, kind.name), "heads": heads,
-                         "head_dim": head_dim, "rows": preset.adapter.rows(layout, kind.name),
+                         "blocks": family.n_blocks(preset.config, kind.name), "heads": heads,
+                         "head_dim": head_dim, "rows": family.rows(layout, kind.name),
                          "text_tokens": preset.text_tokens, "params": block_params(preset, kind.name),
                          "bytes": block_bytes(preset, kind.name)})
     return rows, notes

@@ -22,9 +22,10 @@ from safetensors.torch import save_file
 from ditprof.errors import DitprofError
 
 from .checkpoint import CONFIG_NAME, INDEX_NAME, read_json, shard_name
-from .families import BlockFamily
 from .block import LoadedBlock, install_state, parent_modules
-from .presets import Preset, block_on_meta
+from .families import BlockFamily, get_family
+from .preset_configs import Preset, get_preset
+from .presets import block_on_meta
 
 FORMAT_VERSION = 1  # bump when the generated values change, so caches are not reused
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -87,7 +88,7 @@ def parse_blocks(spec: str | None) -> list[int] | None:
 
 def _plan(preset: Preset, blocks: list[int] | None, kind: str) -> list[list[tuple[str, tuple]]]:
     """Shards as lists of (tensor name, shape): one shard per block, plus one for the rest."""
-    family: BlockFamily = preset.adapter
+    family: BlockFamily = get_family(preset.family)
     if blocks is None:  # whole model: every tensor of the diffusers model
         from accelerate import init_empty_weights
 
@@ -137,22 +138,37 @@ def make_checkpoint(
     progress: bool = True,
 ) -> tuple[Path, bool]:
     """Write (or reuse) a checkpoint; returns (folder, reused). ``blocks=None``: the whole model."""
-    kind = preset.adapter.kind(kind or preset.kind).name
+    kind = get_family(preset.family).kind(kind or preset.kind).name
     dtype = dtype or preset.checkpoint_dtype
     if dtype not in DTYPES:
         raise DitprofError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     blocks = None if blocks is None else sorted(set(blocks))
     # The whole model is the same whichever stack the caller asked about.
     digest = checkpoint_hash(preset, blocks, kind if blocks is not None else "*", seed, dtype)
+    default = out is None
     out = Path(out).expanduser() if out is not None else default_dir(preset, digest)
-    if out.exists():
-        if _existing_hash(out) == digest:
+    where = "--out" if not default else "$DITPROF_CACHE" if os.environ.get("DITPROF_CACHE") else "the user cache"
+    try:  # stat raises PermissionError in a folder the user may not look into: one line too
+        is_dir = out.is_dir()
+        is_file = not is_dir and out.exists()
+        found = _existing_hash(out) if is_dir else None
+    except OSError as exc:
+        raise DitprofError(f"cannot read the {preset.name} checkpoint at {out} ({where}): "
+                           f"{_reason(exc, out.parent)}") from None
+    if is_file:
+        raise DitprofError(f"{out} exists and is a file, not a checkpoint folder; remove it or choose another --out")
+    if is_dir:
+        if found == digest:
             return out, True
         raise DitprofError(f"{out} exists and is not this checkpoint; remove it or choose another --out")
     plan = _plan(preset, blocks, kind)  # validates the blocks before anything is written
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise DitprofError(f"cannot write the {preset.name} checkpoint to {out} ({where}): "
+                           f"{_reason(exc, out.parent)}") from None
     try:
         _write(preset, plan, tmp, seed, DTYPES[dtype], digest, blocks, kind, progress)
         try:
@@ -162,16 +178,31 @@ def make_checkpoint(
                 shutil.rmtree(tmp, ignore_errors=True)
                 return out, True
             raise
+    except OSError as exc:  # disk full, permissions changed under us: one line, nothing left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DitprofError(f"cannot write the {preset.name} checkpoint to {out} ({where}): "
+                           f"{_reason(exc, out.parent)}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out, False
 
 
+def _reason(exc: OSError, folder: Path) -> str:
+    """Why a folder cannot be written, in words: a file in the way, or the OS's reason."""
+    for p in (folder, *folder.parents):  # the nearest existing path decides; one we may not stat is skipped
+        try:
+            if p.exists():
+                return f"{p} is a file, not a folder" if not p.is_dir() else exc.strerror or str(exc)
+        except OSError:
+            continue
+    return exc.strerror or str(exc)
+
+
 def _write(preset, plan, folder: Path, seed, dtype, digest, blocks, kind, progress) -> None:
     from ditprof.progress import make_progress, progress_console
 
-    family = preset.adapter
+    family = get_family(preset.family)
     n = len(plan)
     total_bytes = 0
     weight_map: dict[str, str] = {}
@@ -250,12 +281,10 @@ def synthetic_block(preset, index: int = 0, *, kind: str | None = None, device: 
 
     fp32-kept parameters (diffusers' ``_keep_in_fp32_modules``) stay fp32, as the loader keeps them.
     """
-    from .presets import get_preset
-
     preset = get_preset(preset) if isinstance(preset, str) else preset
     t0 = time.perf_counter()
     device = torch.device(device)
-    family = preset.adapter
+    family = get_family(preset.family)
     kind_name = family.kind(kind or preset.kind).name
     n_blocks = family.checked_n_blocks(preset.config, kind_name, [index], preset.name)
     prefix = family.prefix(kind_name, index)

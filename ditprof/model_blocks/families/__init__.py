@@ -30,10 +30,12 @@ def get_family(name: str) -> BlockFamily:
 
 
 def family_for_config(config: dict) -> BlockFamily:
-    """The adapter for a diffusers transformer config, chosen by its ``_class_name``."""
+    """The adapter for a diffusers transformer config, chosen by its ``_class_name``; a value of the wrong type
+    is a one-line error here, before anything is built from the config."""
     class_name = config.get("_class_name")
     for family in FAMILIES.values():
         if class_name in family.class_names:
+            family.check_value_types(config)
             return family
     known = ", ".join(n for f in FAMILIES.values() for n in f.class_names)
     raise DitprofError(f"unknown model class {class_name!r} in config.json (known: {known})")

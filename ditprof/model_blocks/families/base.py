@@ -182,6 +182,21 @@ class BlockFamily:
         args.update({k: v for k, v in config.items() if k in params})
         return args
 
+    def check_value_types(self, config: dict) -> None:
+        """One line for a config.json value that is not a number where the model takes one (``"two"`` heads):
+        diffusers would fail with a TypeError deep inside the model's constructor. Lists pass (some counts take
+        a per-axis tuple), as does null (the model's own default then applies or it rejects it itself)."""
+        params = inspect.signature(self.model_class.__init__).parameters
+        for key, value in config.items():
+            p = params.get(key)
+            if p is None or isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
+                continue
+            if value is None or isinstance(value, (list, tuple)):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise DitprofError(f"config.json: {key} is {value!r}, but {self.model_class.__name__} takes a "
+                                   f"number there (default {p.default!r})")
+
     def heads(self, config: dict) -> tuple[int, int]:
         a = self.init_args(config)
         return int(a["num_attention_heads"]), int(a["attention_head_dim"])
@@ -202,9 +217,13 @@ class BlockFamily:
         """(time, height, width) patch size of the patch embedding."""
         raise NotImplementedError
 
+    def vae_strides(self, config: dict) -> tuple[int, int, int]:
+        """(time, height, width) compression of the VAE whose latents this config's model takes."""
+        return self.vae_stride
+
     def grid_from_size(self, config: dict, height: int, width: int, frames: int | None) -> LatentGrid:
         """Token grid for a pixel-space video/image size (VAE stride, then patchify)."""
-        st, sh, sw = self.vae_stride
+        st, sh, sw = self.vae_strides(config)
         pt, ph, pw = self.patch_size(config)
         if self.is_video:
             frames = 1 if frames is None else frames
@@ -383,6 +402,25 @@ class BlockFamily:
     def layout_from_size(self, config: dict, height: int, width: int, frames: int | None,
                          text_tokens: int) -> LatentGrid:
         return self.grid_from_size(config, height, width, frames)
+
+    def pixel_size(self, config: dict, layout: LatentGrid) -> tuple[int, int, int]:
+        """(height, width, frames) in pixels that a layout made by ``layout_from_size`` stands for: the size a
+        request becomes after the rounding to whole VAE latents and patches, i.e. the size the blocks see."""
+        st, sh, sw = self.vae_strides(config)
+        pt, ph, pw = self.patch_size(config)
+        frames = (layout.frames * pt - 1) * st + 1 if self.is_video else 1
+        return layout.height * sh * ph, layout.width * sw * pw, frames
+
+    def size_rule(self, config: dict) -> str:
+        """The pixel sizes ``pixel_size`` keeps unchanged, in words (for the note on a rounded size)."""
+        st, sh, sw = self.vae_strides(config)
+        pt, ph, pw = self.patch_size(config)
+        multiples = f"{sh * ph}" if sh * ph == sw * pw else f"{sh * ph} and {sw * pw}"
+        rule = f"height and width in multiples of {multiples} (VAE {sh} x patch {ph})"
+        if not self.is_video:
+            return rule + ", one frame (an image model)"
+        frames = f"{st}n + 1 frames" + (f" with n + 1 a multiple of {pt} (patch {pt})" if pt > 1 else "")
+        return f"{rule}, {frames}"
 
 
 def _divisors(n: int) -> list[int]:

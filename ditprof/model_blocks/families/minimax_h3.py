@@ -194,6 +194,14 @@ class MiniMaxH3Family(BlockFamily):
                             text=int(text_tokens), audio_latents=mp.audio_latent_num_frames(frames),
                             audio_channels=mp.MINIMAX_H3_AUDIO_CHANNELS, pixel_size=(height, width, frames))
 
+    def pixel_size(self, config, layout: PackedLayout):
+        return layout.pixel_size
+
+    def size_rule(self, config):
+        _, ph, _ = self.patch_size(config)
+        return (f"height and width in multiples of {VAE_SPATIAL * ph} (VAE {VAE_SPATIAL} x patch {ph}), "
+                f"{FRAMES_PER_CHUNK}n + {LATENTS_PER_CHUNK} frames")
+
     def packed_sequence(self, config, layout: PackedLayout):
         """(position_ids float64 (S, 3), token_tags, video_indices, audio_indices, text_indices) from the
         pipeline's ``MiniMaxH3PrepareLayoutStep.build_packed_sequence``."""

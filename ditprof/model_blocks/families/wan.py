@@ -87,15 +87,11 @@ class WanFamily(BlockFamily):
     def layout_from_tokens(self, config, tokens, text_tokens):
         return self._checked(config, self.grid_from_tokens(tokens))
 
+    def vae_strides(self, config):
+        # Wan 2.2's VAE (TI2V-5B): 16x spatial, 4x temporal
+        return (4, 16, 16) if self.is_wan22_vae(self.init_args(config)) else self.vae_stride
+
     def layout_from_size(self, config, height, width, frames, text_tokens):
-        a = self.init_args(config)
-        if self.is_wan22_vae(a):  # 16x spatial VAE, 4x temporal
-            pt, ph, pw = self.patch_size(config)
-            f = ((frames or 1) - 1) // 4 + 1
-            grid = LatentGrid(-(-f // pt), height // (16 * ph), width // (16 * pw))
-            if min(grid.frames, grid.height, grid.width) < 1:
-                raise DitprofError(f"size {height}x{width}x{frames} is too small for {self.name} (no tokens)")
-            return self._checked(config, grid)
         return self._checked(config, self.grid_from_size(config, height, width, frames))
 
     def build_block(self, config, kind):
