@@ -486,27 +486,29 @@ def test_int8_workspaces_share_one_device_rotation():
 
 def test_prep_int8_sweep_settings():
     """benchmarks/experimental/prep_int8_sweep.py: the default first, each layout combination once, tiling steps
-    from a layout, and the knobs it patches are the prep module's (a renamed constant would make the sweep time the
-    default only)."""
+    from a layout, and the knobs it sets are fields of the prep's ``PrepConfig`` (a renamed field would make the
+    sweep fail, not time the default only); a setting becomes the shipped config with those fields changed."""
+    import dataclasses
     import importlib.util
     from pathlib import Path
 
-    from ditprof.kernels import prep_triton as P
+    from ditprof.kernels.fp8_config import PrepConfig
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "experimental" / "prep_int8_sweep.py"
     spec = importlib.util.spec_from_file_location("prep_int8_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
+    assert set(sweep.KNOBS) <= {f.name for f in dataclasses.fields(PrepConfig)}
     grid = sweep.layout_settings()
-    assert grid[0] == {k: getattr(P, k) for k in sweep.KNOBS}
+    assert grid[0] == {k: getattr(PrepConfig(), k) for k in sweep.KNOBS}
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) == 2 ** len(sweep.LAYOUT_KNOBS)
     assert not set(sweep.LAYOUT_KNOBS) & set(sweep.TILING_KNOBS)
     steps = sweep.tiling_settings(grid[-1])
     assert all(sum(s[k] != grid[-1][k] for k in sweep.KNOBS) == 1 for s in steps)
     assert len(steps) == sum(len(v) - 1 for v in sweep.TILING_KNOBS.values())
-    with sweep.patched({"QK_BLOCK": 32, "SPLIT_V": True}):
-        assert P.QK_BLOCK == 32 and P.SPLIT_V is True
-    assert P.QK_BLOCK == grid[0]["QK_BLOCK"] and P.SPLIT_V == grid[0]["SPLIT_V"]
+    config = sweep.config_of({"qk_block": 32, "split_v": True})
+    assert config == dataclasses.replace(PrepConfig(), qk_block=32, split_v=True)
+    assert sweep.config_of({}) == PrepConfig()
 
 
 def test_stats_chunk_rule(monkeypatch):
