@@ -51,21 +51,21 @@ def test_prep_q_build_equals_the_lds_preset(case):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("grid", ["plain", "streamk"])
-def test_launch_records_equal_the_lds_preset(grid, dtype, monkeypatch):
+def test_launch_records_equal_the_lds_preset(grid, dtype):
     """The op's record (the shipped rule, grid forced) and a second record of the same configuration whose kernel
     is the LDS-preset build: the same output bits, and that build really ran (no fallback)."""
     need_sm90()
     from mma_preset_bench import lds_record
 
     from ditprof.kernels import launch
+    from ditprof.kernels.fp8_config import Fp8Options
 
-    monkeypatch.setenv("DITPROF_FP8_STREAMK", "1" if grid == "streamk" else "0")
     launch._RECORDS.clear()
     B, S, H, D = (1, 4608, 24, 128) if grid == "streamk" else (1, 5000, 6, 128)
     g = torch.Generator(device="cuda").manual_seed(S + H)
     q, k, v = (torch.randn((B, S, H, D), device="cuda", dtype=dtype, generator=g) for _ in range(3))
     try:
-        shipped, other = lds_record(q, k, v)
+        shipped, other = lds_record(q, k, v, Fp8Options(streamk=grid == "streamk"))
         assert other is not None and (other.streamk is not None) == (grid == "streamk")
         assert other.q_rot == (grid == "plain")
         fn = other.fn

@@ -485,10 +485,13 @@ def test_int8_workspaces_share_one_device_rotation():
 
 def test_prep_int8_sweep_settings():
     """benchmarks/experimental/prep_int8_sweep.py: the default first, each layout combination once, tiling steps
-    from a layout, and the knobs it sets are PrepConfig's fields (a renamed field would make the sweep time the
-    default only)."""
+    from a layout, and the knobs it sets are fields of the prep's ``PrepConfig`` (a renamed field would make the
+    sweep fail, not time the default only); a setting becomes the shipped config with those fields changed."""
+    import dataclasses
     import importlib.util
     from pathlib import Path
+
+    from ditprof.kernels.fp8_config import PrepConfig
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "experimental" / "prep_int8_sweep.py"
     if not path.exists():
@@ -496,19 +499,17 @@ def test_prep_int8_sweep_settings():
     spec = importlib.util.spec_from_file_location("prep_int8_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    if not hasattr(sweep, "config_for"):
-        pytest.skip("prep_int8_sweep.py still sets the removed prep_triton module constants (to be ported to "
-                    "PrepConfig: KNOBS as PrepConfig field names, config_for(setting) -> PrepConfig)")
-    defaults = PrepConfig()
+    assert set(sweep.KNOBS) <= {f.name for f in dataclasses.fields(PrepConfig)}
     grid = sweep.layout_settings()
-    assert grid[0] == {k: getattr(defaults, k) for k in sweep.KNOBS}
+    assert grid[0] == {k: getattr(PrepConfig(), k) for k in sweep.KNOBS}
     assert len({tuple(sorted(s.items())) for s in grid}) == len(grid) == 2 ** len(sweep.LAYOUT_KNOBS)
     assert not set(sweep.LAYOUT_KNOBS) & set(sweep.TILING_KNOBS)
     steps = sweep.tiling_settings(grid[-1])
     assert all(sum(s[k] != grid[-1][k] for k in sweep.KNOBS) == 1 for s in steps)
     assert len(steps) == sum(len(v) - 1 for v in sweep.TILING_KNOBS.values())
-    config = sweep.config_for({"qk_block": 32, "split_v": True})
-    assert config == dataclasses.replace(defaults, qk_block=32, split_v=True)
+    config = sweep.config_of({"qk_block": 32, "split_v": True})
+    assert config == dataclasses.replace(PrepConfig(), qk_block=32, split_v=True)
+    assert sweep.config_of({}) == PrepConfig()
 
 
 def test_stats_chunk_rule(monkeypatch):

@@ -1,8 +1,8 @@
-"""The op's launch record with the prep's V quantize branched onto a side stream (the default for problems too large
-to reuse a workspace: every direct call forks after the stats and joins before the kernel) against a record keeping
-the prep in one chain (``DITPROF_FP8_BRANCH=0``), in one process, direct calls on the default stream: whole calls
-alternating behind a sleep (GPU time), median of ``--rounds``; the outputs compared bit for bit. (The branch was
-measured on captured preps in session 22; this times it where it runs directly.)
+"""The FP8 front door with the prep's V quantize branched onto a side stream (the default, ``Fp8Options()``, for
+problems too large to reuse a workspace: every direct call forks after the stats and joins before the kernel)
+against the prep in one chain (``Fp8Options(branch=False)``), in one process, direct calls on the default stream:
+whole calls alternating behind a sleep (GPU time), median of ``--rounds``; the outputs compared bit for bit. A shape
+whose workspace is reused branches only inside its CUDA graphs (reported, not timed).
 
     python benchmarks/experimental/branch_op_ab.py --shapes cogvideox,wan1.3b,h3 --rounds 10 --json out.json
 """
@@ -24,18 +24,18 @@ SHAPES = {n: VIDEO_SHAPES[n] for n in ("flux", "ltx", "cogvideox", "wan1.3b", "h
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import default_and_switched_records, gaussian_qkv, records_ab
+    from bench_helpers import calls_ab, front_door_calls, gaussian_qkv, what_ran
 
-    from ditprof.kernels import launch
+    from ditprof.kernels.fp8_config import Fp8Options
 
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=5)
-    scale = 1.0 / math.sqrt(D)
-    rec_branch, rec_chain = default_and_switched_records(q, k, v, "DITPROF_FP8_BRANCH")
-    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": rec_branch.summary()["grid"]}
-    if not rec_branch.reuse:  # a reused workspace branches only when captured: nothing to time directly
-        row.update(records_ab(q, k, v, scale, {"branch": rec_branch, "chain": rec_chain}, rounds))
-    launch._RECORDS.clear()
+    calls = front_door_calls(q, k, v, 1.0 / math.sqrt(D), {"branch": Fp8Options(), "chain": Fp8Options(branch=False)})
+    ran = what_ran(calls["branch"])
+    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": ran["grid"]}
+    if not ran["graph_replays"]:  # graphs replay only on a reused workspace, whose direct calls never branch
+        row.update(calls_ab(calls, rounds))
+    del q, k, v
     torch.cuda.empty_cache()
     return row
 

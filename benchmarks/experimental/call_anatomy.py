@@ -1,8 +1,9 @@
-"""Where one fp8 attention call's GPU time goes at a shape: the real call (``ditprof.kernels.fp8_attention``, the
-op; INT8 or e4m3 Q/K) back to back under torch.profiler, every GPU kernel of each call with its duration and the
-gap before it, the call's span (first kernel start -> last kernel end) and the gap to the next call. Beside it,
-when the ``fa3-fwd`` wheel is installed, FA3 FP8's kernel alone on pre-quantized inputs in the same process.
-Issue 17's short shapes: is the distance to FA3 kernel time, prep time or the gaps between the launches?
+"""Where one fp8 attention call's GPU time goes at a shape: the real call (the FP8 front door
+``interface.fp8_attention``, INT8 or e4m3 Q/K through ``Fp8Options(qk_format=...)``) back to back under
+torch.profiler, every GPU kernel of each call with its duration and the gap before it, the call's span (first kernel
+start -> last kernel end) and the gap to the next call. Beside it, when the ``fa3-fwd`` wheel is installed, FA3
+FP8's kernel alone on pre-quantized inputs in the same process. Issue 17's short shapes: is the distance to FA3
+kernel time, prep time or the gaps between the launches?
 
     python benchmarks/experimental/call_anatomy.py                        # flux, ltx; int8 and e4m3
     python benchmarks/experimental/call_anatomy.py --shapes flux --formats int8 --calls 40
@@ -121,15 +122,16 @@ def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
     import torch
     from bench_helpers import gaussian_qkv
 
-    from ditprof.kernels import fp8_attention
+    from ditprof.kernels.fp8_config import Fp8Options
+    from ditprof.kernels.interface import fp8_attention
 
     B, H, S, D = shape
     q, k, v = gaussian_qkv(B, S, H, D)
     rows = []
-    os.environ["DITPROF_FP8_QK"] = fmt  # read per call by the launch record's key
+    options = Fp8Options(qk_format=fmt)
 
     def ours():
-        return fp8_attention(q, k, v)
+        return fp8_attention(q, k, v, options=options)
 
     for _ in range(3):
         ours()

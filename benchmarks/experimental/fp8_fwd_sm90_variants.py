@@ -115,9 +115,21 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from ditprof.kernels.cute_arch import cute_dsl_arch
 from ditprof.kernels.fp8_fwd_sm90 import set_accumulate, store_o_row, tma_views
 from ditprof.kernels.key_order import key_order_for_positions
-# the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
-# this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
-from ditprof.kernels.launch import LAUNCH_INFO, tvm_ffi_launch_enabled
+
+# how run_sm90 launched last ("tvm_ffi" or "jit") and why TVM-FFI failed, if it did: the JIT path then takes over for
+# the rest of the process
+LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None}
+
+
+def tvm_ffi_launch_enabled(requested: bool = True) -> bool:
+    """TVM-FFI launches where ``requested``, apache-tvm-ffi is importable and no TVM-FFI call has failed yet."""
+    if not requested or LAUNCH_INFO["tvm_ffi_error"] is not None:
+        return False
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -1170,8 +1182,10 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
     return fn
 
 
-def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, **opts) -> None:
+def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, lse, *, tvm_ffi: bool = True,
+             **opts) -> None:
     """Launch on the current CUDA stream. q8/k8/v8t: float8_e4m3fn or uint8 views (the prep's layouts).
+    ``tvm_ffi``: launch through TVM-FFI where it is usable (``tvm_ffi_launch_enabled``), else cute's JIT executor.
     ``opts``: compile-time options, see ``DEFAULT_OPTIONS``."""
     import torch
     from cutlass.cute.runtime import make_ptr
@@ -1205,7 +1219,7 @@ def run_sm90(q8, k8, v8t, scales, sq: int, sk: int, softmax_scale: float, out, l
             _CACHE[(tvm_ffi,) + key] = fn
         return fn
 
-    if tvm_ffi_launch_enabled():
+    if tvm_ffi_launch_enabled(tvm_ffi):
         try:
             compiled(True)(q8.data_ptr(), k8.data_ptr(), v8t.data_ptr(), scales.data_ptr(), out.data_ptr(), lse.data_ptr(),
                B, H, sq, sk, sq_pad, sk_pad, float(softmax_scale), torch.cuda.current_stream(dev).cuda_stream)

@@ -1,7 +1,8 @@
-"""The op's launch record replaying each call as one CUDA graph (the default; captured calls branch the prep's V
-quantize beside its Q/K one) against a record launching every call directly (``DITPROF_FP8_GRAPHS=0``), in one
-process: whole calls alternating behind a sleep (GPU time only: the host's launch cost never shows), median of
-``--rounds``; the outputs compared bit for bit.
+"""The FP8 front door replaying each repeated call as one CUDA graph (the default, ``Fp8Options()``; captured calls
+branch the prep's V quantize beside its Q/K one) against the same calls launched directly
+(``Fp8Options(graphs=False)``), in one process: whole calls alternating behind a sleep (GPU time only: the host's
+launch cost never shows), median of ``--rounds``; the outputs compared bit for bit. Shapes too large to reuse a
+workspace have no graphs (reported, not timed).
 
     python benchmarks/experimental/graph_op_ab.py --shapes flux,ltx --rounds 25 --json out.json
 """
@@ -23,19 +24,18 @@ SHAPES = {n: VIDEO_SHAPES[n] for n in ("flux", "ltx", "cogvideox", "wan1.3b", "h
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import default_and_switched_records, gaussian_qkv, records_ab
+    from bench_helpers import calls_ab, front_door_calls, gaussian_qkv, what_ran
 
-    from ditprof.kernels import launch
+    from ditprof.kernels.fp8_config import Fp8Options
 
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=4)
-    scale = 1.0 / math.sqrt(D)
-    rec_graph, rec_direct = default_and_switched_records(q, k, v, "DITPROF_FP8_GRAPHS")
-    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": rec_graph.summary()["grid"]}
-    if rec_graph.graphs is not None:  # None where the workspace is too large to reuse: no graphs, nothing to time
-        row.update(records_ab(q, k, v, scale, {"graph": rec_graph, "direct": rec_direct}, rounds))
-        row["graphs"] = rec_graph.graphs.summary()
-    launch._RECORDS.clear()
+    calls = front_door_calls(q, k, v, 1.0 / math.sqrt(D), {"graph": Fp8Options(), "direct": Fp8Options(graphs=False)})
+    ran = what_ran(calls["graph"])
+    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "grid": ran["grid"]}
+    if ran["graph_replays"]:  # none where the workspace is too large to reuse: no graphs, nothing to time
+        row.update(calls_ab(calls, rounds))
+    del q, k, v
     torch.cuda.empty_cache()
     return row
 

@@ -13,20 +13,28 @@ import dataclasses
 import math
 import sys
 
-from bench_helpers import VIDEO_SHAPES, default_and_switched_records  # the script's folder is on sys.path
+from bench_helpers import VIDEO_SHAPES  # the script's folder is on sys.path
 
 SHAPES = {**{n: VIDEO_SHAPES[n] for n in ("flux", "wan1.3b", "h3", "wan14b", "hunyuan")},
           "small128": (1, 6000, 8, 128)}  # B, S, H, D
 
 
-def lds_record(q, k, v):
-    """(shipped record, LDS-preset record): two launch records of q, k, v's configuration (distinct cache keys
-    through ``DITPROF_FP8_QROT`` unset / "1", the same rule), the second running the build with
+def lds_record(q, k, v, options=None):
+    """(shipped record, LDS-preset record): two launch records of q, k, v under ``options`` (``Fp8Options``, its
+    ``qk_format`` left None; default ``Fp8Options()``), the second keyed by the same options with the Q/K format the
+    first resolved to named explicitly (a distinct record of the same configuration) and running the build with
     ``mma_preset=False``; None for the second where the shipped build has no wgmma preset."""
     from ditprof.kernels import fp8_fwd_sm90 as K
+    from ditprof.kernels import launch
+    from ditprof.kernels.fp8_config import Fp8Options
     from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
-    shipped, other = default_and_switched_records(q, k, v, "DITPROF_FP8_QROT", "1")
+    options = options or Fp8Options()
+    if options.qk_format is not None:
+        raise ValueError("lds_record names the Q/K format itself: pass options with qk_format=None")
+    shipped = launch.record_for(q, k, v, False, options=options)
+    fmt = "int8" if shipped.spec.qk_int8 else "e4m3"
+    other = launch.record_for(q, k, v, False, options=dataclasses.replace(options, qk_format=fmt))
     spec = other.spec
     shipped_config = K.config_for(spec.arch, spec.head_dim)
     if other is shipped or not spec.qk_int8 or not shipped_config.mma_preset:
@@ -43,7 +51,7 @@ def lds_record(q, k, v):
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import gaussian_qkv, records_ab
+    from bench_helpers import calls_ab, gaussian_qkv
 
     from ditprof.kernels import launch
 
@@ -56,7 +64,8 @@ def measure(name: str, rounds: int) -> dict:
     if lds is None:
         return row
     lds_fn = lds.fn
-    row.update(records_ab(q, k, v, scale, {"mma_preset": shipped, "lds_preset": lds}, rounds))
+    row.update(calls_ab({"mma_preset": lambda: shipped(q, k, v, scale), "lds_preset": lambda: lds(q, k, v, scale)},
+                        rounds))
     if lds.fn is not lds_fn:  # a failed TVM-FFI call falls back to the shipped kernel: not this build
         raise RuntimeError(f"the LDS-preset record fell back to another kernel: {launch.LAUNCH_INFO}")
     del q, k, v

@@ -2,16 +2,19 @@
 the INT8 path must cost <= 3 % over the e4m3 path at the H3 shape, prep included).
 
 On a CUDA GPU, in one process:
-1. layouts: every combination of the prep module's INT8 layout knobs (``SPLIT_V``, ``QK_PREFETCH``) with the
-   default tiling;
-2. tiling: from the fastest layout, one knob at a time (rows per Q/K program ``QK_ROWS``, rows per ``tl.dot``
-   ``QK_BLOCK``, pipelining stages ``QK_STAGES``, rows per ``tl.dot`` in the stats pass ``STATS_ROT_ROWS``);
-   each setting: a fresh ``PrepPlan(qk_int8=True)``, its stats launch and its quantize launch(es) timed apart
+1. layouts: every combination of the prep's INT8 layout fields of ``PrepConfig`` (``split_v``, ``qk_prefetch``,
+   ``qk_recip``) with the default tiling;
+2. tiling: from the fastest layout, one field at a time (rows per Q/K program ``qk_rows``, rows per ``tl.dot``
+   ``qk_block``, pipelining stages ``qk_stages``, rows per ``tl.dot`` in the stats pass ``stats_rot_rows``, ...);
+   each setting: a fresh ``PrepPlan(qk_int8=True, config=PrepConfig(...))``, its stats launch and its quantize
+   launch(es) timed apart
    (CUDA events, median), its outputs checked against the default setting's (INT8 codes within one step in
    <= 0.1 % of places, descales within 1e-5: tests/test_prep_int8.py's tolerance; V bit for bit); the e4m3 prep
    timed beside them. A setting Triton cannot compile is reported with its first error line;
-3. ``--end-to-end``: the whole call (``fp8_attention_kernel``: prep + kernel) with e4m3 Q/K, with INT8 Q/K at the
-   default setting and at the fastest, interleaved rounds, median: the number the 3 % budget is about.
+3. ``--end-to-end``: the whole call (the FP8 front door with ``Fp8Options(qk_format=..., prep=PrepConfig(...))``:
+   prep + kernel) with e4m3 Q/K, with INT8 Q/K at the default setting and at the fastest, interleaved rounds,
+   median: the number the 3 % budget is about; and the kernel alone (the plain grid's build on the prep's Q) on a
+   prep of each setting.
 
     python benchmarks/experimental/prep_int8_sweep.py --shape 1,30272,56,128 --end-to-end --json out.json
     python benchmarks/experimental/prep_int8_sweep.py --list      # the settings of stage 1, no GPU needed
@@ -20,7 +23,7 @@ On a CUDA GPU, in one process:
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import itertools
 import json
 import statistics
@@ -31,18 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # session 10 (H200, h3) also measured Q's quantize in the stats launch, V's amax in a stats launch of its own and 8
 # warps for the rotating programs: all slower, removed from the prep (benchmarks/NOTES.md, session 10)
-LAYOUT_KNOBS = {"SPLIT_V": (False, True), "QK_PREFETCH": (False, True), "QK_RECIP": (False, True)}
-TILING_KNOBS = {"QK_ROWS": (128, 256, 512, 1024), "QK_BLOCK": (32, 64, 128), "QK_STAGES": (1, 2, 3),
-                "STATS_ROT_ROWS": (0, 16, 32, 64), "STATS_CHUNK": (128, 256, 512),
-                "STATS_PROGRAMS_PER_SM": (0, 6), "QUANT_WARPS": (4, 8), "STATS_WARPS": (4, 8),
-                "STATS_V_MULT": (1, 2, 4), "STATS_V_FIRST": (False, True)}
-KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS, "STATS_ROT_TAIL": (False, True)}
+# (the knobs are fields of ditprof.kernels.fp8_config.PrepConfig)
+LAYOUT_KNOBS = {"split_v": (False, True), "qk_prefetch": (False, True), "qk_recip": (False, True)}
+TILING_KNOBS = {"qk_rows": (128, 256, 512, 1024), "qk_block": (32, 64, 128), "qk_stages": (1, 2, 3),
+                "stats_rot_rows": (0, 16, 32, 64), "stats_chunk": (128, 256, 512),
+                "stats_programs_per_sm": (0, 6), "quant_warps": (4, 8), "stats_warps": (4, 8),
+                "stats_v_mult": (1, 2, 4), "stats_v_first": (False, True)}
+KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS, "stats_rot_tail": (False, True)}
 
 
 def defaults() -> dict:
-    from ditprof.kernels import prep_triton as P
+    """The shipped prep's value of each knob (``PrepConfig()``)."""
+    from ditprof.kernels.fp8_config import PrepConfig
 
-    return {k: getattr(P, k) for k in KNOBS}
+    return {k: getattr(PrepConfig(), k) for k in KNOBS}
+
+
+def config_of(setting: dict):
+    """The ``PrepConfig`` of ``setting`` (knobs it does not name keep the shipped values)."""
+    from ditprof.kernels.fp8_config import PrepConfig
+
+    return dataclasses.replace(PrepConfig(), **setting)
 
 
 def layout_settings() -> list[dict]:
@@ -55,26 +67,6 @@ def layout_settings() -> list[dict]:
 def tiling_settings(best: dict) -> list[dict]:
     """``best`` with one tiling knob changed at a time."""
     return [{**best, k: v} for k, vals in TILING_KNOBS.items() for v in vals if v != best[k]]
-
-
-@contextlib.contextmanager
-def patched_module(module, values: dict):
-    """``module``'s attributes set to ``values`` inside, restored after."""
-    saved = {k: getattr(module, k) for k in values}
-    for k, v in values.items():
-        setattr(module, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
-
-
-def patched(setting: dict):
-    """The prep module's knobs set to ``setting`` inside (a context manager)."""
-    from ditprof.kernels import prep_triton as P
-
-    return patched_module(P, setting)
 
 
 def time_passes(plan, q, k, v, iters: int) -> tuple[dict, dict]:
@@ -120,7 +112,7 @@ def close(a: dict, b: dict) -> str | None:
 
 
 def parse_setting(text: str) -> tuple[str, object]:
-    """``KNOB=VALUE`` (True/False/None or an integer) for one of KNOBS."""
+    """``knob=VALUE`` (True/False/None or an integer) for one of KNOBS."""
     name, _, value = text.partition("=")
     if name not in KNOBS:
         raise SystemExit(f"error: --setting {text!r}: knobs are {', '.join(KNOBS)}")
@@ -130,13 +122,12 @@ def parse_setting(text: str) -> tuple[str, object]:
 
 def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tuple[dict, dict | None]:
     """One sweep row (and the outputs, for the next rows' check)."""
-    with patched(s):
-        try:
-            plan = P.PrepPlan(q, k, v, True, qk_int8=True)
-            t, bufs = time_passes(plan, q, k, v, iters)
-        except Exception as exc:  # noqa: BLE001 -- a setting Triton cannot compile is a result here
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            return {"setting": s, "error": first}, None
+    try:
+        plan = P.PrepPlan(q, k, v, True, qk_int8=True, config=config_of(s))
+        t, bufs = time_passes(plan, q, k, v, iters)
+    except Exception as exc:  # noqa: BLE001 -- a setting Triton cannot compile is a result here
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        return {"setting": s, "error": first}, None
     got = {n: bufs[n].clone() for n in ("q8", "k8", "v8t", "q_scales", "scales")}
     mismatch = None if reference is None else close(got, reference)
     return {"setting": s, "launches": len(plan.launches), **t, "matches_default": mismatch is None,
@@ -145,39 +136,38 @@ def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tup
 
 def end_to_end(shapes: dict, settings: dict, rounds: int, steady_s: float = 0.0) -> dict:
     """Per shape, median ms of the whole call (prep + kernel) and of the kernel alone per named setting (None: e4m3
-    Q/K). One launch record per setting, built under its knobs (the plan keeps the values it was built with). The
-    calls go back to back without a sync, the settings alternating call by call (clock and power drift hit every
-    setting alike), each call between its own pair of CUDA events: GPU time per call, as
-    ``benchmarks/common.time_cuda`` measures it. ``steady_s``: instead, each setting alone for that many seconds
-    at a time (``steady_blocks``): what a model that calls one of them all the time sees under the power cap."""
+    Q/K). The whole call: the FP8 front door with ``Fp8Options(qk_format=..., prep=config_of(setting))``; the
+    kernel alone: the shipped kernel's plain-grid build on the prep's Q (``bench_helpers.shipped_launch``) on a
+    prep of that setting (``fp8_prepare(..., config=...)``). The calls go back to back without a sync, the settings
+    alternating call by call (clock and power drift hit every setting alike), each call between its own pair of
+    CUDA events: GPU time per call, as ``benchmarks/common.time_cuda`` measures it. ``steady_s``: instead, each
+    setting alone for that many seconds at a time (``steady_blocks``): what a model that calls one of them all the
+    time sees under the power cap."""
     import torch
+    from bench_helpers import empty_outputs, shipped_launch
 
-    from ditprof.kernels import launch
+    from ditprof.kernels import interface
+    from ditprof.kernels.fp8_config import Fp8Options
+    from ditprof.kernels.prep import fp8_prepare
 
     out = {}
     for shape_name, (B, S, H, D) in shapes.items():
         g = torch.Generator(device="cuda").manual_seed(1)
         q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
         scale = D ** -0.5
-        kernel = launch.kernel_name_for_arch(launch.arch_of(q.device.index))
-        records = {}
+        calls, kernels = {}, {}
         for name, setting in settings.items():
-            with patched(setting or {}):
-                records[name] = launch.Fp8Launch(q, k, v, kernel, False, qk_int8=setting is not None)
-        for rec in records.values():
+            config = config_of(setting or {})
+            options = Fp8Options(qk_format="e4m3" if setting is None else "int8", prep=config)
+            calls[name] = lambda o=options: interface.fp8_attention(q, k, v, scale=scale, options=o)
+            prep = fp8_prepare(q, k, v, smooth_k=True, qk_int8=setting is not None, config=config)
+            launch = shipped_launch(prep, B, H, S, D, scale, qk_int8=setting is not None)
+            o, lse = empty_outputs(B, S, H, D)
+            kernels[name] = lambda launch=launch, o=o, lse=lse: launch(o, lse)
+        for fn in (*calls.values(), *kernels.values()):
             for _ in range(3):  # compiles, warms
-                rec(q, k, v, scale)
+                fn()
         torch.cuda.synchronize()
-        # the kernel alone: each record's kernel on one workspace its prep filled (the launch path's own pieces)
-        stream = torch.cuda.current_stream().cuda_stream
-        prepared = {}
-        for name, rec in records.items():
-            ws = rec._workspace()
-            rec.plan.launch(q, k, v, ws, stream)
-            prepared[name] = (ws, torch.empty(rec.out_shape, dtype=rec.dtype, device=q.device))
-        calls = {name: (lambda rec=rec: rec(q, k, v, scale)) for name, rec in records.items()}
-        kernels = {name: (lambda rec=rec, ws=ws, o=o: rec._launch_kernel(ws, q, o, None, scale, stream))
-                   for (name, rec), (ws, o) in zip(records.items(), prepared.values())}
         res = {}
         for part, fns in (("call", calls), ("kernel", kernels)):
             if steady_s:
@@ -186,6 +176,7 @@ def end_to_end(shapes: dict, settings: dict, rounds: int, steady_s: float = 0.0)
                 times = alternating(fns, rounds)
             for name, ts in times.items():
                 res.setdefault(name, {})[part] = {"median_ms": statistics.median(ts), "all_ms": ts}
+        interface.finish_finite_checks()
         out[shape_name] = res
     return out
 
@@ -245,7 +236,8 @@ def main() -> int:
     ap.add_argument("--e2e-shapes", default="h3=1,30272,56,128;flux=1,4608,24,128;ltx=1,7392,32,64",
                     help="name=B,S,H,D;... for --end-to-end")
     ap.add_argument("--setting", action="append", default=[],
-                    help="KNOB=VALUE: skip stages 1-2 and take this (with the defaults) as the fastest")
+                    help="knob=VALUE (a PrepConfig field): skip stages 1-2 and take this (with the defaults) as "
+                         "the fastest")
     ap.add_argument("--list", action="store_true", help="print the stage-1 settings and exit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -1,10 +1,11 @@
 """The INT8 prep's tiling knobs at several shapes, timed interleaved (``prep_int8_sweep.py`` times one setting after
 the other, which at the short shapes' 0.1 ms leaves differences of 0.02 ms inside the drift): each named setting
-gets its own plan and workspace, and the settings' whole preps (all launches) alternate call by call, each between
-its own pair of CUDA events; median of the rounds. Outputs are checked against the default setting's (INT8 codes
-within one step, V and descales as ``prep_int8_sweep.close`` states).
+(``PrepConfig`` fields) gets its own plan (``PrepPlan(..., config=PrepConfig(...))``) and workspace, and the
+settings' whole preps (all launches) alternate call by call, each between its own pair of CUDA events; median of
+the rounds. Outputs are checked against the default setting's (INT8 codes within one step, V and descales as
+``prep_int8_sweep.close`` states).
 
-    python benchmarks/experimental/prep_tiling_interleaved.py --settings "chunk128=STATS_CHUNK=128;rows256=QK_ROWS=256"
+    python benchmarks/experimental/prep_tiling_interleaved.py --settings "chunk128=stats_chunk=128;rows256=qk_rows=256"
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from prep_int8_sweep import alternating, close, parse_setting, patched  # noqa: E402
+from prep_int8_sweep import alternating, close, config_of, parse_setting  # noqa: E402
 
 SHAPES = "flux=1,4608,24,128;ltx=1,7392,32,64;cogvideox=1,17776,48,64;h3=1,30272,56,128"
 
 
 def parse_settings(text: str) -> dict:
-    """``name=KNOB=V[,KNOB=V];...`` -> {name: {KNOB: V}}; the default setting is always first."""
+    """``name=knob=V[,knob=V];...`` -> {name: {knob: V}}; the default setting is always first."""
     out = {"default": {}}
     for item in filter(None, text.split(";")):
         name, _, knobs = item.partition("=")
@@ -58,8 +59,7 @@ def main() -> int:
         q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
         fns, ref, rows = {}, None, {}
         for name, knobs in settings.items():
-            with patched(knobs):
-                plan = P.PrepPlan(q, k, v, True, qk_int8=True)
+            plan = P.PrepPlan(q, k, v, True, qk_int8=True, config=config_of(knobs))
             bufs = plan.buffers(q.device)
             plan.launch(q, k, v, bufs, None)  # compiles
             plan.launch(q, k, v, bufs, stream)

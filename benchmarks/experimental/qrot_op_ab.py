@@ -1,7 +1,7 @@
-"""The op's launch record with Q quantized in the kernel (the default on fp8-sm90's plain grid) against the same
-record kind with the prep's Q (``DITPROF_FP8_QROT=0``), in one process: the two records' whole calls (prep + kernel)
-alternating call by call behind a sleep (``bench_helpers.sleep_alternating``), median of ``--rounds``; the outputs
-compared bit for bit. Shapes whose grid is stream-K keep the prep's Q in both (reported, not timed).
+"""The FP8 front door with Q quantized in the kernel (the default on fp8-sm90's plain grid, ``Fp8Options()``)
+against the prep's Q (``Fp8Options(q_in_kernel=False)``), in one process: whole calls (prep + kernel) alternating
+call by call behind a sleep (``bench_helpers.sleep_alternating``), median of ``--rounds``; the outputs compared bit
+for bit. Shapes whose grid is stream-K keep the prep's Q in both (reported, not timed).
 
     python benchmarks/experimental/qrot_op_ab.py --shapes cogvideox,wan1.3b,h3 --rounds 15 --json out.json
 """
@@ -23,17 +23,18 @@ SHAPES = VIDEO_SHAPES  # B, S, H, D: all seven
 
 def measure(name: str, rounds: int) -> dict:
     import torch
-    from bench_helpers import default_and_switched_records, gaussian_qkv, records_ab
+    from bench_helpers import calls_ab, front_door_calls, gaussian_qkv, what_ran
+
+    from ditprof.kernels.fp8_config import Fp8Options
 
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=3)
-    scale = 1.0 / math.sqrt(D)
-    rec_in, rec_prep = default_and_switched_records(q, k, v, "DITPROF_FP8_QROT")
-    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "q_in_kernel": rec_in.q_rot,
-           "grid": rec_in.summary()["grid"]}
-    if not rec_in.q_rot:
-        return row
-    row.update(records_ab(q, k, v, scale, {"q_in_kernel": rec_in, "prep_q": rec_prep}, rounds))
+    calls = front_door_calls(q, k, v, 1.0 / math.sqrt(D),
+                             {"q_in_kernel": Fp8Options(), "prep_q": Fp8Options(q_in_kernel=False)})
+    ran = what_ran(calls["q_in_kernel"])
+    row = {"shape": name, "B": B, "S": S, "H": H, "D": D, "q_in_kernel": ran["q_in_kernel"], "grid": ran["grid"]}
+    if ran["q_in_kernel"]:
+        row.update(calls_ab(calls, rounds))
     del q, k, v
     torch.cuda.empty_cache()
     return row

@@ -410,17 +410,15 @@ def test_sm90_lazy_max_schedule_bitwise(cfg, shape):
 
 
 @pytest.mark.gpu
-def test_sm90_tvm_ffi_launch_matches_jit(monkeypatch):
+def test_sm90_tvm_ffi_launch_matches_jit():
     """Both launch paths (TVM-FFI with raw pointers, cute's JIT executor) run the same cubin on the same
     arguments: bit-identical output; with apache-tvm-ffi installed the default path is TVM-FFI."""
     _need_sm90()
     import fp8_fwd_sm90_variants as K
 
     prep, scale = _small_case((2, 3, 77, 77, 128))
-    monkeypatch.setenv("DITPROF_TVM_FFI", "0")
-    o_jit, l_jit = _run(prep, scale)
+    o_jit, l_jit = _run(prep, scale, tvm_ffi=False)
     assert K.LAUNCH_INFO["last_launch"] == "jit"
-    monkeypatch.delenv("DITPROF_TVM_FFI")
     o, lse = _run(prep, scale)
     try:
         import tvm_ffi  # noqa: F401
