@@ -1,4 +1,4 @@
-"""Accuracy of attention backends against the float64 reference on three input families.
+"""Accuracy of attention backends against the float64 reference on five input families (``FAMILIES``).
 
 - ``gaussian``: q, k, v ~ N(0, 1).
 - ``peaky``: q x 3, so scores are 3x larger and the softmax much sharper (rounding of Q/K hurts more).
@@ -11,7 +11,7 @@
 - ``v_bias``: V plus 6 on every element: a large mean P V term that an accumulator with few mantissa bits loses
   the small per-tile contributions against (``fp8_attention_emulated(acc_bits=...)`` models it).
 
-All three families derive from the same base draw (one seed), are cast to bf16 first, and the reference is
+All families derive from the same base draw (one seed), are cast to bf16 first, and the reference is
 computed from those bf16 tensors, so the numbers measure the backend, not input rounding.
 """
 
@@ -24,15 +24,14 @@ import torch
 
 from ditprof.errors import DitprofError
 from ditprof.kernels import registry
+from ditprof.kernels.accuracy_cases import DEFAULT_SHAPE, FAMILIES
 from ditprof.kernels.fp8_emulation import fp8_attention_emulated
 from ditprof.kernels.reference import attention_reference
 
-FAMILIES = ("gaussian", "peaky", "k_bias", "outlier", "v_bias")
 PEAKY_FACTOR = 3.0
 K_BIAS_STD = 8.0
 OUTLIER_CHANNELS, OUTLIER_FACTOR = 4, 20.0
 V_BIAS = 6.0
-DEFAULT_SHAPE = {"cpu": (1, 4, 1024, 128), "cuda": (1, 8, 4096, 128)}  # (B, H, S, D)
 INPUT_DTYPE = torch.bfloat16
 
 

@@ -19,9 +19,12 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="kernels_command", metavar="SUBCOMMAND")
     parser.set_defaults(func=lambda _args: (parser.print_help(), 2)[1])
 
-    acc = sub.add_parser("accuracy", help="FP8 backends vs a float64 reference on three input families")
+    from ditprof.kernels.accuracy_cases import FAMILIES, shape_text
+
+    acc = sub.add_parser("accuracy", help=f"FP8 backends vs a float64 reference on {len(FAMILIES)} input families "
+                                          f"({', '.join(FAMILIES)})")
     acc.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    acc.add_argument("--shape", metavar="B,H,S,D", help="default 1,4,1024,128 on cpu, 1,8,4096,128 on cuda")
+    acc.add_argument("--shape", metavar="B,H,S,D", help=f"default {shape_text('cpu')} on cpu, {shape_text('cuda')} on cuda")
     acc.add_argument("--kv-len", type=int, metavar="N", help="key/value length (default: S; cross-attention)")
     acc.add_argument("--seed", type=int, default=0)
     acc.add_argument("--json", action="store_true", help="print JSON instead of a table")
