@@ -12,9 +12,11 @@ import json
 import pytest
 import torch
 
-from ditprof.harness import commands, report
-from ditprof.harness import session as S
-from ditprof.harness.runner import execute, spec_from_args
+from ditprof.harness.cli import commands
+
+from ditprof.harness.report import summary as report
+from ditprof.harness.run import session as S
+from ditprof.harness.run.runner import execute, spec_from_args
 
 
 def _spec(*argv):

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ditprof.harness import report as R
+from ditprof.harness.report import summary as R
 from ditprof.kernels import launch as L
 from ditprof.kernels.launch_graphs import LaunchGraphs
 
 jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU host collects this file without it
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report/report.schema.json").read_text())
 ITEM = {**SCHEMA["$defs"]["run"]["properties"]["fp8_launches"]["items"], "$defs": SCHEMA.get("$defs", {})}
 
 

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from ditprof.errors import DitprofError
-from ditprof.harness import swap
-from ditprof.harness.categories import ATTENTION_RANGE
+from ditprof import dispatch as swap
+from ditprof.harness.trace.categories import ATTENTION_RANGE
 
 from tiny_blocks import cog_block, wan_block
 
@@ -129,7 +129,7 @@ def test_no_attention_module():
 def test_norm_ranges_count_decomposed_rmsnorm_as_norm(tmp_path):
     from diffusers.models.normalization import AdaLayerNormZero, RMSNorm
 
-    from ditprof.harness import categories as C
+    from ditprof.harness.trace import categories as C
 
     class Tiny(torch.nn.Module):
         def __init__(self):

@@ -3,7 +3,10 @@
 import os
 
 
-from ditprof.harness import noise, report
+from ditprof.harness.run import noise
+
+
+from ditprof.harness.report import summary as report
 
 
 def test_change_verdicts():

@@ -2,7 +2,7 @@
 
 from rich.console import Console
 
-from ditprof.harness import progress as P
+from ditprof.harness.cli import progress as P
 
 
 class _Clock:

@@ -10,8 +10,8 @@ import torch
 
 from ditprof.cli import main
 from ditprof.errors import DitprofError
-from ditprof.harness import session as S
-from ditprof.harness import validate as V
+from ditprof.harness.run import session as S
+from ditprof.harness.validate import run as V
 from ditprof.kernels.qk_format import qk_format
 from ditprof.model_blocks import load_block, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block

@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from ditprof.harness import atomic
-from ditprof.harness.memory import fmt_bytes
+from ditprof.harness.run import atomic
+from ditprof.harness.run.memory import fmt_bytes
 
 SCHEMA = "ditprof.validate/1"
 

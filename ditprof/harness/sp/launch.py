@@ -51,17 +51,20 @@ import torch
 import torch.distributed as dist
 
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, backends, distributed, report
-from ditprof.harness.sp_attention import (  # noqa: F401 -- the checks, wrappers and sharding, re-exported
+from ditprof.harness.run import atomic
+from ditprof.harness.swaps import backends
+from ditprof.harness.sp import distributed
+from ditprof.harness.report import summary as report
+from ditprof.harness.sp.attention import (  # noqa: F401 -- the checks, wrappers and sharding, re-exported
     CROSS_MODES, _preset_shape, check_degree, check_family, cross_heads_backend, gather_output, is_cross_attention,
     joint_ulysses_backend, shard_inputs, sp_swapped, ulysses_backend)
-from ditprof.harness.sp_rank import TOLERANCE, combine_ranks, query_chunked, rank_body  # noqa: F401 -- re-exported
+from ditprof.harness.sp.rank import TOLERANCE, combine_ranks, query_chunked, rank_body  # noqa: F401 -- re-exported
 
 _PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
             "diffusers.models.transformers.transformer_flux",
             "diffusers.models.transformers.transformer_hunyuan_video",
             "diffusers.models.transformers.cogvideox_transformer_3d", "ditprof.model_blocks", "ditprof.kernels",
-            "ditprof.harness.sequence_parallel", "ditprof.harness.runner")
+            "ditprof.harness.sp.launch", "ditprof.harness.run.runner")
 
 
 # --------------------------------------------------------------------------- launchers
@@ -125,7 +128,7 @@ def execute_sp(spec, console=None) -> tuple[dict, Path]:
     console.print(f"[bold]ditprof {spec.command} --sp {P}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
                   f"{P} ranks ({distributed.pg_backend(spec.device.type)}), baseline {spec.baseline}"
                   + (f", swap {spec.swap}" if spec.swap else "") + f", cross-attention {spec.sp_cross}")
-    from ditprof.harness.run_plan import check_plan, make_plan
+    from ditprof.harness.run.plan import check_plan, make_plan
 
     plan = make_plan(spec)  # the one-device block: each rank computes about 1/P of it
     plan.note = "; ".join(n for n in (spec.size_note, f"each of the {P} ranks runs about 1/{P} of this") if n)

@@ -14,19 +14,23 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, backends, compile_mode, report, swap
-from ditprof.harness.environment import environment
-from ditprof.harness.extrapolate import extrapolate
-from ditprof.harness.finite import NonFiniteOutput, check_inputs, first_nonfinite
-from ditprof.harness.memory import memory_budget
-from ditprof.harness.progress import make_progress
-from ditprof.harness.run_parts import Phases, model_section, plot_title, resident_bytes, write_run  # noqa: F401
-from ditprof.harness.run_plan import check_plan, make_plan
-from ditprof.harness.session import BackendRun, measure
+from ditprof.harness.run import atomic
+from ditprof.harness.swaps import backends
+from ditprof.harness.run import compile_mode
+from ditprof.harness.report import summary as report
+from ditprof import dispatch as swap
+from ditprof.harness.run.environment import environment
+from ditprof.harness.run.extrapolate import extrapolate
+from ditprof.harness.run.finite import NonFiniteOutput, check_inputs, first_nonfinite
+from ditprof.harness.run.memory import memory_budget
+from ditprof.harness.cli.progress import make_progress
+from ditprof.harness.run.parts import Phases, model_section, plot_title, resident_bytes, write_run  # noqa: F401
+from ditprof.harness.run.plan import check_plan, make_plan
+from ditprof.harness.run.session import BackendRun, measure
 from ditprof.kernels.interface import deferred_finite_checks
 
-from ditprof.harness.cli_args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
-from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, default_out, source_of
+from ditprof.harness.cli.args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
+from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
 
 
 @dataclass
@@ -98,7 +102,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         swap_name = args.attention or backends.default_swap(device)
     else:
         baseline = args.attention or backends.DEFAULT_BASELINE
-    from ditprof.harness.run_plan import CPU_CHECKPOINT_TOKENS, DEFAULT_TIME_LIMIT_MIN
+    from ditprof.harness.run.plan import CPU_CHECKPOINT_TOKENS, DEFAULT_TIME_LIMIT_MIN
 
     tokens, size_note = args.tokens, ""
     if (device.type == "cpu" and source_kind == "checkpoint" and tokens is None and args.height is None):
@@ -162,7 +166,7 @@ def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str |
 def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
                      stage: Path, progress: Progress | None, resident: int, console: Console) -> BackendRun:
     if spec.compile:
-        from ditprof.harness.compile_backends import for_compile
+        from ditprof.harness.run.compile_backends import for_compile
 
         b = for_compile(b)
     with _backend_in(loaded, b) as state:
@@ -220,8 +224,8 @@ def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base_b: backends.Backe
                  swap_b: backends.BackendInfo, progress: Progress | None) -> dict | None:
     """Eager block calls with the baseline and the swap taken in turns (``spec.interleave`` rounds), after both
     phases: the report's ``interleaved`` section, or None without rounds (``_interleave_rounds`` says when)."""
-    from ditprof.harness import noise
-    from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND, _band, time_interleaved
+    from ditprof.harness.run import noise
+    from ditprof.harness.run.session import INTERLEAVED_CALLS_PER_ROUND, _band, time_interleaved
 
     if not spec.interleave:
         return None
@@ -341,7 +345,7 @@ def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] |
     if not console.is_terminal and console.width < 120:
         console = Console(width=120, stderr=spec.json_out)
     if spec.sp is not None:
-        from ditprof.harness.sequence_parallel import execute_sp
+        from ditprof.harness.sp.launch import execute_sp
 
         rep, out = execute_sp(spec, console)
     else:

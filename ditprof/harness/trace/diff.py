@@ -62,7 +62,7 @@ def open_side(spec: str) -> Side:
 
 def _ops(side: Side) -> dict[tuple[str, str], float]:
     """Every launching op of the side's trace, ms per block call (re-split with ditprof's own categories)."""
-    from ditprof.harness.categories import split_trace
+    from ditprof.harness.trace.categories import split_trace
 
     trace_file = side.folder / side.section["trace"]
     if not trace_file.is_file():
@@ -108,7 +108,7 @@ def diff(a: Side, b: Side, top: int = 15) -> dict:
     for row in ops:
         row["delta_ms"] = row["b_ms"] - row["a_ms"]
     ops.sort(key=lambda r: -abs(r["delta_ms"]))
-    from ditprof.harness import noise
+    from ditprof.harness.run import noise
 
     from ditprof.kernels import registry
 
@@ -170,7 +170,7 @@ def png(d: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ditprof.harness.plots import COLORS
+    from ditprof.harness.report.plots import COLORS
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.6), dpi=110, gridspec_kw={"width_ratios": [1, 1.4]})
     for i, side in enumerate(("a", "b")):

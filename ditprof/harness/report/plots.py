@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # noqa: E402 - headless, set before pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ditprof.harness.categories import REPORTED_CATEGORIES  # noqa: E402
+from ditprof.harness.trace.categories import REPORTED_CATEGORIES  # noqa: E402
 
 COLORS = {
     "attention": "#d62728",

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness.memory import fmt_bytes, parse_size
+from ditprof.harness.run.memory import fmt_bytes, parse_size
 
 DEFAULT_TIME_LIMIT_MIN = 15.0
 CPU_CHECKPOINT_TOKENS = 1024  # a checkpoint on CPU with no size: a small grid, not the pipeline's
@@ -94,7 +94,7 @@ def measured_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, flo
 
 
 def _budget(spec) -> tuple[int | None, str]:
-    from ditprof.harness.validate import host_available_bytes
+    from ditprof.harness.validate.run import host_available_bytes
 
     if spec.gpu_memory is not None:
         return parse_size(spec.gpu_memory), f"--gpu-memory {spec.gpu_memory}"
@@ -106,8 +106,8 @@ def _budget(spec) -> tuple[int | None, str]:
 
 def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     """The plan of ``spec`` (a ``runner.RunSpec``), from the family's config alone: nothing is loaded."""
-    from ditprof.harness.activation import estimate_forward_bytes
-    from ditprof.harness.validate import open_source
+    from ditprof.harness.run.activation import estimate_forward_bytes
+    from ditprof.harness.validate.run import open_source
     from ditprof.model_blocks.presets import block_size
 
     src = open_source(spec.source, spec.source_kind, spec.kind)
@@ -126,7 +126,7 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     calls = round(backends * per_backend)
     if spec.swap:  # the rounds in turns (runner._interleaved): per round and backend one untimed call + the timed ones
         # (spec.interleave is 0 where they do not run)
-        from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND
+        from ditprof.harness.run.session import INTERLEAVED_CALLS_PER_ROUND
 
         calls += 2 * getattr(spec, "interleave", 0) * (1 + INTERLEAVED_CALLS_PER_ROUND)
     return RunPlan(tokens=est["tokens"], text_tokens=est["text_tokens"], grid=est["grid"],

@@ -47,7 +47,7 @@ def check_counts(args: Any, positive: tuple[str, ...], non_negative: tuple[str, 
 
 def check_gpu_memory(args: Any) -> None:
     if getattr(args, "gpu_memory", None) is not None:
-        from ditprof.harness.memory import parse_size
+        from ditprof.harness.run.memory import parse_size
 
         parse_size(args.gpu_memory)  # unparsable: fail before any work
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ditprof.harness.inductor_kernels import (
+from ditprof.harness.trace.inductor_kernels import (
     COMPILED_REGION_PREFIXES,
     COMPILED_RUNTIME_PREFIXES,
     FUSED,
@@ -56,7 +56,7 @@ from ditprof.harness.inductor_kernels import (
     is_attention_op,
     is_compiled_stack,
 )
-from ditprof.harness.op_tables import ELEMENTWISE_OPS, GEMM_OPS, NORM_OPS
+from ditprof.harness.trace.op_tables import ELEMENTWISE_OPS, GEMM_OPS, NORM_OPS
 
 CATEGORIES = ("attention", "gemm", "norm", "elementwise", "other")  # every split has these keys
 COMMUNICATION = "communication"  # a split has this key only when its trace holds communication (--sp runs)

@@ -12,8 +12,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness import backends, distributed, swap
-from ditprof.harness.categories import COMM_RANGE
+from ditprof.harness.swaps import backends
+from ditprof.harness.sp import distributed
+from ditprof import dispatch as swap
+from ditprof.harness.trace.categories import COMM_RANGE
 
 
 CROSS_MODES = ("local", "heads")

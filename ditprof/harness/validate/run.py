@@ -34,13 +34,15 @@ from typing import Any, Callable
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness import backends, compile_mode, swap
-from ditprof.harness.environment import environment
-from ditprof.harness.memory import fmt_bytes, memory_budget, parse_size
-from ditprof.harness.progress import make_progress
-from ditprof.harness.activation import _LiveBytes, estimate_forward_bytes  # noqa: F401 -- re-exported
-from ditprof.harness.session import Clock, time_block
-from ditprof.harness.validate_report import SCHEMA, markdown, summary_table, to_json, write  # noqa: F401
+from ditprof.harness.swaps import backends
+from ditprof.harness.run import compile_mode
+from ditprof import dispatch as swap
+from ditprof.harness.run.environment import environment
+from ditprof.harness.run.memory import fmt_bytes, memory_budget, parse_size
+from ditprof.harness.cli.progress import make_progress
+from ditprof.harness.run.activation import _LiveBytes, estimate_forward_bytes  # noqa: F401 -- re-exported
+from ditprof.harness.run.session import Clock, time_block
+from ditprof.harness.validate.report import SCHEMA, markdown, summary_table, to_json, write  # noqa: F401
 from ditprof.model_blocks.presets import block_size
 from ditprof.model_blocks.synthetic import synth_tensor, synthetic_block
 
@@ -382,7 +384,7 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
 
     compiled_stats = None
     if spec.compile:
-        from ditprof.harness.compile_backends import for_compile
+        from ditprof.harness.run.compile_backends import for_compile
 
         b = for_compile(b)
     with contextlib.ExitStack() as stack, make_progress(console) as progress:
@@ -538,7 +540,7 @@ def validate(spec: ValidateSpec, console=None) -> dict:
         "whole_step": None,
     }
     if spec.whole_step:
-        from ditprof.harness.whole_step import measure_rest, step_estimate
+        from ditprof.harness.validate.whole_step import measure_rest, step_estimate
 
         rest = measure_rest(src, device=spec.device, dtype=spec.dtype, seed=spec.seed, warmup=warmup,
                             iters=iters, console=console, tokens=spec.tokens, height=spec.height,

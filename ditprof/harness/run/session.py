@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from ditprof.harness.categories import BLOCK_RANGE, Split, load_trace, split_trace
-from ditprof.harness.finite import NonFiniteOutput
+from ditprof.harness.trace.categories import BLOCK_RANGE, Split, load_trace, split_trace
+from ditprof.harness.run.finite import NonFiniteOutput
 
 
 def _band(samples: list[float]) -> dict[str, float]:
@@ -263,7 +263,7 @@ def measure(
             if graph_out is not None and not torch.equal(graph_out, output):
                 # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
                 # that differs more than that means the capture went wrong, and its timing is not used
-                from ditprof.harness.metrics import accuracy
+                from ditprof.harness.run.metrics import accuracy
 
                 diff = accuracy(output, graph_out)["block_output_rel_rms"]
                 if not diff <= GRAPH_REPLAY_TOLERANCE:

@@ -13,7 +13,7 @@ annotations.)
 
 import torch
 
-from ditprof.harness.backends import BackendInfo
+from ditprof.harness.swaps.backends import BackendInfo
 
 OPAQUE_OP = "ditprof_compile::opaque_attention"
 

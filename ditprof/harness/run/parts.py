@@ -10,7 +10,9 @@ import torch
 from rich.progress import Progress
 
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, plots, report
+from ditprof.harness.run import atomic
+from ditprof.harness.report import plots
+from ditprof.harness.report import summary as report
 
 
 def resident_bytes(obj: Any) -> int:

@@ -162,7 +162,7 @@ def failures_as_errors(mode: str, what: str = "the block", *, compiler_only: boo
     otherwise any failure (the first calls: whatever fails there fails compiling or running compiled code)."""
     import torch._dynamo.config as dynamo_config
 
-    from ditprof.harness.finite import NonFiniteOutput
+    from ditprof.harness.run.finite import NonFiniteOutput
 
     with dynamo_config.patch(suppress_errors=False, fail_on_recompile_limit_hit=True):
         try:

@@ -8,7 +8,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditprof.harness import swap
+from ditprof import dispatch as swap
 from ditprof.model_blocks.memory import tensor_bytes
 
 

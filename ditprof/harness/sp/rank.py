@@ -15,12 +15,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ditprof.harness import atomic, backends, distributed, report, swap
-from ditprof.harness.categories import ALL_CATEGORIES, COMMUNICATION
-from ditprof.harness.environment import environment
-from ditprof.harness.extrapolate import extrapolate
-from ditprof.harness.memory import memory_budget
-from ditprof.harness.sp_attention import (check_degree, check_family, gather_output, is_cross_attention,
+from ditprof.harness.run import atomic
+from ditprof.harness.swaps import backends
+from ditprof.harness.sp import distributed
+from ditprof.harness.report import summary as report
+from ditprof import dispatch as swap
+from ditprof.harness.trace.categories import ALL_CATEGORIES, COMMUNICATION
+from ditprof.harness.run.environment import environment
+from ditprof.harness.run.extrapolate import extrapolate
+from ditprof.harness.run.memory import memory_budget
+from ditprof.harness.sp.attention import (check_degree, check_family, gather_output, is_cross_attention,
                                           shard_inputs, sp_swapped)
 
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
@@ -69,8 +73,8 @@ def combine_ranks(sections: list[dict]) -> dict:
 
 def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int, world: int, backend: str,
                   device: torch.device, progress, resident: int):
-    from ditprof.harness.run_parts import Phases
-    from ditprof.harness.session import measure
+    from ditprof.harness.run.parts import Phases
+    from ditprof.harness.run.session import measure
     from ditprof.kernels.interface import deferred_finite_checks
 
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
@@ -156,8 +160,8 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
     """Everything one rank does; rank 0 returns the report (and writes the run files into ``stage``)."""
     from rich.console import Console
 
-    from ditprof.harness.progress import make_progress
-    from ditprof.harness.run_parts import resident_bytes, write_run
+    from ditprof.harness.cli.progress import make_progress
+    from ditprof.harness.run.parts import resident_bytes, write_run
     from ditprof.model_blocks import load_block, make_inputs
 
     device = distributed.rank_device(spec.device.type, local_rank)
@@ -211,7 +215,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
 
 
 def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, backend, launcher, device) -> dict:
-    from ditprof.harness.run_parts import model_section
+    from ditprof.harness.run.parts import model_section
 
     model = model_section(spec, loaded, full)
     base = combine_ranks(sections["baseline"])

@@ -33,11 +33,11 @@ def _console(json_out: bool):
 # --------------------------------------------------------------------------- validate
 
 def cmd_validate(args) -> int:
-    from ditprof.harness import atomic
-    from ditprof.harness.cli_args import check_counts, check_gpu_memory, check_size, default_out, source_of
-    from ditprof.harness.compile_mode import check_args as compile_mode_of
-    from ditprof.harness.runner import resolve_device
-    from ditprof.harness.validate import ValidateSpec, summary_table, to_json, validate, write
+    from ditprof.harness.run import atomic
+    from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
+    from ditprof.harness.run.compile_mode import check_args as compile_mode_of
+    from ditprof.harness.run.runner import resolve_device
+    from ditprof.harness.validate.run import ValidateSpec, summary_table, to_json, validate, write
 
     compile_as = compile_mode_of(args)
     device = resolve_device(args.device)
@@ -51,7 +51,7 @@ def cmd_validate(args) -> int:
         get_preset(source)
     out = default_out(args.out, source, prefix="validate-")
     atomic.check_writable(out)
-    from ditprof.harness import backends
+    from ditprof.harness.swaps import backends
 
     spec = ValidateSpec(
         source=source, source_kind=source_kind, kind=args.kind, blocks=args.blocks,
@@ -96,9 +96,13 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     """
     import torch
 
-    from ditprof.harness import backends, report, swap
-    from ditprof.harness.environment import environment
-    from ditprof.harness.progress import make_progress
+    from ditprof.harness.swaps import backends
+
+    from ditprof.harness.report import summary as report
+
+    from ditprof import dispatch as swap
+    from ditprof.harness.run.environment import environment
+    from ditprof.harness.cli.progress import make_progress
     from ditprof.model_blocks import get_preset, make_inputs
     from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
 
@@ -209,8 +213,9 @@ def accuracy_rich(rep: dict):
 
 
 def cmd_accuracy_table(args) -> int:
-    from ditprof.harness import atomic, backends
-    from ditprof.harness.runner import resolve_device
+    from ditprof.harness.run import atomic
+    from ditprof.harness.swaps import backends
+    from ditprof.harness.run.runner import resolve_device
 
     device = resolve_device(args.device)
     presets = _parse_list(args.presets, "presets") or list(
@@ -223,7 +228,7 @@ def cmd_accuracy_table(args) -> int:
         swaps = ["fp8-emulated"]
         if device.type == "cuda" and backends.availability("fp8", device)[0]:
             swaps.append("fp8")
-    from ditprof.harness.cli_args import default_out
+    from ditprof.harness.cli.args import default_out
 
     out = default_out(args.out, "accuracy-table")
     atomic.check_writable(out)
@@ -274,7 +279,7 @@ def register(subparsers) -> None:
     run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
                      help="device memory budget, e.g. 16GiB: blocks that do not fit are streamed from host memory")
     run.add_argument("--stream", action="store_true", help="stream blocks from host memory even if they fit")
-    from ditprof.harness.commands import add_compile_flag
+    from ditprof.harness.cli.commands import add_compile_flag
 
     add_compile_flag(run)
     run.add_argument("--seed", type=int, default=0, help="weight and input seed (default 0)")

@@ -23,7 +23,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from ditprof.harness.op_tables import ELEMENTWISE_OPS, GEMM_OPS, NORM_OPS
+from ditprof.harness.trace.op_tables import ELEMENTWISE_OPS, GEMM_OPS, NORM_OPS
 
 FUSED = "fused"
 

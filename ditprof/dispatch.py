@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ditprof.errors import DitprofError
-from ditprof.harness.categories import ATTENTION_RANGE
+from ditprof.harness.trace.categories import ATTENTION_RANGE
 
 DISPATCH_PREFIX = "ditprof_"
 
@@ -348,7 +348,7 @@ def norm_ranges(module: torch.nn.Module) -> Iterator[list[str]]:
     the split count them as norm instead of elementwise. Modules holding a ``Linear`` (AdaLayerNorm*) are
     left alone: their inner norm gets the range, their projection stays a GEMM.
     """
-    from ditprof.harness.categories import NORM_RANGE_PREFIX
+    from ditprof.harness.trace.categories import NORM_RANGE_PREFIX
 
     wrapped: list[tuple[torch.nn.Module, bool, Callable]] = []
     names: list[str] = []

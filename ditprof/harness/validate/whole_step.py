@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness.session import time_block
+from ditprof.harness.run.session import time_block
 
 
 def rest_config(family, config: dict) -> dict:
@@ -98,7 +98,7 @@ def modules_run(model: torch.nn.Module, call) -> tuple[list[str], list[str]]:
 
 def time_parts(model: torch.nn.Module, call, device: torch.device, iters: int) -> dict[str, float]:
     """Median ms per top-level part (forward pre/post hooks with CUDA events or the host clock)."""
-    from ditprof.harness.session import Clock
+    from ditprof.harness.run.session import Clock
 
     clock = Clock(device)
     marks: dict[str, list] = {}
@@ -131,7 +131,7 @@ def time_parts(model: torch.nn.Module, call, device: torch.device, iters: int) -
 def measure_rest(src, *, device, dtype=torch.bfloat16, seed: int = 0, warmup: int = 1, iters: int = 5,
                  console=None, tokens=None, height=None, width=None, frames=None) -> dict:
     """Time the model's non-block parts once (whole forward with no blocks), plus a per-part breakdown."""
-    from ditprof.harness.progress import make_progress
+    from ditprof.harness.cli.progress import make_progress
 
     device = torch.device(device)
     grid, text = grid_and_text(src, tokens, height, width, frames)

@@ -10,10 +10,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ditprof.harness.categories import REPORTED_CATEGORIES
-from ditprof.harness.memory import fmt_bytes
-from ditprof.harness.metrics import accuracy  # noqa: F401 -- report.accuracy, as callers use it
-from ditprof.harness.session import BackendRun
+from ditprof.harness.trace.categories import REPORTED_CATEGORIES
+from ditprof.harness.run.memory import fmt_bytes
+from ditprof.harness.run.metrics import accuracy  # noqa: F401 -- report.accuracy, as callers use it
+from ditprof.harness.run.session import BackendRun
 
 SCHEMA = "ditprof.report/1"
 
@@ -56,7 +56,7 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
     def section(run):
         return run if isinstance(run, dict) or run is None else run_section(run)
 
-    from ditprof.harness import noise
+    from ditprof.harness.run import noise
     from ditprof.kernels import registry
 
     base, sw = section(baseline), section(swapped)

@@ -7,7 +7,7 @@ import argparse
 
 def add_compile_flag(group) -> None:
     """``--compile [MODE]`` (profile, compare, validate)."""
-    from ditprof.harness.compile_mode import MODES
+    from ditprof.harness.run.compile_mode import MODES
 
     group.add_argument("--compile", nargs="?", const="default", choices=MODES, metavar="MODE",
                        help="torch.compile the block (fullgraph) before measuring it: MODE default (bare --compile) "
@@ -70,18 +70,18 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     ex.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
     p.add_argument("--out", metavar="DIR", help="output folder (default traces/<preset>-<timestamp>/)")
     p.add_argument("--json", action="store_true",
-                   help="print report.json on stdout (schema ditprof.report/1, ditprof/harness/report.schema.json); "
+                   help="print report.json on stdout (schema ditprof.report/1, ditprof/harness/report/report.schema.json); "
                         "the table and progress go to stderr")
 
 
 def _profile(args) -> int:
-    from ditprof.harness.runner import run_command
+    from ditprof.harness.run.runner import run_command
 
     return run_command(args, "profile")
 
 
 def _compare(args) -> int:
-    from ditprof.harness.runner import run_command
+    from ditprof.harness.run.runner import run_command
 
     return run_command(args, "compare")
 
@@ -90,8 +90,8 @@ def _backends(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ditprof.harness import backends
-    from ditprof.harness.swap import dispatcher_value
+    from ditprof.harness.swaps import backends
+    from ditprof.dispatch import dispatcher_value
 
     devices = [args.device] if args.device else ["cpu", "cuda"]
     table = Table(title="attention backends", title_justify="left")
@@ -129,8 +129,8 @@ def _diff(args) -> int:
     from rich.table import Table
 
     from ditprof.errors import DitprofError
-    from ditprof.harness import atomic
-    from ditprof.harness import diff as D
+    from ditprof.harness.run import atomic
+    from ditprof.harness.trace import diff as D
 
     if args.top < 1:
         raise DitprofError(f"--top must be >= 1 (got {args.top})")
