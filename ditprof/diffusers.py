@@ -83,11 +83,11 @@ def use_backend(model: torch.nn.Module, name: str = "fp8") -> Iterator[None]:
     """Within the block, ``model``'s attention runs on the ditprof backend ``name``, whatever route its processors
     take (dispatcher-routed: the processors' backend is set and restored; SDPA-calling processors: wrapped with SDPA
     redirected to the backend). The previous processors and backends are restored on exit."""
-    from ditprof import dispatch as swap
+    from ditprof import dispatch
     from ditprof.kernels import registry
 
     backend = registry.get(name)
-    with swap.swapped(model, backend.name, backend.fn):
+    with dispatch.swapped(model, backend.name, backend.fn):
         yield
 
 

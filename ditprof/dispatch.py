@@ -1,6 +1,9 @@
-"""Put a ``ditprof.kernels`` attention backend into a diffusers block, and take it out again.
+"""Put an attention function (a ``ditprof.kernels`` backend) into diffusers attention modules, and take it out again.
 
-Two routes (see ``/work/shared/reference/diffusers-notes.md``):
+The public ``ditprof.diffusers`` and the harness's ``AttentionSwap`` (``harness.swaps.attention``) both stand on
+this module; it imports neither (and ``ditprof.kernels`` never imports it).
+
+Two routes, after what diffusers' attention modules do:
 
 * Dispatcher-routed families (Wan, Flux, LTX, ...): the backend becomes a real ``AttentionBackendName``
   member (value ``ditprof_<name>``) registered with ``_AttentionBackendRegistry``, so diffusers' own
@@ -22,13 +25,15 @@ import functools
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from ditprof.errors import DitprofError
-from ditprof.harness.trace.categories import ATTENTION_RANGE
+
+# The profiler range around every attention call (the trace split counts everything inside it as attention).
+ATTENTION_RANGE = "ditprof::attention"
 
 DISPATCH_PREFIX = "ditprof_"
 
@@ -270,55 +275,85 @@ def attention_modules(module: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
     return [(n, m) for n, m in module.named_modules() if isinstance(m, classes) and hasattr(m, "processor")]
 
 
+# what to install on one attention module: (backend name, function), from its name and the module
+PerModule = Callable[[str, torch.nn.Module], "tuple[str, Callable]"]
+
+
 @dataclass
 class SwapState:
+    """What one installation did, and how to take it out again."""
+
     name: str
-    route: str  # "dispatcher", "processor" or "mixed"
-    member: Any = None
-    modules: list[str] = field(default_factory=list)
-    masks: dict = field(default_factory=dict)  # attention masks passed / dropped (all-attend)
+    route: str = ""  # "dispatcher", "processor" or "mixed"
+    modules: dict[str, str] = field(default_factory=dict)  # attention module -> backend name installed there
+    members: dict[str, Any] = field(default_factory=dict)  # dispatcher route: module -> AttentionBackendName member
+    masks: dict = field(default_factory=dict)  # attention masks passed / dropped (all-attend), over all modules
     _restore: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def member(self):
+        """The dispatcher member of the first dispatcher-routed module (None: processor route only)."""
+        return next(iter(self.members.values()), None)
 
     def restore(self) -> None:
         while self._restore:
             self._restore.pop()()
 
 
-def install(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher: bool | None = None) -> SwapState:
-    """Route every attention call of ``module`` through backend ``name``; returns a state to restore."""
-    mods = attention_modules(module)
+def _route_module(state: SwapState, mod: torch.nn.Module, name: str, fn: Callable, registered: dict,
+                  uses_dispatcher: bool | None) -> tuple[str, Any]:
+    """Install ``fn`` on one attention module; returns (route, dispatcher member or None) and queues the undo."""
+    proc = mod.processor
+    if proc is not None and hasattr(proc, "_attention_backend") and uses_dispatcher is not False:
+        if name not in registered:
+            registered[name] = register_with_dispatcher(name, fn, state.masks)
+        member = registered[name]
+        old = proc._attention_backend
+        if hasattr(mod, "set_attention_backend"):
+            mod.set_attention_backend(member.value)  # the public per-module entry point
+        else:
+            proc._attention_backend = member
+
+        def undo(p=proc, o=old):
+            p._attention_backend = o
+
+        state._restore.append(undo)
+        return "dispatcher", member
+    mod.processor = redirecting_processor(proc, name, fn, state.masks)  # plain attribute: set_processor would warn
+    _patch_sdpa()
+
+    def undo(m=mod, p=proc):
+        m.processor = p
+        _unpatch_sdpa()
+
+    state._restore.append(undo)
+    return "processor", None
+
+
+def install(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher: bool | None = None,
+            per_module: PerModule | None = None,
+            modules: list[tuple[str, torch.nn.Module]] | None = None) -> SwapState:
+    """Route every attention call of ``module`` through backend ``name``; returns a state to restore.
+
+    ``per_module`` (optional) picks another (name, function) for some modules (sequence parallelism wraps the
+    backend differently for self- and cross-attention); ``modules``: the attention modules to take (default: all
+    of ``module``'s)."""
+    mods = attention_modules(module) if modules is None else modules
     if not mods:
         raise DitprofError(f"no diffusers attention module found in {type(module).__name__}; cannot swap attention")
-    state = SwapState(name=name, route="")
-    routes = set()
-    for mod_name, mod in mods:
-        proc = mod.processor
-        dispatcher_ok = proc is not None and hasattr(proc, "_attention_backend") and uses_dispatcher is not False
-        if dispatcher_ok:
-            if state.member is None:
-                state.member = register_with_dispatcher(name, fn, state.masks)
-            old = proc._attention_backend
-            if hasattr(mod, "set_attention_backend"):
-                mod.set_attention_backend(state.member.value)  # the public per-module entry point
-            else:
-                proc._attention_backend = state.member
-
-            def undo(p=proc, o=old):
-                p._attention_backend = o
-
-            routes.add("dispatcher")
-        else:
-            new = redirecting_processor(proc, name, fn, state.masks)
-            mod.processor = new  # plain attribute: set_processor would warn about dropping weights
-            _patch_sdpa()
-
-            def undo(m=mod, p=proc):
-                m.processor = p
-                _unpatch_sdpa()
-
-            routes.add("processor")
-        state._restore.append(undo)
-        state.modules.append(mod_name)
+    state = SwapState(name=name)
+    routes, registered = set(), {}
+    try:
+        for mod_name, mod in mods:
+            mname, mfn = per_module(mod_name, mod) if per_module else (name, fn)
+            route, member = _route_module(state, mod, mname, mfn, registered, uses_dispatcher)
+            routes.add(route)
+            state.modules[mod_name] = mname
+            if member is not None:
+                state.members[mod_name] = member
+    except BaseException:
+        state.restore()
+        raise
     state.route = routes.pop() if len(routes) == 1 else "mixed"
     return state
 
@@ -330,49 +365,3 @@ def swapped(module: torch.nn.Module, name: str, fn: Callable, *, uses_dispatcher
         yield state
     finally:
         state.restore()
-
-
-# --------------------------------------------------------------------------- norm module ranges
-
-def _is_norm_module(mod: torch.nn.Module) -> bool:
-    if "Norm" not in type(mod).__name__:
-        return False
-    return not any(isinstance(m, torch.nn.Linear) for m in mod.modules())
-
-
-@contextlib.contextmanager
-def norm_ranges(module: torch.nn.Module) -> Iterator[list[str]]:
-    """Wrap every norm module's forward in ``record_function("ditprof::norm/<Class>")``.
-
-    Some norms never reach an aten norm op (diffusers' ``RMSNorm`` is pow/mean/rsqrt/mul); the range lets
-    the split count them as norm instead of elementwise. Modules holding a ``Linear`` (AdaLayerNorm*) are
-    left alone: their inner norm gets the range, their projection stays a GEMM.
-    """
-    from ditprof.harness.trace.categories import NORM_RANGE_PREFIX
-
-    wrapped: list[tuple[torch.nn.Module, bool, Callable]] = []
-    names: list[str] = []
-    for name, mod in module.named_modules():
-        if not _is_norm_module(mod):
-            continue
-        label = f"{NORM_RANGE_PREFIX}/{type(mod).__name__}"
-        inner = mod.forward
-        had_attr = "forward" in mod.__dict__
-
-        def forward(*args, _inner=inner, _label=label, **kwargs):
-            if torch.compiler.is_compiling():  # dropped under compile: the norm's kernels are named after its ops
-                return _inner(*args, **kwargs)
-            with torch.profiler.record_function(_label):
-                return _inner(*args, **kwargs)
-
-        mod.forward = forward
-        wrapped.append((mod, had_attr, inner))
-        names.append(name)
-    try:
-        yield names
-    finally:
-        for mod, had_attr, inner in wrapped:
-            if had_attr:
-                mod.forward = inner
-            else:
-                del mod.forward

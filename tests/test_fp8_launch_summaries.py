@@ -70,7 +70,8 @@ def test_summaries_of_the_records_called_since_a_snapshot(records):
 def test_report_shows_the_grid(records):
     assert R.fp8_launch_lines({"baseline": {"label": "baseline"}, "swapped": None}) == []
     records["flux"].calls = 4
-    swapped = {"label": "swapped", "attention_backend": "fp8", "fp8_launches": L.launch_summaries()}
+    swapped = {"label": "swapped", "attention_backend": "fp8", "qk_format": "int8",
+               "fp8_launches": L.launch_summaries()}
     rep = {"environment": {"fp8_qk_format": "int8"}, "swapped": swapped, "baseline": {"label": "baseline"}}
     table = R.fp8_launch_lines(rep)
     assert any("stream-K (528 whole + 48 spread over 132 CTAs)" in row and "| 4 |" in row for row in table)

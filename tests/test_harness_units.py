@@ -246,7 +246,7 @@ def test_backends_command(capsys):
 
 
 def test_accuracy_metrics():
-    from ditprof.harness.report.summary import accuracy
+    from ditprof.harness.report.document import accuracy
 
     torch.manual_seed(0)
     a = torch.randn(3, 1000, 16)

@@ -14,7 +14,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ditprof.kernels.registry import register
+from ditprof.kernels.registry import LaunchStats, register
 
 # GPUs our FP8 mma.sync kernel compiles for: native QMMA on sm_89/sm_120/sm_121, emulated (correct) on sm_90.
 FP8_KERNEL_CAPABILITIES = ((8, 9), (9, 0), (12, 0), (12, 1))
@@ -157,8 +157,27 @@ def _fp8_available(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
+def _fp8_qk_format(head_dim: int) -> str:
+    from ditprof.kernels.qk_format import qk_format
+
+    return qk_format(head_dim=head_dim)
+
+
+def _fp8_snapshot() -> object:
+    from ditprof.kernels.launch import call_counts
+
+    return call_counts()
+
+
+def _fp8_since(snapshot: object) -> list:
+    from ditprof.kernels.launch import launch_summaries
+
+    return launch_summaries(since=snapshot)
+
+
 @register("fp8", description="our FP8 FlashAttention kernels (CuTe DSL): wgmma fp8-sm90 on Hopper, "
-                             "mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available)
+                             "mma.sync fp8-sm120 on sm_89/sm_120", available=_fp8_available,
+          qk_format=_fp8_qk_format, launch_stats=LaunchStats(_fp8_snapshot, _fp8_since))
 def fp8(q, k, v, *, scale=None, key_mask=None):
     from ditprof.kernels.op import fp8_attention  # the custom op; the kernel (CuTe DSL) loads at the first call
 

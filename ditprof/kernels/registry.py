@@ -11,13 +11,18 @@ of failing deep inside it.
 The built-in backends live in ``peers.py`` (torch SDPA variants, FA4, SageAttention, and the lazy ``fp8``
 entry for our CuTe DSL kernel) and ``fp8_emulation.py`` (``fp8-emulated``). They register themselves on
 import; every lookup here imports them first, so ``get("sdpa")`` works without any other import.
+
+What a caller needs to know about an FP8 backend is on its ``Backend``, not in its name: ``qk_format(head_dim)``
+("int8" / "e4m3", None for a backend that is not FP8), ``launch_stats`` (a ``LaunchStats``: what the kernel's
+launch records ran since a snapshot) and ``with_options(Fp8Options(...))`` (the backend running with those options).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -31,15 +36,40 @@ BUILTIN_MODULES = ("ditprof.kernels.peers", "ditprof.kernels.fp8_emulation")
 
 
 @dataclass(frozen=True)
+class LaunchStats:
+    """A backend's launch records: ``snapshot()`` now, ``since(snapshot)`` one dict per call configuration called
+    since then (shapes, kernel, Q/K format, grid, calls, graph replays)."""
+
+    snapshot_fn: Callable[[], object]
+    since_fn: Callable[[object], list]
+
+    def snapshot(self) -> object:
+        return self.snapshot_fn()
+
+    def since(self, snapshot: object) -> list[dict]:
+        return self.since_fn(snapshot)
+
+
+@dataclass(frozen=True)
 class Backend:
     name: str
     fn: Callable
     description: str
     availability: Availability
     numerics_only: bool = False  # a numerics emulation: its timings say nothing about a kernel's speed
+    qk_format: Optional[Callable[[int], str]] = None  # head_dim -> "int8" / "e4m3"; None: not an FP8 backend
+    launch_stats: Optional[LaunchStats] = None
+    # options -> the fields of the backend running with them (``with_options``); None: takes no options
+    options: Optional[Callable[[Any], dict]] = None
 
     def __call__(self, q, k, v, *, scale=None):
         return self.fn(q, k, v, scale=scale)
+
+    def with_options(self, options) -> "Backend":
+        """This backend running with ``options`` (an ``Fp8Options``); a one-line error for a backend without."""
+        if self.options is None:
+            raise DitprofError(f"attention backend {self.name!r} takes no FP8 options")
+        return dataclasses.replace(self, **self.options(options))
 
     def available(self, device: Device = None) -> tuple[bool, str]:
         """(ok, reason); a check that raises counts as unavailable with the exception as the reason."""
@@ -69,13 +99,15 @@ def _always(_device: torch.device) -> tuple[bool, str]:
 
 
 def register(name: str, *, description: str = "", available: Optional[Availability] = None,
-             numerics_only: bool = False):
+             numerics_only: bool = False, qk_format: Optional[Callable[[int], str]] = None,
+             launch_stats: Optional[LaunchStats] = None, options: Optional[Callable[[Any], dict]] = None):
     """Decorator: register ``fn`` under ``name``. Re-registering a name replaces it (tests rebind names).
-    ``numerics_only``: the backend emulates a kernel's numerics (reports never quote its timings as speed)."""
+    ``numerics_only``: the backend emulates a kernel's numerics (reports never quote its timings as speed);
+    ``qk_format``, ``launch_stats``, ``options``: the ``Backend`` fields of an FP8 backend."""
 
     def decorate(fn: Callable) -> Callable:
         _BACKENDS[name] = Backend(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                  available or _always, numerics_only)
+                                  available or _always, numerics_only, qk_format, launch_stats, options)
         return fn
 
     return decorate
@@ -149,6 +181,7 @@ def require(name: str, device: Device = None) -> Backend:
 
 __all__ = [
     "Backend",
+    "LaunchStats",
     "all_backends",
     "available",
     "availability_summary",

@@ -90,8 +90,9 @@ def _backends(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ditprof.harness.swaps import backends
     from ditprof.dispatch import dispatcher_value
+    from ditprof.harness.swaps import backends
+    from ditprof.kernels import registry
 
     devices = [args.device] if args.device else ["cpu", "cuda"]
     table = Table(title="attention backends", title_justify="left")
@@ -104,9 +105,9 @@ def _backends(args) -> int:
         cells = []
         desc = ""
         for d in devices:
-            i = backends.info(name, d)
-            desc = desc or i.description
-            cells.append("[green]yes[/]" if i.available else f"[red]no[/]: {i.reason}")
+            ok, reason = backends.availability(name, d)
+            desc = desc or registry.get(name).description
+            cells.append("[green]yes[/]" if ok else f"[red]no[/]: {reason}")
         table.add_row(name, dispatcher_value(name), *cells, desc)
     console = Console()
     if not console.is_terminal and console.width < 140:

@@ -8,7 +8,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditprof import dispatch as swap
+from ditprof import dispatch
 from ditprof.model_blocks.memory import tensor_bytes
 
 
@@ -70,7 +70,7 @@ def estimate_forward_bytes(family, config: dict, kind: str, *, preset=None, dtyp
 
     mode = _LiveBytes()
     flops = FlopCounterMode(display=False)
-    with torch.inference_mode(), swap.swapped(module, "meta-estimate", flash_stand_in,
+    with torch.inference_mode(), dispatch.swapped(module, "meta-estimate", flash_stand_in,
                                               uses_dispatcher=family.uses_dispatcher):
         with flops, mode:
             out = inputs.run(module)

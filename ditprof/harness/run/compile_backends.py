@@ -11,9 +11,11 @@ what the kernel it emulates is to the compiler.
 annotations.)
 """
 
+import dataclasses
+
 import torch
 
-from ditprof.harness.swaps.backends import BackendInfo
+from ditprof.kernels.registry import Backend
 
 OPAQUE_OP = "ditprof_compile::opaque_attention"
 
@@ -34,12 +36,10 @@ def _fake(q, k, v, scale, key_mask, backend):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def for_compile(b: BackendInfo) -> BackendInfo:
+def for_compile(b: Backend) -> Backend:
     """The backend as the compiled block should see it: numerics emulations behind the opaque op, others as they
     are."""
-    from ditprof.kernels import registry
-
-    if not registry.is_numerics_only(b.name):
+    if not b.numerics_only:
         return b
     name = b.name
 
@@ -47,4 +47,4 @@ def for_compile(b: BackendInfo) -> BackendInfo:
         return torch.ops.ditprof_compile.opaque_attention(q, k, v, scale, key_mask, name)
 
     opaque.__name__ = f"opaque_{name.replace('-', '_')}"
-    return BackendInfo(b.name, b.description, b.available, b.reason, opaque)
+    return dataclasses.replace(b, fn=opaque)

@@ -12,6 +12,7 @@ from rich.progress import Progress
 from ditprof.errors import DitprofError
 from ditprof.harness.run import atomic
 from ditprof.harness.report import plots
+from ditprof.harness.report import document
 from ditprof.harness.report import summary as report
 
 
@@ -100,4 +101,4 @@ def write_run(stage: Path, rep: dict, fail_after: str | None = None) -> None:
     atomic.write_text(stage / "report.md", report.markdown(rep))
     if fail_after == "write":
         raise DitprofError("forced failure while writing (test)")
-    atomic.write_text(stage / "report.json", report.to_json(rep))
+    atomic.write_text(stage / "report.json", document.to_json(rep))

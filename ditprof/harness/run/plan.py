@@ -94,7 +94,7 @@ def measured_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, flo
 
 
 def _budget(spec) -> tuple[int | None, str]:
-    from ditprof.harness.validate.run import host_available_bytes
+    from ditprof.harness.validate.memory_plan import host_available_bytes
 
     if spec.gpu_memory is not None:
         return parse_size(spec.gpu_memory), f"--gpu-memory {spec.gpu_memory}"
@@ -107,7 +107,7 @@ def _budget(spec) -> tuple[int | None, str]:
 def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     """The plan of ``spec`` (a ``runner.RunSpec``), from the family's config alone: nothing is loaded."""
     from ditprof.harness.run.activation import estimate_forward_bytes
-    from ditprof.harness.validate.run import open_source
+    from ditprof.harness.validate.source import open_source
     from ditprof.model_blocks.presets import block_size
 
     src = open_source(spec.source, spec.source_kind, spec.kind)

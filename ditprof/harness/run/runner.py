@@ -2,32 +2,36 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
 from ditprof.errors import DitprofError
-from ditprof.harness.run import atomic
-from ditprof.harness.swaps import backends
-from ditprof.harness.run import compile_mode
+from ditprof import dispatch
+from ditprof.harness.cli.progress import make_progress
+from ditprof.harness.report import document
 from ditprof.harness.report import summary as report
-from ditprof import dispatch as swap
+from ditprof.harness.run import atomic, compile_mode
 from ditprof.harness.run.environment import environment
 from ditprof.harness.run.extrapolate import extrapolate
-from ditprof.harness.run.finite import NonFiniteOutput, check_inputs, first_nonfinite
+from ditprof.harness.run.finite import check_inputs, first_nonfinite
+from ditprof.harness.run.measure import Prepare, measure_swapped
+from ditprof.harness.run.measure import swapped as measured_block
 from ditprof.harness.run.memory import memory_budget
-from ditprof.harness.cli.progress import make_progress
 from ditprof.harness.run.parts import Phases, model_section, plot_title, resident_bytes, write_run  # noqa: F401
 from ditprof.harness.run.plan import check_plan, make_plan
-from ditprof.harness.run.session import BackendRun, measure
-from ditprof.kernels.interface import deferred_finite_checks
+from ditprof.harness.run.session import BackendRun
+from ditprof.harness.swaps import backends
+from ditprof.harness.swaps.attention import AttentionSwap
+from ditprof.harness.swaps.base import Swap
+from ditprof.harness.swaps.base import label as swaps_label
+from ditprof.kernels.registry import Backend
 
 from ditprof.harness.cli.args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
 from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
@@ -155,73 +159,63 @@ def _interleave_rounds(args: Any, command: str, device: torch.device, swap_name:
     return n
 
 
-def swap_skipped(b: backends.BackendInfo | None, mask_note: str | None) -> str | None:
+def swap_skipped(b: Backend | None, mask_note: str | None) -> str | None:
     """Why the swap cannot run on this block (its mask masks positions, the backend takes no mask), or None."""
-    if b is None or mask_note is None or swap.accepts_mask(b.fn):
+    if b is None or mask_note is None or dispatch.accepts_mask(b.fn):
         return None
     return (f"{b.name} was not run: {mask_note}, and the {b.name} backend takes no attention mask -- the fp8 swap "
             f"needs key-padding mask support for this family")
 
 
-def _measure_backend(spec: RunSpec, loaded: Any, inputs: Any, label: str, b: backends.BackendInfo,
-                     stage: Path, progress: Progress | None, resident: int, console: Console) -> BackendRun:
+def attention_swap(spec: RunSpec, loaded: Any, b: Backend) -> AttentionSwap:
+    """The block's attention on ``b`` (under ``--compile``: as the compiled block should see it)."""
     if spec.compile:
         from ditprof.harness.run.compile_backends import for_compile
 
         b = for_compile(b)
-    with _backend_in(loaded, b) as state:
-        block, compiled, stats = loaded.module, contextlib.nullcontext(), None
-        if spec.compile:  # compiled here, with the backend swapped in: the compile sees the swapped attention
-            block = compile_mode.compile_block(loaded.module, spec.compile, spec.device)
-            phase = Phases(progress, f"{label} ({b.name})")
-            phase("compile (first call)", 0, 1)
-            stats = compile_mode.warm_up(lambda: inputs.run(block), spec.device, spec.compile,
-                                         what=f"the block with {b.name} attention")
-            phase("compile (first call)", 1, 1)
-            console.print(compile_mode.line(stats.as_dict(), f"{label} ({b.name})"), highlight=False)
-            compiled = compile_mode.stable(spec.compile, "the timed and profiled calls",
-                                           what=f"the block with {b.name} attention")
-        fp8_calls = _fp8_call_counts(b.name, spec.device)
-        try:
-            with compiled:
-                run = measure(lambda: inputs.run(block), label=label, backend=b.name, device=spec.device,
-                              workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                              on_phase=Phases(progress, f"{label} ({b.name})"), cuda_graph=spec.cuda_graph)
-        except NonFiniteOutput as exc:
-            # the eager block finds where the NaN/Inf appears (per module): a compiled one has no module boundaries
-            raise DitprofError(f"{exc}: {first_nonfinite(loaded.module, lambda: inputs.run(loaded.module))}") \
-                from None
-        if stats is not None:
-            run.extra["compile"] = stats.as_dict()
-        run.route = state.route
-        if state.member is not None:
-            run.extra["diffusers_backend"] = state.member.value
-        run.extra["attention_modules"] = state.modules
-        if state.masks:
-            run.extra["attention_masks"] = dict(state.masks)
-        if fp8_calls is not None:
-            from ditprof.kernels.launch import launch_summaries
+    return AttentionSwap(b, uses_dispatcher=getattr(getattr(loaded, "family", None), "uses_dispatcher", None),
+                         head_dim=getattr(loaded, "head_dim", None))
 
-            launches = launch_summaries(since=fp8_calls)
-            if launches:
-                run.extra["fp8_launches"] = launches
+
+def _compiler(spec: RunSpec, inputs: Any, label: str, name: str, progress: Progress | None, console: Console,
+              stats: dict) -> Prepare:
+    """``measure_swapped``'s prepare step under ``--compile``: the swapped block compiled (the compile sees the
+    swapped attention), warmed up until a call compiles nothing; ``stats`` gets the compile section."""
+
+    what = f"the block with {name} attention"
+
+    def prepare(block):
+        compiled = compile_mode.compile_block(block, spec.compile, spec.device)
+        phase = Phases(progress, f"{label} ({name})")
+        phase("compile (first call)", 0, 1)
+        got = compile_mode.warm_up(lambda: inputs.run(compiled), spec.device, spec.compile, what=what)
+        phase("compile (first call)", 1, 1)
+        stats.update(got.as_dict())
+        console.print(compile_mode.line(stats, f"{label} ({name})"), highlight=False)
+        return compiled, compile_mode.stable(spec.compile, "the timed and profiled calls", what=what)
+
+    return prepare
+
+
+def _measure(spec: RunSpec, loaded: Any, inputs: Any, label: str, swaps: Sequence[Swap], stage: Path,
+             progress: Progress | None, resident: int, console: Console) -> BackendRun:
+    """One measurement of the block with ``swaps`` in it (whatever they are)."""
+    name = swaps_label(swaps)
+    stats: dict = {}
+    run = measure_swapped(
+        loaded.module, swaps, inputs.run, label=label,
+        prepare=_compiler(spec, inputs, label, name, progress, console, stats) if spec.compile else None,
+        # the eager block finds where the NaN/Inf appears (per module): a compiled one has no module boundaries
+        diagnose=lambda: first_nonfinite(loaded.module, lambda: inputs.run(loaded.module)),
+        device=spec.device, workdir=stage, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
+        on_phase=Phases(progress, f"{label} ({name})"), cuda_graph=spec.cuda_graph)
+    if stats:
+        run.extra["compile"] = stats
     return run
 
 
-@contextlib.contextmanager
-def _backend_in(loaded: Any, b: backends.BackendInfo):
-    """The block with ``b``'s attention swapped in, as every timed call of a measurement sees it."""
-    uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
-    # deferred_finite_checks: the fp8 backend's NaN/Inf check of q/k/v does not sync the host at every call
-    # (a sync that can cost the CPU its lead in small, host-bound blocks); it still raises, at the latest when
-    # the measurement ends
-    with swap.swapped(loaded.module, b.name, b.fn, uses_dispatcher=uses) as state, \
-            swap.norm_ranges(loaded.module), deferred_finite_checks():
-        yield state
-
-
-def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base_b: backends.BackendInfo,
-                 swap_b: backends.BackendInfo, progress: Progress | None) -> dict | None:
+def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base: Sequence[Swap], swapped: Sequence[Swap],
+                 progress: Progress | None) -> dict | None:
     """Eager block calls with the baseline and the swap taken in turns (``spec.interleave`` rounds), after both
     phases: the report's ``interleaved`` section, or None without rounds (``_interleave_rounds`` says when)."""
     from ditprof.harness.run import noise
@@ -233,8 +227,8 @@ def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base_b: backends.Backe
     phase("baseline / swapped in turns", 0, 1)
     with torch.inference_mode():
         rounds = time_interleaved({
-            "baseline": (lambda: _backend_in(loaded, base_b), lambda: inputs.run(loaded.module)),
-            "swapped": (lambda: _backend_in(loaded, swap_b), lambda: inputs.run(loaded.module)),
+            "baseline": (lambda: measured_block(loaded.module, base), lambda: inputs.run(loaded.module)),
+            "swapped": (lambda: measured_block(loaded.module, swapped), lambda: inputs.run(loaded.module)),
         }, spec.device, spec.interleave)
     phase("baseline / swapped in turns", 1, 1)
     flat = {k: [x for r in v for x in r] for k, v in rounds.items()}
@@ -247,18 +241,11 @@ def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base_b: backends.Backe
             **noise.paired(rounds["baseline"], rounds["swapped"])}
 
 
-def _fp8_call_counts(backend: str, device) -> dict | None:
-    """The fp8 kernels' launch-record call counts before a CUDA run of an fp8 backend (None otherwise): the run's
-    own configurations (kernel, Q/K format, grid) are the records called after it."""
-    if not backend.startswith("fp8") or torch.device(device).type != "cuda":
-        return None
-    from ditprof.kernels.launch import call_counts
-
-    return call_counts()
-
-
-def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | None = None) -> tuple[dict, Path]:
-    """Run and write the folder; returns (report, folder). ``fail_after`` (tests) raises at that point."""
+def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | None = None,
+            extra_swaps: Sequence[Swap] = ()) -> tuple[dict, Path]:
+    """Run and write the folder; returns (report, folder). The baseline is the block with the baseline backend's
+    attention, the swapped run the swap backend's plus ``extra_swaps`` (composed after it; for compare without
+    ``spec.swap``, these alone). ``fail_after`` (tests) raises at that point."""
     console = console or Console(stderr=False)
     base_b = backends.resolve(spec.baseline, spec.device)
     swap_b = backends.resolve(spec.swap, spec.device) if spec.swap else None
@@ -290,17 +277,17 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
         with atomic.staged_dir(out) as stage:
             progress = make_progress(console)
             with progress:
-                base_run = _measure_backend(spec, loaded, inputs, "baseline", base_b, stage, progress, resident,
-                                            console)
+                base = [attention_swap(spec, loaded, base_b)]
+                base_run = _measure(spec, loaded, inputs, "baseline", base, stage, progress, resident, console)
                 if fail_after == "baseline":
                     raise DitprofError("forced failure after the baseline run (test)")
-                swap_run = None
+                swap_run, inter = None, None
                 skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
-                inter = None
-                if swap_b and not skipped:
-                    swap_run = _measure_backend(spec, loaded, inputs, "swapped", swap_b, stage, progress, resident,
-                                                console)
-                    inter = _interleaved(spec, loaded, inputs, base_b, swap_b, progress)
+                swapped = ([attention_swap(spec, loaded, swap_b)] if swap_b else []) + list(extra_swaps)
+                if swapped and not skipped:
+                    swap_run = _measure(spec, loaded, inputs, "swapped", swapped, stage, progress, resident,
+                                        console)
+                    inter = _interleaved(spec, loaded, inputs, base, swapped, progress)
             rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
             rep["interleaved"] = inter
             rep["plan"] = plan.as_dict()
@@ -314,7 +301,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
 def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: BackendRun | None,
               budget: int | None) -> dict:
     model = model_section(spec, loaded, inputs)
-    acc = report.accuracy(base.output, sw.output) if sw is not None else None
+    acc = document.accuracy(base.output, sw.output) if sw is not None else None
     ex = extrapolate(
         n_blocks=int(model["n_blocks"] or 1),
         baseline_block_ms=base.block_ms,
@@ -331,7 +318,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget, "argv": sys.argv[1:],
         "execution": compile_mode.execution(spec.compile),
     }
-    return report.build(
+    return document.build(
         command=spec.command, model=model, environment=environment(spec.device, model.get("head_dim")),
         settings=settings,
         baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
@@ -352,7 +339,7 @@ def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] |
         rep, out = execute(spec, console)
     report.print_summary(rep, str(out), console)
     if spec.json_out:
-        sys.stdout.write(report.to_json(rep))
+        sys.stdout.write(document.to_json(rep))
         sys.stdout.flush()
     if on_done:
         on_done(rep, out)

@@ -4,18 +4,18 @@ gathering of its output along the sequence (``sequence_parallel``'s module docst
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness.swaps import backends
+from ditprof import dispatch
 from ditprof.harness.sp import distributed
-from ditprof import dispatch as swap
-from ditprof.harness.trace.categories import COMM_RANGE
+from ditprof.harness.swaps.attention import AttentionInstalled, AttentionSwap
+from ditprof.harness.trace.ranges import COMM_RANGE
+from ditprof.kernels.registry import Backend
 
 
 CROSS_MODES = ("local", "heads")
@@ -141,49 +141,46 @@ def is_cross_attention(name: str, module: torch.nn.Module) -> bool:
     return name.split(".")[-1] == "attn2"
 
 
-@contextlib.contextmanager
-def sp_swapped(module: torch.nn.Module, b: backends.BackendInfo, *, world: int, rank: int, cross: str = "local",
-               uses_dispatcher: bool | None = None, group=None,
-               joint: tuple[int, bool] | None = None) -> Iterator[dict]:
-    """Install the Ulysses wrapper around ``b`` on the self-attention modules and ``b`` (local) or the
-    head-split wrapper on the cross-attention modules, through ``swap.install``; restore on exit."""
-    if cross not in CROSS_MODES:
-        raise DitprofError(f"sp cross-attention mode {cross!r}: use one of {', '.join(CROSS_MODES)}")
-    mods = swap.attention_modules(module)
-    self_mods = [(n, m) for n, m in mods if not is_cross_attention(n, m)]
-    cross_mods = [(n, m) for n, m in mods if is_cross_attention(n, m)]
-    if not self_mods:
-        raise DitprofError(f"--sp: no self-attention module found in {type(module).__name__}")
-    states: list[swap.SwapState] = []
-    info: dict[str, Any] = {"modules": {}, "routes": set(), "masks": {}, "diffusers_backends": {}}
-    if joint is not None:  # (text tokens, text first): the joint variant on the joint-attention modules
-        plan = [(self_mods, f"ulysses-joint-{b.name}",
-                 joint_ulysses_backend(b.fn, world, rank, joint[0], joint[1], group))]
-    else:
-        plan = [(self_mods, f"ulysses-{b.name}", ulysses_backend(b.fn, world, group))]
-    if cross == "local":
-        plan.append((cross_mods, b.name, b.fn))
-    else:
-        plan.append((cross_mods, f"ulysses-heads-{b.name}", cross_heads_backend(b.fn, world, rank, group)))
-    try:
-        for targets, name, fn in plan:
-            for mod_name, mod in targets:
-                st = swap.install(mod, name, fn, uses_dispatcher=uses_dispatcher)
-                states.append(st)
-                info["modules"][mod_name] = name
-                info["routes"].add(st.route)
-                if st.member is not None:
-                    info["diffusers_backends"][mod_name] = st.member.value
-        info["route"] = info["routes"].pop() if len(info["routes"]) == 1 else "mixed"
-        del info["routes"]
-        info["_states"] = states
-        yield info
-    finally:
-        for st in reversed(states):
-            st.restore()
-        for st in states:
-            for k, v in st.masks.items():
-                info["masks"][k] = info["masks"].get(k, 0) + v
+class SpAttentionSwap(AttentionSwap):
+    """The Ulysses wrapper around ``backend`` on the self-attention modules (the joint variant where ``joint`` =
+    (text tokens, text first) is given) and ``backend`` itself (``cross="local"``) or the head-split wrapper on the
+    cross-attention modules; its record names the backend per module."""
+
+    def __init__(self, backend: Backend, *, world: int, rank: int, cross: str = "local",
+                 uses_dispatcher: bool | None = None, group=None, joint: tuple[int, bool] | None = None,
+                 head_dim: int | None = None):
+        if cross not in CROSS_MODES:
+            raise DitprofError(f"sp cross-attention mode {cross!r}: use one of {', '.join(CROSS_MODES)}")
+        super().__init__(backend, uses_dispatcher=uses_dispatcher, head_dim=head_dim)
+        name, fn = backend.name, backend.fn
+        if joint is not None:  # (text tokens, text first): the joint variant on the joint-attention modules
+            self.self_route = (f"ulysses-joint-{name}", joint_ulysses_backend(fn, world, rank, joint[0], joint[1], group))
+        else:
+            self.self_route = (f"ulysses-{name}", ulysses_backend(fn, world, group))
+        self.cross_route = (name, fn) if cross == "local" else (f"ulysses-heads-{name}",
+                                                                 cross_heads_backend(fn, world, rank, group))
+
+    def describe(self) -> str:
+        return f"{super().describe()}, Ulysses over the ranks"
+
+    def per_module(self) -> dispatch.PerModule:
+        return lambda mod_name, mod: self.cross_route if is_cross_attention(mod_name, mod) else self.self_route
+
+    def install(self, block: torch.nn.Module) -> AttentionInstalled:
+        mods = dispatch.attention_modules(block)
+        if not any(not is_cross_attention(n, m) for n, m in mods):
+            raise DitprofError(f"--sp: no self-attention module found in {type(block).__name__}")
+        return super().install(block)
+
+    def record(self, inst: AttentionInstalled) -> dict:
+        st = inst.state
+        out = {"attention_backend": self.backend.name, "route": st.route, "attention_modules": dict(st.modules),
+               "diffusers_backends": {m: member.value for m, member in st.members.items()}}
+        if st.masks:
+            out["attention_masks"] = dict(st.masks)
+        if self.qk_format():
+            out["qk_format"] = self.qk_format()
+        return out
 
 
 # --------------------------------------------------------------------------- inputs

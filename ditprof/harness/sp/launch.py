@@ -54,10 +54,11 @@ from ditprof.errors import DitprofError
 from ditprof.harness.run import atomic
 from ditprof.harness.swaps import backends
 from ditprof.harness.sp import distributed
+from ditprof.harness.report import document
 from ditprof.harness.report import summary as report
 from ditprof.harness.sp.attention import (  # noqa: F401 -- the checks, wrappers and sharding, re-exported
     CROSS_MODES, _preset_shape, check_degree, check_family, cross_heads_backend, gather_output, is_cross_attention,
-    joint_ulysses_backend, shard_inputs, sp_swapped, ulysses_backend)
+    joint_ulysses_backend, shard_inputs, SpAttentionSwap, ulysses_backend)
 from ditprof.harness.sp.rank import TOLERANCE, combine_ranks, query_chunked, rank_body  # noqa: F401 -- re-exported
 
 _PRELOAD = ("torch", "diffusers.models.transformers.transformer_wan", "diffusers.models.transformers.transformer_ltx",
@@ -158,7 +159,7 @@ def execute_sp(spec, console=None) -> tuple[dict, Path]:
             f.unlink()
         rep = json.loads((stage / "report.json").read_text())
         rep["plan"] = plan.as_dict()
-        atomic.write_text(stage / "report.json", report.to_json(rep))
+        atomic.write_text(stage / "report.json", document.to_json(rep))
     return rep, out
 
 

@@ -15,17 +15,19 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ditprof.harness.run import atomic
-from ditprof.harness.swaps import backends
-from ditprof.harness.sp import distributed
+from ditprof.harness.report import document
 from ditprof.harness.report import summary as report
-from ditprof import dispatch as swap
+from ditprof.harness.run import atomic
+from ditprof.harness.run.measure import measure_swapped
+from ditprof.harness.sp import distributed
+from ditprof.harness.swaps import backends
+from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.trace.categories import ALL_CATEGORIES, COMMUNICATION
 from ditprof.harness.run.environment import environment
 from ditprof.harness.run.extrapolate import extrapolate
 from ditprof.harness.run.memory import memory_budget
 from ditprof.harness.sp.attention import (check_degree, check_family, gather_output, is_cross_attention,
-                                          shard_inputs, sp_swapped)
+                                          shard_inputs, SpAttentionSwap)
 
 # Gathered SP output vs the single-device output (rel-RMS). The SP run does the same ops on row subsets;
 # only the accumulation order inside GEMM / attention kernels may change with the row count, i.e. a few
@@ -74,22 +76,23 @@ def combine_ranks(sections: list[dict]) -> dict:
 def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int, world: int, backend: str,
                   device: torch.device, progress, resident: int):
     from ditprof.harness.run.parts import Phases
-    from ditprof.harness.run.session import measure
-    from ditprof.kernels.interface import deferred_finite_checks
 
-    uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
     work = stage / f".rank{rank}-{label}"
     name = f"rank{rank}.{label}"
     text = loaded.family.plan(loaded.kind).joint_text
     joint = (local.text_tokens, text == "first") if text else None
-    with sp_swapped(loaded.module, b, world=world, rank=rank, cross=spec.sp_cross, uses_dispatcher=uses,
-                    joint=joint) as st, \
-            swap.norm_ranges(loaded.module), deferred_finite_checks():
+    swap = SpAttentionSwap(b, world=world, rank=rank, cross=spec.sp_cross,
+                           uses_dispatcher=getattr(getattr(loaded, "family", None), "uses_dispatcher", None),
+                           joint=joint, head_dim=getattr(loaded, "head_dim", None))
+
+    def in_step(block):  # every rank starts its measurement together
         dist.barrier()
-        run = measure(lambda: local.run(loaded.module), label=name, backend=b.name, device=device, workdir=work,
-                      warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
-                      on_phase=Phases(progress, f"{label} ({b.name}), rank 0 of {world}"),
-                      cuda_graph=False)  # NCCL all-to-alls inside a captured graph: not attempted
+        return block, contextlib.nullcontext()
+
+    run = measure_swapped(loaded.module, [swap], local.run, label=name, prepare=in_step, device=device,
+                          workdir=work, warmup=spec.warmup, iters=spec.iters, resident_bytes=resident,
+                          on_phase=Phases(progress, f"{label} ({b.name}), rank 0 of {world}"),
+                          cuda_graph=False)  # NCCL all-to-alls inside a captured graph: not attempted
     # the trace next to the others, the tb trace into this run's HTA job folder
     os.replace(work / run.trace_file, stage / run.trace_file)
     tb_src = work / run.tb_file
@@ -100,11 +103,6 @@ def _measure_rank(spec, loaded, local, label: str, b, stage: Path, *, rank: int,
     shutil.rmtree(work, ignore_errors=True)
     run.tb_file = f"tb/{label}/{tb_src.name}"
     run.label = label
-    run.route = st["route"]
-    run.extra["attention_modules"] = st["modules"]
-    run.extra["diffusers_backends"] = st["diffusers_backends"]
-    if st["masks"]:
-        run.extra["attention_masks"] = dict(st["masks"])
     run.extra["device"] = str(device)
     return run
 
@@ -120,30 +118,37 @@ def query_chunked(inner: Callable, world: int) -> Callable:
     return chunked
 
 
+class _ChunkedCrossSwap(AttentionSwap):
+    """On one device: ``backend`` everywhere, its cross-attention queries in the ``world`` chunks the ranks hold."""
+
+    def __init__(self, backend, world: int, **kw):
+        super().__init__(backend, **kw)
+        self.cross_route = (f"chunked-{backend.name}", query_chunked(backend.fn, world))
+
+    def per_module(self):
+        own = (self.backend.name, self.backend.fn)
+        return lambda mod_name, mod: self.cross_route if is_cross_attention(mod_name, mod) else own
+
+
 def _single_device_output(loaded, inputs, b, world: int = 1, cross: str = "heads") -> torch.Tensor:
     """The block on one device with all tokens; ``cross="local"`` with ``world > 1`` chunks the
     cross-attention queries as the ranks hold them (the same numerics as the SP run)."""
     uses = getattr(getattr(loaded, "family", None), "uses_dispatcher", None)
-    with contextlib.ExitStack() as stack:
-        for name, mod in swap.attention_modules(loaded.module):
-            if cross == "local" and world > 1 and is_cross_attention(name, mod):
-                st = swap.install(mod, f"chunked-{b.name}", query_chunked(b.fn, world), uses_dispatcher=uses)
-            else:
-                st = swap.install(mod, b.name, b.fn, uses_dispatcher=uses)
-            stack.callback(st.restore)
-        with torch.inference_mode():
-            return inputs.run(loaded.module).detach().to("cpu")
+    swap = (_ChunkedCrossSwap(b, world, uses_dispatcher=uses) if cross == "local" and world > 1 else
+            AttentionSwap(b, uses_dispatcher=uses))
+    with swap.applied(loaded.module), torch.inference_mode():
+        return inputs.run(loaded.module).detach().to("cpu")
 
 
 def _check(loaded, full, b, got: torch.Tensor, dtype: torch.dtype, world: int, cross: str) -> dict:
     """Gathered SP output vs the single-device output (same backend, same inputs)."""
     ref = _single_device_output(loaded, full, b)
-    acc = report.accuracy(ref, got)
+    acc = document.accuracy(ref, got)
     acc["reference"] = "the same block and backend on one device, all tokens"
     if cross == "local" and world > 1:
         plain = acc
         ref = _single_device_output(loaded, full, b, world, cross)
-        acc = report.accuracy(ref, got)
+        acc = document.accuracy(ref, got)
         acc["reference"] = ("the same block and backend on one device, all tokens, cross-attention queries in "
                             f"the {world} chunks the ranks hold (identical to the plain run for backends whose "
                             "rows are independent, e.g. sdpa; per-head-scaled FP8 takes its query amax per chunk)")
@@ -198,7 +203,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
         sections = {}
         for label, r in runs.items():
             parts: list[Any] = [None] * world
-            dist.all_gather_object(parts, report.run_section(r))
+            dist.all_gather_object(parts, document.run_section(r))
             sections[label] = parts
         checks = {}
         if rank == 0:
@@ -220,7 +225,7 @@ def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, 
     model = model_section(spec, loaded, full)
     base = combine_ranks(sections["baseline"])
     sw = combine_ranks(sections["swapped"]) if "swapped" in sections else None
-    acc = report.accuracy(gathered["baseline"], gathered["swapped"]) if sw else None
+    acc = document.accuracy(gathered["baseline"], gathered["swapped"]) if sw else None
     if acc:
         acc["reference"] = "baseline block output on the same inputs (both gathered over the SP ranks)"
     ex = extrapolate(
@@ -260,7 +265,7 @@ def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, 
         "check_passed": all(c["passed"] for c in checks.values()),
         "slowest_rank": {"baseline": base["rank"], **({"swapped": sw["rank"]} if sw else {})},
     }
-    return report.build(
+    return document.build(
         command=spec.command, model=model, environment=environment(device, model.get("head_dim")), settings=settings,
         baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
         created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"), sp=sp,

@@ -1,13 +1,13 @@
-"""The harness's view of ``ditprof.kernels.registry``: resolve names, explain unavailability, pick defaults."""
+"""Which registry backends a run takes: resolve a name to a ``registry.Backend`` usable here (or a one-line error
+naming the alternatives), and the defaults of profile / compare."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels import registry
+from ditprof.kernels.registry import Backend
 
 # Default swap on a GPU: our FP8 kernel, else the fastest available peer.
 CUDA_SWAP_PREFERENCE = ("fp8", "fa4", "sdpa-cudnn", "sdpa-flash")
@@ -15,55 +15,31 @@ CPU_SWAP = "fp8-emulated"
 DEFAULT_BASELINE = "sdpa"
 
 
-@dataclass
-class BackendInfo:
-    name: str
-    description: str
-    available: bool
-    reason: str
-    fn: Callable | None
-
-
 def names() -> list[str]:
-    from ditprof.kernels import registry
-
     return registry.names()
 
 
 def availability(name: str, device: torch.device | str) -> tuple[bool, str]:
-    from ditprof.kernels import registry
-
+    """(ok, reason) of backend ``name`` on ``device``."""
     ok, reason = registry.available(name, torch.device(device))
     return bool(ok), str(reason or "")
 
 
-def info(name: str, device: torch.device | str) -> BackendInfo:
-    from ditprof.kernels import registry
-
-    entry = registry.get(name)
-    ok, reason = availability(name, device)
-    return BackendInfo(name, entry.description, ok, reason, entry.fn)
-
-
-def describe_all(device: torch.device | str) -> list[BackendInfo]:
-    return [info(n, device) for n in names()]
-
-
-def resolve(name: str, device: torch.device) -> BackendInfo:
+def resolve(name: str, device: torch.device) -> Backend:
     """A backend usable on ``device``; DitprofError naming alternatives otherwise."""
     known = names()
     if name not in known:
-        infos = describe_all(device)
-        ok = [i.name for i in infos if i.available]
-        bad = [f"{i.name} ({i.reason or 'unavailable'})" for i in infos if not i.available]
+        status = {n: availability(n, device) for n in known}
+        ok = [n for n, (a, _) in status.items() if a]
+        bad = [f"{n} ({why or 'unavailable'})" for n, (a, why) in status.items() if not a]
         raise DitprofError(
             f"unknown attention backend {name!r}; available on {device.type}: {', '.join(ok) or 'none'}"
             + (f"; not available: {'; '.join(bad)}" if bad else "")
         )
-    b = info(name, device)
-    if not b.available:
-        raise DitprofError(f"attention backend {name!r} is not available on {device.type}: {b.reason or 'no reason given'}")
-    return b
+    ok, reason = availability(name, device)
+    if not ok:
+        raise DitprofError(f"attention backend {name!r} is not available on {device.type}: {reason or 'no reason given'}")
+    return registry.get(name)
 
 
 def default_swap(device: torch.device) -> str:

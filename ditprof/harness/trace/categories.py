@@ -57,6 +57,7 @@ from ditprof.harness.trace.inductor_kernels import (
     is_compiled_stack,
 )
 from ditprof.harness.trace.op_tables import ELEMENTWISE_OPS, GEMM_OPS, NORM_OPS
+from ditprof.harness.trace.ranges import ATTENTION_RANGE, BLOCK_RANGE, COMM_RANGE, NORM_RANGE_PREFIX  # noqa: F401
 
 CATEGORIES = ("attention", "gemm", "norm", "elementwise", "other")  # every split has these keys
 COMMUNICATION = "communication"  # a split has this key only when its trace holds communication (--sp runs)
@@ -64,11 +65,7 @@ ALL_CATEGORIES = ("attention", COMMUNICATION, "gemm", "norm", "elementwise", "ot
 # every category a report can hold, in the order tables and plots show them
 # (FUSED: compiled blocks only, an inductor kernel generated from ops of several categories)
 REPORTED_CATEGORIES = ("attention", COMMUNICATION, "gemm", "norm", "elementwise", FUSED, "other")
-BLOCK_RANGE = "ditprof::block"
-ATTENTION_RANGE = "ditprof::attention"
-COMM_RANGE = "ditprof::all_to_all"
 COMM_PREFIXES = ("c10d::", "nccl:", "gloo:")
-NORM_RANGE_PREFIX = "ditprof::norm"
 
 # Host-side events that nest on a thread (record_function ranges, ops, launch calls).
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "runtime"}

@@ -37,7 +37,8 @@ def cmd_validate(args) -> int:
     from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
     from ditprof.harness.run.compile_mode import check_args as compile_mode_of
     from ditprof.harness.run.runner import resolve_device
-    from ditprof.harness.validate.run import ValidateSpec, summary_table, to_json, validate, write
+    from ditprof.harness.validate.report import summary_table, to_json, write
+    from ditprof.harness.validate.run import ValidateSpec, validate
 
     compile_as = compile_mode_of(args)
     device = resolve_device(args.device)
@@ -86,6 +87,55 @@ def _parse_list(text: str | None, what: str, conv=str) -> list:
     return items
 
 
+def _block_output(lb, inputs, swap) -> tuple[Any, Any]:
+    """(the block output on the host, the swap's installation) with ``swap`` in the block."""
+    with swap.applied(lb.module) as inst:
+        out = inputs.run(lb.module).detach().to("cpu", copy=True)
+    return out, inst
+
+
+def _preset_rows(preset, tokens: list[int], base, sw: list, device, seed: int, qk_outliers: bool,
+                 progress, task) -> list[dict[str, Any]]:
+    """The rows of one preset: each token count, each swap backend vs the baseline on the same inputs."""
+    from ditprof.harness.report.document import accuracy
+    from ditprof.harness.swaps.attention import AttentionSwap
+    from ditprof.model_blocks import make_inputs
+    from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
+
+    fam = preset.adapter
+    if progress:
+        progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
+    lb = synthetic_block(preset, 0, device=device, seed=seed)
+    heads, head_dim = lb.heads, lb.head_dim
+    outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
+    rows: list[dict[str, Any]] = []
+    for t in tokens:
+        if progress:
+            progress.update(task, description=f"accuracy table: {preset.name}, {t} tokens")
+        common = dict(preset=preset.name, family=fam.name, kind=lb.kind, heads=heads, head_dim=head_dim,
+                      tokens=t, baseline=base.name, qk_outlier_norms=len(outliers))
+        try:
+            inputs = make_inputs(lb, tokens=t, seed=seed, device=device)
+        except DitprofError as exc:
+            rows += [{**common, "backend": s.name, "status": "skipped", "reason": str(exc)} for s in sw]
+            if progress:
+                progress.advance(task)
+            continue
+        ref, _ = _block_output(lb, inputs, AttentionSwap(base, uses_dispatcher=fam.uses_dispatcher))
+        for s in sw:
+            out, inst = _block_output(lb, inputs, AttentionSwap(s, uses_dispatcher=fam.uses_dispatcher))
+            acc = accuracy(ref, out)
+            rows.append({**common, "backend": s.name, "status": "ok", "route": inst.state.route,
+                         "text_tokens": inputs.text_tokens,
+                         "rel_rms": acc["block_output_rel_rms"], "cosine": acc["block_output_cosine"],
+                         "max_abs_diff": acc["block_output_max_abs_diff"], "finite": acc["finite"]})
+            del out
+        del inputs, ref
+        if progress:
+            progress.advance(task)
+    return rows
+
+
 def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, swaps: list[str], *,
                    baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False) -> dict:
     """Block-output rel-RMS and cosine of each swap backend vs the baseline on the same inputs.
@@ -94,17 +144,14 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     with its reason, and the run goes on. ``qk_outliers``: the synthetic QK-norm weights get a few large channels
     per head (``synthetic.qk_outlier_norms``), as trained DiTs have.
     """
+    from contextlib import nullcontext
+
     import torch
 
-    from ditprof.harness.swaps import backends
-
-    from ditprof.harness.report import summary as report
-
-    from ditprof import dispatch as swap
-    from ditprof.harness.run.environment import environment
     from ditprof.harness.cli.progress import make_progress
-    from ditprof.model_blocks import get_preset, make_inputs
-    from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
+    from ditprof.harness.run.environment import environment
+    from ditprof.harness.swaps import backends
+    from ditprof.model_blocks import get_preset
 
     base = backends.resolve(baseline, device)
     sw = [backends.resolve(s, device) for s in swaps]
@@ -113,46 +160,11 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
             raise DitprofError(f"--tokens must be positive (got {t})")
     resolved = [get_preset(p) for p in presets]
     rows: list[dict[str, Any]] = []
-    from contextlib import nullcontext
-
     prog = make_progress(console) if console is not None else nullcontext()
     with prog as progress, torch.inference_mode():
         task = progress.add_task("accuracy table", total=len(resolved) * len(tokens)) if progress else None
         for preset in resolved:
-            fam = preset.adapter
-            if progress:
-                progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
-            lb = synthetic_block(preset, 0, device=device, seed=seed)
-            heads, head_dim = lb.heads, lb.head_dim
-            outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
-            for t in tokens:
-                if progress:
-                    progress.update(task, description=f"accuracy table: {preset.name}, {t} tokens")
-                common = dict(preset=preset.name, family=fam.name, kind=lb.kind, heads=heads, head_dim=head_dim,
-                              tokens=t, baseline=base.name, qk_outlier_norms=len(outliers))
-                try:
-                    inputs = make_inputs(lb, tokens=t, seed=seed, device=device)
-                except DitprofError as exc:
-                    for s in sw:
-                        rows.append({**common, "backend": s.name, "status": "skipped", "reason": str(exc)})
-                    if progress:
-                        progress.advance(task)
-                    continue
-                with swap.swapped(lb.module, base.name, base.fn, uses_dispatcher=fam.uses_dispatcher):
-                    ref = inputs.run(lb.module).detach().to("cpu", copy=True)
-                for s in sw:
-                    with swap.swapped(lb.module, s.name, s.fn, uses_dispatcher=fam.uses_dispatcher) as st:
-                        out = inputs.run(lb.module).detach().to("cpu", copy=True)
-                    acc = report.accuracy(ref, out)
-                    rows.append({**common, "backend": s.name, "status": "ok", "route": st.route,
-                                 "text_tokens": inputs.text_tokens,
-                                 "rel_rms": acc["block_output_rel_rms"], "cosine": acc["block_output_cosine"],
-                                 "max_abs_diff": acc["block_output_max_abs_diff"], "finite": acc["finite"]})
-                    del out
-                del inputs, ref
-                if progress:
-                    progress.advance(task)
-            del lb
+            rows += _preset_rows(preset, tokens, base, sw, device, seed, qk_outliers, progress, task)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return {

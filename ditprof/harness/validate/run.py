@@ -27,55 +27,32 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness.swaps import backends
-from ditprof.harness.run import compile_mode
-from ditprof import dispatch as swap
-from ditprof.harness.run.environment import environment
-from ditprof.harness.run.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.cli.progress import make_progress
-from ditprof.harness.run.activation import _LiveBytes, estimate_forward_bytes  # noqa: F401 -- re-exported
+from ditprof.harness.run import compile_mode
+from ditprof.harness.run.activation import estimate_forward_bytes
+from ditprof.harness.run.environment import environment
+from ditprof.harness.run.measure import swapped
+from ditprof.harness.run.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.run.session import Clock, time_block
-from ditprof.harness.validate.report import SCHEMA, markdown, summary_table, to_json, write  # noqa: F401
+from ditprof.harness.swaps import backends
+from ditprof.harness.swaps.attention import AttentionSwap
+from ditprof.harness.swaps.base import Swap
+from ditprof.harness.validate.chain import Chain, Streamer, run_chain
+from ditprof.harness.validate.memory_plan import MemoryPlan, plan_memory
+from ditprof.harness.validate.report import SCHEMA
+from ditprof.harness.validate.source import Source, check_blocks, open_source
 from ditprof.model_blocks.presets import block_size
-from ditprof.model_blocks.synthetic import synth_tensor, synthetic_block
 
-GOAL_PCT = 3.0  # |error| goal of the extrapolation on the H200 (issue 6)
+GOAL_PCT = 3.0  # |error| goal of the extrapolation (issue 6)
 CPU_DEFAULT_BLOCKS = 4
 
-
-
-
-# --------------------------------------------------------------------------- chaining
-
-class Chain:
-    """Calls blocks one after the other, feeding each block's outputs to the next, like the model does: the
-    family's ``BlockPlan.outputs`` names the inputs the returned values become."""
-
-    def __init__(self, inputs, plan):
-        self.inputs = inputs
-        self.carried = plan.outputs
-
-    def start(self) -> tuple[torch.Tensor, ...]:
-        return tuple(self.inputs.kwargs[n] for n in self.carried)
-
-    def step(self, module, *carried):
-        kwargs = dict(self.inputs.kwargs)
-        kwargs.update(zip(self.carried, carried))
-        out = module(*self.inputs.args, **kwargs)
-        return (out,) if len(self.carried) == 1 else tuple(out)
-
-    def hidden(self, carried) -> torch.Tensor:
-        return carried[self.carried.index("hidden_states")]
-
-
-# --------------------------------------------------------------------------- spec and sources
 
 @dataclass
 class ValidateSpec:
@@ -103,252 +80,38 @@ class ValidateSpec:
     compile: str | None = None  # --compile MODE: every block torch.compiled (harness.compile_mode); None: eager
 
 
-@dataclass
-class Source:
-    """Where blocks come from: a preset (synthetic on device) or a checkpoint (shards)."""
-
-    name: str
-    kind_of_source: str
-    family: Any
-    config: dict
-    kind: str
-    model_blocks: int
-    preset: Any = None
-    layout: Any = None
-    hub: Any = None
-    held: list[int] = field(default_factory=list)
-
-    def block(self, index: int, device: torch.device, dtype: torch.dtype, seed: int):
-        if self.preset is not None:
-            return synthetic_block(self.preset, index, kind=self.kind, device=device, dtype=dtype, seed=seed)
-        from ditprof.model_blocks.loading import load_block_from_layout
-
-        return load_block_from_layout(self.layout, index, kind=self.kind, device=device, dtype=dtype, progress=False,
-                                      fetch_shards=self.hub.fetch_shards if self.hub else None, source=self.name)
-
-    def host_state(self, index: int, device: torch.device, dtype: torch.dtype, seed: int,
-                   to_host: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Block ``index``'s tensors in host memory, holding at most one tensor on ``device`` at a time
-        (presets: generated on the device, so the values match a resident run)."""
-        if self.preset is None:
-            lb = self.block(index, torch.device("cpu"), dtype, seed)
-            return {k: to_host(v) for k, v in lb.module.state_dict().items()}
-        from ditprof.model_blocks.presets import block_on_meta
-
-        prefix = self.family.prefix(self.kind, index)
-        out = {}
-        for k, t in block_on_meta(self.family, self.config, self.kind).state_dict().items():
-            out[k] = to_host(synth_tensor(prefix + k, tuple(t.shape), seed, self.family.tensor_dtype(k, dtype),
-                                          device))
-        return out
-
-
-def open_source(source: str, source_kind: str, kind: str | None) -> Source:
-    from ditprof.model_blocks import get_preset
-
-    if source_kind == "preset":
-        preset = get_preset(source)
-        family = preset.adapter
-        k = family.kind(kind or preset.kind).name
-        n = family.n_blocks(preset.config, k)
-        return Source(source, "preset", family, preset.config, k, n, preset=preset, held=list(range(n)))
-    from ditprof.model_blocks import family_for_config
-    from ditprof.model_blocks.checkpoint import read_layout
-
-    path = Path(source).expanduser()
-    hub = None
-    if path.exists() or source.startswith((".", "/", "~")):
-        layout = read_layout(path)
-    else:
-        from ditprof.model_blocks.hub import HubCheckpoint, looks_like_repo_id
-
-        if not looks_like_repo_id(source):
-            raise DitprofError(f"--checkpoint {source!r} is not a folder or a Hugging Face repo id")
-        hub = HubCheckpoint(source)
-        layout = read_layout(hub.folder)
-    family = family_for_config(layout.config)
-    k = family.kind(kind).name
-    n = family.n_blocks(layout.config, k)
-    stack = family.kind(k).attribute + "."
-    held = sorted({int(name[len(stack):].split(".")[0]) for name in layout.weight_map if name.startswith(stack)})
-    return Source(source, "checkpoint", family, layout.config, k, n, layout=layout, hub=hub, held=held)
-
-
-def _ranges(ids: list[int]) -> str:
-    out, start, prev = [], None, None
-    for i in ids + [None]:
-        if start is None:
-            start = prev = i
-        elif i is not None and i == prev + 1:
-            prev = i
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = i
-    return ", ".join(out) if ids else "none"
-
-
-def check_blocks(src: Source, n: int) -> None:
-    if n < 1:
-        raise DitprofError(f"--blocks must be >= 1 (got {n})")
-    what = f"preset {src.name}" if src.preset is not None else f"checkpoint {src.name}"
-    if n > src.model_blocks:
-        raise DitprofError(f"--blocks {n} is larger than the {what}'s block count "
-                           f"({src.model_blocks} {src.kind} blocks)")
-    missing = sorted(set(range(n)) - set(src.held))
-    if missing:
-        raise DitprofError(f"--blocks {n} needs blocks 0-{n - 1}, but {what} holds only blocks "
-                           f"{_ranges(src.held)} of {src.model_blocks} (missing {_ranges(missing)})")
-
-
-# --------------------------------------------------------------------------- memory plan
-
-def host_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-@dataclass
-class MemoryPlan:
-    mode: str  # "resident" / "streamed"
-    budget_bytes: int | None
-    budget_source: str
-    block_bytes: int
-    input_bytes: int
-    activation_bytes: int
-    one_block_need_bytes: int
-    resident_need_bytes: int
-    host_need_bytes: int
-    note: str
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-def plan_memory(spec: ValidateSpec, n: int, block_bytes: int, est: dict, nonblock_bytes: int = 0) -> MemoryPlan:
-    act, inp = est["activation_bytes"], est["input_bytes"]
-    one = block_bytes + inp + act
-    resident = n * block_bytes + inp + act
-    if spec.gpu_memory is not None:
-        budget, budget_src = parse_size(spec.gpu_memory), f"--gpu-memory {spec.gpu_memory}"
-        if spec.device.type != "cuda":
-            budget_src += " (CPU: plans residency only, no allocator cap)"
-    elif spec.device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(spec.device)
-        budget, budget_src = int(free), "free device memory (torch.cuda.mem_get_info)"
-    else:
-        budget, budget_src = host_available_bytes(), "available host memory (/proc/meminfo)"
-    if budget is not None and one > budget:
-        raise DitprofError(
-            f"{budget_src.split(' (')[0]} ({fmt_bytes(budget)}) is too small to hold one block: it needs "
-            f"{fmt_bytes(block_bytes)} of weights + ~{fmt_bytes(act + inp)} of activations and inputs "
-            f"= ~{fmt_bytes(one)}"
-        )
-    if spec.stream is not None:
-        mode = "streamed" if spec.stream else "resident"
-    else:
-        mode = "resident" if budget is None or resident <= budget else "streamed"
-    host_need = n * block_bytes if mode == "streamed" or spec.device.type == "cpu" else 0
-    if host_need:
-        avail = host_available_bytes()
-        if avail is not None and host_need > avail:
-            raise DitprofError(
-                f"{n} blocks need {fmt_bytes(host_need)} of host memory ({fmt_bytes(resident)} with activations), "
-                f"{fmt_bytes(avail)} available; use fewer --blocks"
-            )
-    if mode == "resident":
-        note = f"all {n} blocks resident on {spec.device.type}"
-    else:
-        note = (f"{n} blocks ({fmt_bytes(resident)} with activations) do not fit {fmt_bytes(budget)}: blocks are "
-                f"kept in host memory and streamed into one working block on {spec.device.type}; "
-                f"compute only is timed (copies left out)")
-    return MemoryPlan(mode, budget, budget_src, block_bytes, inp, act, one, resident, host_need, note)
-
-
-# --------------------------------------------------------------------------- timing
-
 def _stats(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "samples": samples}
 
-
-class _Streamer:
-    """Host copies of every block's weights; ``load(i)`` copies block i into the working block."""
-
-    def __init__(self, working: torch.nn.Module):
-        self.working = working
-        self.targets = dict(working.state_dict())
-        self.host: list[dict[str, torch.Tensor]] = []
-        self.pinned: bool | None = None
-
-    def to_host(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type == "cpu":
-            return t.detach().clone()
-        if self.pinned is not False:
-            try:
-                h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                self.pinned = True
-                return h.copy_(t)
-            except RuntimeError:  # locked-memory limit: pageable copies (only copies get slower; untimed)
-                self.pinned = False
-        return t.to("cpu")
-
-    def add(self, state: dict[str, torch.Tensor]) -> None:
-        self.host.append(state)
-
-    def load(self, i: int) -> None:
-        for k, t in self.targets.items():
-            t.copy_(self.host[i][k], non_blocking=True)
-
-
-def run_chain(chain: Chain, modules: list[torch.nn.Module] | None, clock: Clock, *,
-              streamer: _Streamer | None = None, n: int) -> tuple[float, list[float], torch.Tensor]:
-    """One pass over N blocks. Returns (chain ms, per-block ms, final hidden states).
-
-    Resident: marks at every block boundary (no sync in between), chain = first to last mark.
-    Streamed: the weights of block i are copied into the working block before its start mark, so the
-    per-block times hold compute only; chain = their sum.
-    """
-    carried = chain.start()
-    per: list[float] = []
-    if streamer is None:
-        marks = [clock.mark()]
-        for m in modules:
-            carried = chain.step(m, *carried)
-            marks.append(clock.mark())
-        clock.wait(marks[-1])
-        per = [clock.elapsed(a, b) for a, b in zip(marks, marks[1:])]
-        return clock.elapsed(marks[0], marks[-1]), per, chain.hidden(carried)
-    pairs = []
-    for i in range(n):
-        streamer.load(i)
-        a = clock.mark()
-        carried = chain.step(streamer.working, *carried)
-        pairs.append((a, clock.mark()))
-    clock.wait(pairs[-1][1])
-    per = [clock.elapsed(a, b) for a, b in pairs]
-    return sum(per), per, chain.hidden(carried)
-
-
-# --------------------------------------------------------------------------- the command
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmup: int, iters: int,
-             chain_iters: int, input_args: dict, console) -> dict:
-    """Build the N blocks (resident or host copies), then time one block and the chain, interleaved."""
-    from ditprof.model_blocks import make_inputs
+# --------------------------------------------------------------------------- building and timing the chain
 
+@dataclass
+class _Blocks:
+    """The N blocks as built: resident modules, or host copies streamed into one working block."""
+
+    first: Any  # block 0 as loaded (its inputs are made from it)
+    modules: list[torch.nn.Module]  # resident: every block; streamed: empty
+    streamer: Streamer | None
+    build_s: float
+
+    @property
+    def working(self) -> list[torch.nn.Module]:
+        return self.modules if self.streamer is None else [self.streamer.working]
+
+    def load0(self) -> None:
+        if self.streamer is not None:
+            self.streamer.load(0)
+
+
+def _build_blocks(spec: ValidateSpec, src: Source, n: int, plan: MemoryPlan, console) -> _Blocks:
+    """Generate or load the N blocks: on the device (resident) or into host memory (streamed)."""
     dev = spec.device
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    clock = Clock(dev)
     modules: list[torch.nn.Module] = []
     streamer = None
     t_build = time.perf_counter()
@@ -360,7 +123,7 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
         if plan.mode == "resident":
             modules.append(first.module)
         else:
-            streamer = _Streamer(first.module)
+            streamer = Streamer(first.module)
             streamer.add({k: streamer.to_host(v) for k, v in first.module.state_dict().items()})
         progress.advance(task)
         for i in range(1, n):
@@ -369,66 +132,73 @@ def _measure(spec: ValidateSpec, src: Source, b, n: int, plan: MemoryPlan, warmu
             else:
                 streamer.add(src.host_state(i, dev, spec.dtype, spec.seed, streamer.to_host))
             progress.advance(task)
-    build_s = time.perf_counter() - t_build
-    working = modules if plan.mode == "resident" else [streamer.working]
-    inputs = make_inputs(first, device=dev, dtype=spec.dtype, **input_args)
+    return _Blocks(first, modules, streamer, time.perf_counter() - t_build)
+
+
+def _time_interleaved(blocks: _Blocks, chain_modules: list, block0, inputs, chain: Chain, clock: Clock,
+                      dev: torch.device, n: int, warmup: int, iters: int, chain_iters: int, progress) -> dict:
+    """Warm-up (one block, then every block once), then rounds of one-block calls and chain passes taken in turns
+    (clock drift hits both numbers alike)."""
+    task = progress.add_task(f"warm-up: 1 block x {max(warmup, 1)}, {n} blocks x 1", total=2)
+    blocks.load0()
+    for _ in range(max(warmup, 1)):
+        inputs.run(block0)
+    _sync(dev)
+    progress.advance(task)
+    run_chain(chain, chain_modules, clock, streamer=blocks.streamer, n=n)  # every block once
+    progress.advance(task)
+
+    one_samples: list[float] = []
+    chain_samples: list[float] = []
+    per_block: list[list[float]] = []
+    out = None
+    per_round = max(1, math.ceil(iters / chain_iters))
+    task = progress.add_task(f"timing: 1 block x {iters}, {n} blocks x {chain_iters} (interleaved)",
+                             total=chain_iters)
+    for r in range(chain_iters):
+        blocks.load0()
+        k = iters - len(one_samples) if r == chain_iters - 1 else min(per_round, iters - len(one_samples))
+        if k > 0:
+            one_samples += time_block(lambda: inputs.run(block0), dev, k)[0]
+        ms, per, out = run_chain(chain, chain_modules, clock, streamer=blocks.streamer, n=n)
+        chain_samples.append(ms)
+        per_block.append(per)
+        progress.advance(task)
+    return {"one": one_samples, "chain": chain_samples, "per_block": per_block,
+            "finite": bool(torch.isfinite(out).all().item())}
+
+
+def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], n: int, plan: MemoryPlan, warmup: int,
+             iters: int, chain_iters: int, input_args: dict, console) -> dict:
+    """Build the N blocks (resident or host copies), then time one block and the chain, interleaved, with
+    ``swaps`` in every block (``run.measure.swapped``, as every harness measurement)."""
+    from ditprof.model_blocks import make_inputs
+
+    dev = spec.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    clock = Clock(dev)
+    blocks = _build_blocks(spec, src, n, plan, console)
+    working = blocks.working
+    inputs = make_inputs(blocks.first, device=dev, dtype=spec.dtype, **input_args)
     chain = Chain(inputs, src.family.plan(src.kind))
-    block0 = working[0]
-
-    def one_block():
-        return inputs.run(block0)
-
-    def load0():
-        if streamer is not None:
-            streamer.load(0)
-
-    compiled_stats = None
-    if spec.compile:
-        from ditprof.harness.run.compile_backends import for_compile
-
-        b = for_compile(b)
+    chain_modules, block0, compiled_stats = blocks.modules, working[0], None
     with contextlib.ExitStack() as stack, make_progress(console) as progress:
-        for m in working:
-            stack.enter_context(swap.swapped(m, b.name, b.fn, uses_dispatcher=src.family.uses_dispatcher))
+        stack.enter_context(swapped(working, swaps))
         if spec.compile:  # after the swap: each block compiles with the attention it is measured with
-            modules, working, compiled_stats = _compile_blocks(spec, modules, working, inputs, chain, clock,
-                                                               streamer, n, progress, console)
+            chain_modules, working, compiled_stats = _compile_blocks(spec, blocks.modules, working, inputs, chain,
+                                                                     clock, blocks.streamer, n, progress, console)
             block0 = working[0]
             stack.enter_context(compile_mode.stable(spec.compile, "the timed calls", what=f"{n} chained blocks"))
-        task = progress.add_task(f"warm-up: 1 block x {max(warmup, 1)}, {n} blocks x 1", total=2)
-        load0()
-        for _ in range(max(warmup, 1)):
-            one_block()
-        _sync(dev)
-        progress.advance(task)
-        run_chain(chain, modules, clock, streamer=streamer, n=n)  # every block once
-        progress.advance(task)
-
-        one_samples: list[float] = []
-        chain_samples: list[float] = []
-        per_block: list[list[float]] = []
-        out = None
-        per_round = max(1, math.ceil(iters / chain_iters))
-        task = progress.add_task(f"timing: 1 block x {iters}, {n} blocks x {chain_iters} (interleaved)",
-                                 total=chain_iters)
-        for r in range(chain_iters):  # interleaved rounds: clock drift hits both numbers alike
-            load0()
-            k = iters - len(one_samples) if r == chain_iters - 1 else min(per_round, iters - len(one_samples))
-            if k > 0:
-                one_samples += time_block(one_block, dev, k)[0]
-            ms, per, out = run_chain(chain, modules, clock, streamer=streamer, n=n)
-            chain_samples.append(ms)
-            per_block.append(per)
-            progress.advance(task)
-        finite = bool(torch.isfinite(out).all().item())
+        res = _time_interleaved(blocks, chain_modules, block0, inputs, chain, clock, dev, n, warmup, iters,
+                                chain_iters, progress)
     peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
-    return {"one": one_samples, "chain": chain_samples, "per_block": per_block, "inputs": inputs,
-            "finite": finite, "peak": peak, "build_s": build_s, "compile": compiled_stats,
-            "pinned": None if streamer is None or dev.type != "cuda" else bool(streamer.pinned)}
+    return {**res, "inputs": inputs, "peak": peak, "build_s": blocks.build_s, "compile": compiled_stats,
+            "pinned": None if blocks.streamer is None or dev.type != "cuda" else bool(blocks.streamer.pinned)}
 
 
 def _compile_blocks(spec: ValidateSpec, modules: list, working: list, inputs, chain: Chain, clock: Clock,
-                    streamer, n: int, progress, console) -> tuple[list, list, dict]:
+                    streamer: Streamer | None, n: int, progress, console) -> tuple[list, list, dict]:
     """torch.compile every block (streamed: the one working block); the first one-block call is the compile
     time, then chain passes until one compiles nothing (blocks of one class share a graph unless their guards
     fail). Returns (chain modules, working modules, the report's compile section)."""
@@ -451,13 +221,10 @@ def _compile_blocks(spec: ValidateSpec, modules: list, working: list, inputs, ch
     return chain_modules, compiled, section
 
 
-def validate(spec: ValidateSpec, console=None) -> dict:
-    """Run the validation; returns the report dict (nothing written)."""
-    from rich.console import Console
+# --------------------------------------------------------------------------- the command
 
-    console = console or Console(stderr=True)
-    b = backends.resolve(spec.attention, spec.device)
-    src = open_source(spec.source, spec.source_kind, spec.kind)
+def _counts(spec: ValidateSpec, src: Source) -> tuple[int, int, int, int]:
+    """(blocks, warm-up calls, one-block timed calls, chain passes): the spec's or the device's defaults."""
     n = spec.blocks if spec.blocks is not None else (
         src.model_blocks if spec.device.type == "cuda" else min(src.model_blocks, CPU_DEFAULT_BLOCKS))
     check_blocks(src, n)
@@ -468,57 +235,20 @@ def validate(spec: ValidateSpec, console=None) -> dict:
     chain_iters = spec.chain_iters if spec.chain_iters is not None else 3
     if iters < 1 or chain_iters < 1 or warmup < 0:
         raise DitprofError("--iters and --chain-iters must be >= 1, --warmup >= 0")
-    input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
+    return n, warmup, iters, chain_iters
 
-    params, bbytes = block_size(src.family, src.config, src.kind, spec.dtype)
-    est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype, **input_args)
-    plan = plan_memory(spec, n, bbytes, est)
-    weights = ("synthetic, distinct per block (seeded by block index), generated on " + spec.device.type
-               if src.preset is not None else "checkpoint shards, loaded block by block")
-    console.print(f"[bold]ditprof validate[/]: {src.kind_of_source} {src.name}, {n} of {src.model_blocks} "
-                  f"{src.kind} blocks, {est['tokens']} tokens, attention {b.name}, {spec.device}; "
-                  f"{fmt_bytes(bbytes)} per block; {plan.note}")
 
-    budget_cm = memory_budget(spec.gpu_memory if spec.device.type == "cuda" else None, spec.device)
-    with budget_cm, torch.inference_mode():
-        res = _measure(spec, src, b, n, plan, warmup, iters, chain_iters, input_args, console)
-    one_samples, chain_samples, per_block = res["one"], res["chain"], res["per_block"]
-    finite, peak, build_s, pinned = res["finite"], res["peak"], res["build_s"], res["pinned"]
-    compile_section = res["compile"]
-    inputs = res.pop("inputs")
-    tokens, text_tokens, grid = inputs.tokens, inputs.text_tokens, inputs.grid
-    del inputs, res
-    if spec.device.type == "cuda":
-        torch.cuda.empty_cache()
-    one = _stats(one_samples)
-    ch = _stats(chain_samples)
+def _errors(res: dict, n: int) -> dict:
+    """The extrapolation N x (one block) against the measured chain: the report's timing and error fields."""
+    one, ch, per_block = _stats(res["one"]), _stats(res["chain"]), res["per_block"]
     extrap = n * one["median"]
     error_pct = (extrap / ch["median"] - 1.0) * 100.0 if ch["median"] > 0 else float("nan")
     # Noise-robust variant (busy hosts): best one-block call vs the sum of each block's best call in the chain.
     best_chain = sum(min(p[i] for p in per_block) for i in range(n))
     error_best_pct = (n * one["min"] / best_chain - 1.0) * 100.0 if best_chain > 0 else float("nan")
+    chain_samples = res["chain"]
     mid = per_block[sorted(range(len(chain_samples)), key=lambda i: chain_samples[i])[len(chain_samples) // 2]]
-    rep: dict[str, Any] = {
-        "schema": SCHEMA,
-        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "model": {
-            "preset": src.name if src.preset is not None else None,
-            "checkpoint": src.name if src.preset is None else None,
-            "family": src.family.name, "kind": src.kind, "block_class": src.family.block_class(src.kind).__name__,
-            "model_n_blocks": src.model_blocks, "heads": src.family.heads(src.config)[0],
-            "head_dim": src.family.heads(src.config)[1], "tokens": tokens, "text_tokens": text_tokens,
-            "grid": str(grid), "batch": 1, "dtype": str(spec.dtype).replace("torch.", ""),
-            "block_params": params, "block_bytes": bbytes,
-        },
-        "weights": weights,
-        "attention_backend": b.name,
-        "blocks": n,
-        "mode": plan.mode,
-        "memory": {**plan.as_dict(), "peak_allocated_bytes": peak,
-                   "activation_estimate_method": est["method"],
-                   "streamed_host_pinned": pinned},
-        "timing_source": "cuda_events" if spec.device.type == "cuda" else "host_clock",
-        "timed": "compute only (weight copies left out)" if plan.mode == "streamed" else "whole chain",
+    return {
         "one_block_ms": one,
         "chain_ms": ch,
         "chain_per_block_ms": {"median": statistics.median(mid), "min": min(mid), "max": max(mid),
@@ -531,35 +261,99 @@ def validate(spec: ValidateSpec, console=None) -> dict:
                            "chain passes; robust to other processes on a busy host",
         "goal_pct": GOAL_PCT,
         "within_goal": abs(error_pct) <= GOAL_PCT,
-        "output_finite": finite,
+    }
+
+
+def _model_section(spec: ValidateSpec, src: Source, inputs, params: int, bbytes: int) -> dict:
+    heads, head_dim = src.family.heads(src.config)[:2]
+    return {
+        "preset": src.name if src.preset is not None else None,
+        "checkpoint": src.name if src.preset is None else None,
+        "family": src.family.name, "kind": src.kind, "block_class": src.family.block_class(src.kind).__name__,
+        "model_n_blocks": src.model_blocks, "heads": heads, "head_dim": head_dim, "tokens": inputs.tokens,
+        "text_tokens": inputs.text_tokens, "grid": str(inputs.grid), "batch": 1,
+        "dtype": str(spec.dtype).replace("torch.", ""), "block_params": params, "block_bytes": bbytes,
+    }
+
+
+def _whole_step(spec: ValidateSpec, src: Source, rep: dict, n: int, warmup: int, iters: int, console) -> dict:
+    """The model's non-block modules measured once, and the step estimate from one block and from the chain."""
+    from ditprof.harness.validate.whole_step import measure_rest, step_estimate
+
+    rest = measure_rest(src, device=spec.device, dtype=spec.dtype, seed=spec.seed, warmup=warmup,
+                        iters=iters, console=console, tokens=spec.tokens, height=spec.height,
+                        width=spec.width, frames=spec.frames)
+    model_chain_ms = rep["chain_ms"]["median"] * src.model_blocks / n
+    return {
+        "rest": rest,
+        "extrapolated": step_estimate(rep["one_block_ms"]["median"], src.model_blocks, rest["rest_ms"]["median"],
+                                      steps=spec.steps, cfg=spec.cfg),
+        "from_chain": step_estimate(model_chain_ms / src.model_blocks, src.model_blocks,
+                                    rest["rest_ms"]["median"], steps=spec.steps, cfg=spec.cfg),
+        "note": (f"block part = {src.model_blocks} blocks x one-block median ('extrapolated') or the measured "
+                 f"{n}-block chain scaled to {src.model_blocks} blocks ('from_chain'); rest = the model's "
+                 f"non-block modules measured once"),
+    }
+
+
+def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None = None) -> dict:
+    """Run the validation; returns the report dict (nothing written). ``swaps``: what every block runs with
+    (default: its attention on ``spec.attention``)."""
+    from rich.console import Console
+
+    console = console or Console(stderr=True)
+    b = backends.resolve(spec.attention, spec.device)
+    src = open_source(spec.source, spec.source_kind, spec.kind)
+    n, warmup, iters, chain_iters = _counts(spec, src)
+    input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
+    if swaps is None:
+        if spec.compile:
+            from ditprof.harness.run.compile_backends import for_compile
+
+            b = for_compile(b)
+        swaps = [AttentionSwap(b, uses_dispatcher=src.family.uses_dispatcher)]
+
+    params, bbytes = block_size(src.family, src.config, src.kind, spec.dtype)
+    est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype, **input_args)
+    plan = plan_memory(spec, n, bbytes, est)
+    weights = ("synthetic, distinct per block (seeded by block index), generated on " + spec.device.type
+               if src.preset is not None else "checkpoint shards, loaded block by block")
+    console.print(f"[bold]ditprof validate[/]: {src.kind_of_source} {src.name}, {n} of {src.model_blocks} "
+                  f"{src.kind} blocks, {est['tokens']} tokens, attention {b.name}, {spec.device}; "
+                  f"{fmt_bytes(bbytes)} per block; {plan.note}")
+
+    budget_cm = memory_budget(spec.gpu_memory if spec.device.type == "cuda" else None, spec.device)
+    with budget_cm, torch.inference_mode():
+        res = _measure(spec, src, swaps, n, plan, warmup, iters, chain_iters, input_args, console)
+    model = _model_section(spec, src, res.pop("inputs"), params, bbytes)
+    if spec.device.type == "cuda":
+        torch.cuda.empty_cache()
+    rep: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "model": model,
+        "weights": weights,
+        "attention_backend": b.name,
+        "blocks": n,
+        "mode": plan.mode,
+        "memory": {**plan.as_dict(), "peak_allocated_bytes": res["peak"],
+                   "activation_estimate_method": est["method"],
+                   "streamed_host_pinned": res["pinned"]},
+        "timing_source": "cuda_events" if spec.device.type == "cuda" else "host_clock",
+        "timed": "compute only (weight copies left out)" if plan.mode == "streamed" else "whole chain",
+        **_errors(res, n),
+        "output_finite": res["finite"],
         "settings": {"device": str(spec.device), "warmup": warmup, "iters": iters, "chain_iters": chain_iters,
                      "seed": spec.seed, "gpu_memory": spec.gpu_memory, "steps": spec.steps, "cfg": spec.cfg,
-                     "build_s": build_s, "argv": sys.argv[1:], "execution": compile_mode.execution(spec.compile)},
-        "compile": compile_section,  # --compile: the first block's compile and the chain's warm-up; None: eager
+                     "build_s": res["build_s"], "argv": sys.argv[1:],
+                     "execution": compile_mode.execution(spec.compile)},
+        "compile": res["compile"],  # --compile: the first block's compile and the chain's warm-up; None: eager
         "environment": environment(spec.device, src.family.heads(src.config)[1]),
         "whole_step": None,
     }
     if spec.whole_step:
-        from ditprof.harness.validate.whole_step import measure_rest, step_estimate
-
-        rest = measure_rest(src, device=spec.device, dtype=spec.dtype, seed=spec.seed, warmup=warmup,
-                            iters=iters, console=console, tokens=spec.tokens, height=spec.height,
-                            width=spec.width, frames=spec.frames)
-        model_chain_ms = ch["median"] * src.model_blocks / n
-        rep["whole_step"] = {
-            "rest": rest,
-            "extrapolated": step_estimate(one["median"], src.model_blocks, rest["rest_ms"]["median"],
-                                          steps=spec.steps, cfg=spec.cfg),
-            "from_chain": step_estimate(model_chain_ms / src.model_blocks, src.model_blocks,
-                                        rest["rest_ms"]["median"], steps=spec.steps, cfg=spec.cfg),
-            "note": (f"block part = {src.model_blocks} blocks x one-block median ('extrapolated') or the measured "
-                     f"{n}-block chain scaled to {src.model_blocks} blocks ('from_chain'); rest = the model's "
-                     f"non-block modules measured once"),
-        }
+        rep["whole_step"] = _whole_step(spec, src, rep, n, warmup, iters, console)
     return rep
 
 
-__all__ = [
-    "Chain", "GOAL_PCT", "MemoryPlan", "SCHEMA", "ValidateSpec", "estimate_forward_bytes",
-    "markdown", "open_source", "plan_memory", "summary_table", "validate", "write",
-]
+__all__ = ["CPU_DEFAULT_BLOCKS", "GOAL_PCT", "ValidateSpec", "validate"]
