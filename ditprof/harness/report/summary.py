@@ -82,37 +82,32 @@ INTERLEAVED_NOTE = ("- The baseline's and the swap's measurements run one after 
                     "bias; \"within noise\" when the rounds' ratios straddle 1.")
 
 
-def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
-    """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
-    b, s, ex, acc = report["baseline"], report["swapped"], report["extrapolation"], report["accuracy"]
+Row = tuple[str, str, str, str]
+
+
+def _judged(s: dict | None, fb, fs, verdict) -> str:
+    """The ratio with the verdict of the noise check: a numerics emulation's time is no speed result."""
+    if not (s and fs):
+        return ""
+    if verdict and verdict["verdict"] == "numerics only":
+        return "numerics only"
+    return f"{fb / fs:.2f}x" + (" (within noise)" if verdict and verdict["verdict"] == "within noise" else "")
+
+
+def _overhead(sec: dict) -> str:
+    o = sec["profiler_overhead_pct"]
+    return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
+
+
+def _block_rows(report: dict) -> list[Row]:
+    """Backend, execution, the block's time (and in turns), under the profiler and the profiler's overhead."""
+    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
     clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
-    kind = "GPU kernel time" if b["split_mode"] == "cuda" else "CPU op self time"
-
-    nz = report.get("noise") or {}
-
-    def faster(fb, fs):
-        return f"{fb / fs:.2f}x" if s and fs else ""
-
-    def judged(fb, fs, verdict):
-        """The ratio with the verdict of the noise check: a numerics emulation's time is no speed result."""
-        if not (s and fs):
-            return ""
-        if verdict and verdict["verdict"] == "numerics only":
-            return "numerics only"
-        return faster(fb, fs) + (" (within noise)" if verdict and verdict["verdict"] == "within noise" else "")
-
-    def overhead(sec):
-        o = sec["profiler_overhead_pct"]
-        return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
-
-    def backend(sec):
-        return backend_cell(report, sec)
-
     rows = [
-        ("attention backend", backend(b), backend(s) if s else "", ""),
+        ("attention backend", backend_cell(report, b), backend_cell(report, s) if s else "", ""),
         ("execution", execution_of(b), execution_of(s) if s else "", ""),
         (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
-         judged(b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
+         _judged(s, b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
     ]
     inter = report.get("interleaved")
     if inter:
@@ -123,57 +118,91 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
                      f"{inter['ratio']:.2f}x" + (" (within noise)" if inter["verdict"] == "within noise" else "")))
     rows += [
         ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
-        ("profiler overhead", overhead(b), overhead(s) if s else "", ""),
+        ("profiler overhead", _overhead(b), _overhead(s) if s else "", ""),
     ]
-    if b.get("compile") or (s and s.get("compile")):
-        def compile_cell(sec):
-            c = sec.get("compile")
-            return f"{c['first_call_s']:.2f} s, {c['recompiles']} recompile(s)" if c else ""
+    return rows
 
-        rows.append(("compile: first call (tracing + codegen), recompiles", compile_cell(b),
-                     compile_cell(s) if s else "", ""))
+
+def _compile_cell(sec: dict) -> str:
+    c = sec.get("compile")
+    return f"{c['first_call_s']:.2f} s, {c['recompiles']} recompile(s)" if c else ""
+
+
+def _compile_rows(report: dict) -> list[Row]:
+    b, s = report["baseline"], report["swapped"]
+    if not (b.get("compile") or (s and s.get("compile"))):
+        return []
+    return [("compile: first call (tracing + codegen), recompiles", _compile_cell(b),
+             _compile_cell(s) if s else "", "")]
+
+
+def _graph_cell(sec: dict, g: dict | None) -> str:
+    return _band(g) if g else "n/a (" + sec.get("graph_note", "") + ")"
+
+
+def _host_cell(sec: dict, g: dict | None) -> str:
+    if not g:
+        return ""
+    d = sec["block_ms"]["median"] - g["median"]
+    # a GPU-bound block: replays and eager calls differ only by run-to-run (clock) noise, either sign
+    return _ms(d) + (" (≤ 0: GPU-bound, noise)" if d <= 0 else "")
+
+
+def _graph_rows(report: dict) -> list[Row]:
+    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
     gb, gs = b.get("graph_block_ms"), (s.get("graph_block_ms") if s else None)
-    if gb or gs:
-        def graph_cell(sec, g):
-            return _band(g) if g else "n/a (" + sec.get("graph_note", "") + ")"
+    if not (gb or gs):
+        return []
+    return [("block (CUDA graph replay) median [min–max]", _graph_cell(b, gb),
+             _graph_cell(s, gs) if s else "",
+             _judged(s, gb["median"], gs["median"], nz.get("graph")) if gb and gs else ""),
+            ("host overhead per call (eager − replay)", _host_cell(b, gb), _host_cell(s, gs) if s else "", "")]
 
-        def host_cell(sec, g):
-            if not g:
-                return ""
-            d = sec["block_ms"]["median"] - g["median"]
-            # a GPU-bound block: replays and eager calls differ only by run-to-run (clock) noise, either sign
-            return _ms(d) + (" (≤ 0: GPU-bound, noise)" if d <= 0 else "")
 
-        rows.append(("block (CUDA graph replay) median [min–max]", graph_cell(b, gb),
-                     graph_cell(s, gs) if s else "",
-                     judged(gb["median"], gs["median"], nz.get("graph")) if gb and gs else ""))
-        rows.append(("host overhead per call (eager − replay)", host_cell(b, gb), host_cell(s, gs) if s else "",
-                     ""))
-    sp = report.get("sp")
-    if sp:
-        rows.append((f"sequence parallel: Ulysses over {sp['degree']} ranks ({sp['process_group_backend']})",
-                     f"slowest: rank {b['rank']}", f"slowest: rank {s['rank']}" if s else "", ""))
-        rows.append(("block, max over ranks per call: median [min–max]", _band(b["block_ms_max_over_ranks"]),
-                     _band(s["block_ms_max_over_ranks"]) if s else "", ""))
-        for i, rb in enumerate(b["ranks"]):
-            rs = s["ranks"][i] if s else None
+def _rank_cell(r: dict) -> str:
+    return f"{_ms(r['block_ms']['median'])} (comm {_ms(r['split_ms'].get('communication', 0.0))})"
 
-            def cell(r):
-                return f"{_ms(r['block_ms']['median'])} (comm {_ms(r['split_ms'].get('communication', 0.0))})"
 
-            rows.append((f"rank {rb['rank']}: block median (communication)", cell(rb), cell(rs) if rs else "", ""))
+def _sp_rows(report: dict) -> list[Row]:
+    """Sequence parallel runs: the slowest rank, the max over ranks and each rank's block time."""
+    b, s, sp = report["baseline"], report["swapped"], report.get("sp")
+    if not sp:
+        return []
+    rows = [(f"sequence parallel: Ulysses over {sp['degree']} ranks ({sp['process_group_backend']})",
+             f"slowest: rank {b['rank']}", f"slowest: rank {s['rank']}" if s else "", ""),
+            ("block, max over ranks per call: median [min–max]", _band(b["block_ms_max_over_ranks"]),
+             _band(s["block_ms_max_over_ranks"]) if s else "", "")]
+    for i, rb in enumerate(b["ranks"]):
+        rs = s["ranks"][i] if s else None
+        rows.append((f"rank {rb['rank']}: block median (communication)", _rank_cell(rb),
+                     _rank_cell(rs) if rs else "", ""))
+    return rows
+
+
+def _split_rows(report: dict) -> list[Row]:
+    """Per-category op time, its total, the attention share and peak memory."""
+    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
+    kind = "GPU kernel time" if b["split_mode"] == "cuda" else "CPU op self time"
+    rows = []
     for cat in REPORTED_CATEGORIES:
         vb, vs = b["split_ms"].get(cat), (s["split_ms"].get(cat) if s else None)
         if vb is None and vs is None:
             continue  # communication: only where there is some (--sp runs); fused: compiled runs only
         vb, vs = vb or 0.0, vs or 0.0
         rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "",
-                     judged(vb, vs, nz.get("block")) if s else ""))
+                     _judged(s, vb, vs, nz.get("block")) if s else ""))
     rows.append((f"split total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "",
-                 judged(b["split_total_ms"], s["split_total_ms"], nz.get("block")) if s else ""))
+                 _judged(s, b["split_total_ms"], s["split_total_ms"], nz.get("block")) if s else ""))
     rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
     rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "",
                  ""))
+    return rows
+
+
+def _check_rows(report: dict) -> list[Row]:
+    """The gathered SP output's check and the swapped output vs the baseline's."""
+    sp, acc = report.get("sp"), report["accuracy"]
+    rows = []
     if sp:
         def chk(label):
             c = sp["check"].get(label)
@@ -185,12 +214,18 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
     if acc:
         rows.append(("output vs baseline: rel-RMS / cosine", "",
                      f"{acc['block_output_rel_rms']:.2e} / {acc['block_output_cosine']:.5f}", ""))
+    return rows
+
+
+def _model_rows(report: dict) -> list[Row]:
+    """The whole model's time, the noise warning and Amdahl's prediction against the measured block."""
+    b, s, ex, nz = report["baseline"], report["swapped"], report["extrapolation"], report.get("noise") or {}
     scope = f"{ex['n_blocks']} blocks" + (f" × {ex['steps']} steps" if ex["steps"] > 1 else "") + \
         (" × 2 CFG" if ex["cfg"] else "")
-    rows.append((f"model time ({scope})", _band(ex["baseline_band_ms"]),
-                 _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
-                 judged(ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
-                 if ex["speedup"] else ""))
+    rows = [(f"model time ({scope})", _band(ex["baseline_band_ms"]),
+             _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
+             _judged(s, ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
+             if ex["speedup"] else "")]
     if nz.get("warning"):
         rows.append(("timing noise", nz["warning"], "", ""))
     if ex.get("amdahl_predicted_speedup") and not nz.get("numerics_only"):
@@ -199,6 +234,12 @@ def summary_rows(report: dict) -> list[tuple[str, str, str, str]]:
                      _x(ex["amdahl_predicted_speedup"]) + " predicted"))
         rows.append(("measured swapped block", "", _ms(ex["measured_swapped_block_ms"]), _x(ex["speedup"])))
     return rows
+
+
+def summary_rows(report: dict) -> list[Row]:
+    """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
+    return (_block_rows(report) + _compile_rows(report) + _graph_rows(report) + _sp_rows(report)
+            + _split_rows(report) + _check_rows(report) + _model_rows(report))
 
 
 def model_line(report: dict) -> str:
