@@ -213,6 +213,68 @@ def _cpu_peak_from_trace(trace: dict) -> int:
     return peak
 
 
+def _warm_up(call: Callable[[], torch.Tensor], device: torch.device, warmup: int, what: str,
+             phase: Callable[[str, int, int], None]) -> torch.Tensor:
+    """``max(warmup, 1)`` calls; the last output, on the CPU, checked finite (``what`` names the run)."""
+    output = None
+    for i in range(max(warmup, 1)):
+        output = call()
+        _sync(device)
+        phase("warm-up", i + 1, max(warmup, 1))
+    output = output.detach().to("cpu", copy=True)  # off the GPU: keeps the next run's peak clean
+    if output.is_floating_point() and not bool(torch.isfinite(output).all()):
+        raise NonFiniteOutput(f"{what}: the block output holds NaN/Inf")
+    return output
+
+
+def _graph_timing(call: Callable[[], torch.Tensor], device: torch.device, iters: int, output: torch.Tensor,
+                  phase: Callable[[str, int, int], None]) -> tuple[list[float] | None, str]:
+    """CUDA-graph replay samples (None where the replay's output is not the eager ``output``) and their note."""
+    phase("CUDA graph", 0, iters)
+    graph_samples, graph_note, graph_out = time_block_graph(call, device, iters)
+    phase("CUDA graph", iters, iters)
+    if graph_out is not None and not torch.equal(graph_out, output):
+        # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
+        # that differs more than that means the capture went wrong, and its timing is not used
+        from ditprof.harness.run.metrics import accuracy
+
+        diff = accuracy(output, graph_out)["block_output_rel_rms"]
+        if not diff <= GRAPH_REPLAY_TOLERANCE:
+            graph_samples = None
+            graph_note = f"replay output differs from the eager output (rel-RMS {diff:.2e}): not used"
+        else:
+            graph_note = f"cuda_graph (replay vs eager rel-RMS {diff:.2e})"
+    del graph_out
+    return graph_samples, graph_note
+
+
+def _profiled_window(call: Callable[[], torch.Tensor], device: torch.device, iters: int, tb_dir: Path,
+                     label: str, phase: Callable[[str, int, int], None]) -> Path:
+    """One warm-up step and ``iters`` active steps under ``torch.profiler``; the trace file it wrote."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    before = set(p.name for p in tb_dir.glob("*.pt.trace.json"))
+    handler = torch.profiler.tensorboard_trace_handler(str(tb_dir), worker_name=label)
+    prof = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=iters, repeat=1),
+        on_trace_ready=handler,
+        profile_memory=device.type == "cpu",  # CUDA peak comes from the caching allocator instead
+        record_shapes=False,
+    )
+    with _without_kineto_chatter(), prof:
+        for i in range(iters + 1):
+            call()
+            _sync(device)
+            prof.step()
+            phase("profiling", i + 1, iters + 1)
+    new = sorted(p for p in tb_dir.glob("*.pt.trace.json") if p.name not in before)
+    if not new:
+        raise RuntimeError("torch.profiler wrote no trace")
+    return new[-1]
+
+
 def measure(
     run_block: Callable[[], torch.Tensor],
     *,
@@ -240,14 +302,7 @@ def measure(
     with torch.inference_mode():
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        output = None
-        for i in range(max(warmup, 1)):
-            output = call()
-            _sync(device)
-            phase("warm-up", i + 1, max(warmup, 1))
-        output = output.detach().to("cpu", copy=True)  # off the GPU: keeps the next run's peak clean
-        if output.is_floating_point() and not bool(torch.isfinite(output).all()):
-            raise NonFiniteOutput(f"{label} ({backend}): the block output holds NaN/Inf")
+        output = _warm_up(call, device, warmup, f"{label} ({backend})", phase)
 
         phase("timing", 0, iters)
         samples, source = time_block(call, device, iters)
@@ -255,47 +310,11 @@ def measure(
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
             peak_source = "torch.cuda.max_memory_allocated"
-        graph_samples, graph_note, graph_out = None, "off", None
+        graph_samples, graph_note = None, "off"
         if cuda_graph and device.type == "cuda":
-            phase("CUDA graph", 0, iters)
-            graph_samples, graph_note, graph_out = time_block_graph(call, device, iters)
-            phase("CUDA graph", iters, iters)
-            if graph_out is not None and not torch.equal(graph_out, output):
-                # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
-                # that differs more than that means the capture went wrong, and its timing is not used
-                from ditprof.harness.run.metrics import accuracy
+            graph_samples, graph_note = _graph_timing(call, device, iters, output, phase)
+        tb_file = _profiled_window(call, device, iters, tb_dir, label, phase)
 
-                diff = accuracy(output, graph_out)["block_output_rel_rms"]
-                if not diff <= GRAPH_REPLAY_TOLERANCE:
-                    graph_samples = None
-                    graph_note = f"replay output differs from the eager output (rel-RMS {diff:.2e}): not used"
-                else:
-                    graph_note = f"cuda_graph (replay vs eager rel-RMS {diff:.2e})"
-            del graph_out
-
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        before = set(p.name for p in tb_dir.glob("*.pt.trace.json"))
-        handler = torch.profiler.tensorboard_trace_handler(str(tb_dir), worker_name=label)
-        prof = torch.profiler.profile(
-            activities=activities,
-            schedule=torch.profiler.schedule(wait=0, warmup=1, active=iters, repeat=1),
-            on_trace_ready=handler,
-            profile_memory=device.type == "cpu",  # CUDA peak comes from the caching allocator instead
-            record_shapes=False,
-        )
-        with _without_kineto_chatter(), prof:
-            for i in range(iters + 1):
-                call()
-                _sync(device)
-                prof.step()
-                phase("profiling", i + 1, iters + 1)
-
-    new = sorted(p for p in tb_dir.glob("*.pt.trace.json") if p.name not in before)
-    if not new:
-        raise RuntimeError("torch.profiler wrote no trace")
-    tb_file = new[-1]
     trace = load_trace(tb_file)
     split = split_trace(trace, mode="cuda" if device.type == "cuda" else "cpu")
     trace_name = f"{label}.trace.json.gz"
