@@ -303,6 +303,97 @@ def _finish(mode: str, blocks: list[int], per_block: dict[int, dict[str, float]]
     return out
 
 
+class _Tally:
+    """Per block call: microseconds per category and per (op, category); how each event found its launcher."""
+
+    def __init__(self) -> None:
+        self.per_block: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.per_block_op: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
+        self.resolved: dict[str, int] = defaultdict(int)
+
+    def add(self, b: int, cat: str, op: str, us: float) -> None:
+        self.per_block[b][cat] += us
+        self.per_block_op[b][(op, cat)] += us
+
+
+def _launched_op(index: TraceIndex, ev: dict, i: int) -> tuple[str, str]:
+    """(category, op) of a device event launched by host node ``i``."""
+    names = index.names(i)
+    cat = category_for_stack(names)
+    if cat == "other" and not any(n.startswith("aten::") for n in names):
+        cat = category_for_kernel_name(ev.get("name", ""))
+    ops = [n for n in names if n.startswith("aten::")]
+    return cat, ATTENTION_RANGE if cat == "attention" else (ops[0] if ops else ev.get("name", "?"))
+
+
+def _unlinked_category(index: TraceIndex, ev: dict, ts: float) -> str:
+    """Category of a device event with no host link: the GPU-side attention range, else its kernel name."""
+    if any(a <= ts <= e for a, e in index.gpu_ranges.get(ATTENTION_RANGE, ())):
+        return "attention"
+    return category_for_kernel_name(ev.get("name", ""))
+
+
+def _tally_cuda(index: TraceIndex, blocks: list[int], tally: _Tally) -> dict[int, float]:
+    """Device events into ``tally`` per block call; the device span (us) of each call."""
+    extent: dict[int, list[float]] = {}
+    gpu_blocks = sorted(index.gpu_ranges.get(BLOCK_RANGE, ()))
+    host_for_gpu = dict(enumerate(blocks)) if len(gpu_blocks) == len(blocks) else {}
+    orphans: list[tuple[str, str, float]] = []
+    for ev in index.device:
+        i, how = index.launcher(ev)
+        dur = float(ev.get("dur", 0.0))
+        ts = float(ev["ts"])
+        if i >= 0:
+            b = index.block_of(i)
+            if b < 0:
+                continue  # launched outside the measured block
+            cat, op = _launched_op(index, ev, i)
+        else:
+            # no host link: fall back to the GPU-side ranges (gpu_user_annotation) and kernel names
+            k = next((j for j, (a, e) in enumerate(gpu_blocks) if a <= ts <= e), None)
+            if k is None:
+                continue
+            cat = _unlinked_category(index, ev, ts)
+            op = ev.get("name", "?")
+            b = host_for_gpu.get(k, -2)
+            if b == -2:
+                tally.resolved[how] += 1
+                orphans.append((cat, op, dur))
+                continue
+        tally.resolved[how] += 1
+        tally.add(b, cat, op, dur)
+        if how != "kernel_name":
+            x = extent.setdefault(b, [ts, ts + dur])
+            x[0] = min(x[0], ts)
+            x[1] = max(x[1], ts + dur)
+    for cat, op, dur in orphans:  # GPU block ranges not matched to host ranges: spread evenly
+        for b in blocks:
+            tally.add(b, cat, op, dur / max(len(blocks), 1))
+    return {b: x[1] - x[0] for b, x in extent.items()}
+
+
+def _tally_cpu(index: TraceIndex, blocks: list[int], tally: _Tally) -> dict[int, float]:
+    """Host op self time (and the waits inside the all-to-all ranges) into ``tally``; each call's span (us)."""
+    for i, n in enumerate(index.nodes):
+        if n.cat != "cpu_op" or n.name.startswith(COMPILED_RUNTIME_PREFIXES):
+            continue  # the compiled runtime's guards and wrappers: host overhead, as eager's Python time
+        b = index.block_of(i)
+        if b < 0:
+            continue
+        self_us = max(n.end - n.ts - n.child_time, 0.0)
+        cat = category_for_stack(index.names(i))
+        tally.add(b, cat, ATTENTION_RANGE if cat == "attention" else n.name, self_us)
+        tally.resolved["cpu_op"] += 1
+    for i, n in enumerate(index.nodes):  # waiting inside the all-to-all ranges (gloo works on its own thread)
+        if n.cat != "user_annotation" or not (n.name == COMM_RANGE or n.name.startswith(COMM_RANGE + "/")):
+            continue
+        b = index.block_of(i)
+        self_us = n.end - n.ts - n.child_time
+        if b >= 0 and self_us > 0:
+            tally.add(b, "communication", f"{n.name} (wait)", self_us)
+    return {b: index.nodes[b].end - index.nodes[b].ts for b in blocks}
+
+
 def split_trace(trace: dict, mode: str | None = None) -> Split:
     """Split the ``ditprof::block`` ranges of a trace into categories (per-call average, ms).
 
@@ -315,80 +406,13 @@ def split_trace(trace: dict, mode: str | None = None) -> Split:
     blocks = index.block_ranges()
     compiled = any(n.name.startswith(COMPILED_REGION_PREFIXES) and index.block_of(i) >= 0
                    for i, n in enumerate(index.nodes))
-    per_block: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    per_block_op: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
-    resolved: dict[str, int] = defaultdict(int)
-
-    def add(b: int, cat: str, op: str, us: float) -> None:
-        per_block[b][cat] += us
-        per_block_op[b][(op, cat)] += us
-
+    tally = _Tally()
     if mode == "cuda":
-        extent: dict[int, list[float]] = {}
-        gpu_blocks = sorted(index.gpu_ranges.get(BLOCK_RANGE, ()))
-        host_for_gpu = dict(enumerate(blocks)) if len(gpu_blocks) == len(blocks) else {}
-        orphans: list[tuple[str, str, float]] = []
-        for ev in index.device:
-            i, how = index.launcher(ev)
-            dur = float(ev.get("dur", 0.0))
-            ts = float(ev["ts"])
-            if i >= 0:
-                b = index.block_of(i)
-                if b < 0:
-                    continue  # launched outside the measured block
-                names = index.names(i)
-                cat = category_for_stack(names)
-                if cat == "other" and not any(n.startswith("aten::") for n in names):
-                    cat = category_for_kernel_name(ev.get("name", ""))
-                ops = [n for n in names if n.startswith("aten::")]
-                op = ATTENTION_RANGE if cat == "attention" else (ops[0] if ops else ev.get("name", "?"))
-            else:
-                # no host link: fall back to the GPU-side ranges (gpu_user_annotation) and kernel names
-                k = next((j for j, (a, e) in enumerate(gpu_blocks) if a <= ts <= e), None)
-                if k is None:
-                    continue
-                if any(a <= ts <= e for a, e in index.gpu_ranges.get(ATTENTION_RANGE, ())):
-                    cat = "attention"
-                else:
-                    cat = category_for_kernel_name(ev.get("name", ""))
-                op = ev.get("name", "?")
-                b = host_for_gpu.get(k, -2)
-                if b == -2:
-                    resolved[how] += 1
-                    orphans.append((cat, op, dur))
-                    continue
-            resolved[how] += 1
-            add(b, cat, op, dur)
-            if how != "kernel_name":
-                x = extent.setdefault(b, [ts, ts + dur])
-                x[0] = min(x[0], ts)
-                x[1] = max(x[1], ts + dur)
-        for cat, op, dur in orphans:  # GPU block ranges not matched to host ranges: spread evenly
-            for b in blocks:
-                add(b, cat, op, dur / max(len(blocks), 1))
-        spans = {b: x[1] - x[0] for b, x in extent.items()}
-        return _finish(mode, blocks, per_block, per_block_op, spans, resolved, compiled)
-
-    # CPU: self time of aten ops inside a block range
-    for i, n in enumerate(index.nodes):
-        if n.cat != "cpu_op" or n.name.startswith(COMPILED_RUNTIME_PREFIXES):
-            continue  # the compiled runtime's guards and wrappers: host overhead, as eager's Python time
-        b = index.block_of(i)
-        if b < 0:
-            continue
-        self_us = max(n.end - n.ts - n.child_time, 0.0)
-        cat = category_for_stack(index.names(i))
-        add(b, cat, ATTENTION_RANGE if cat == "attention" else n.name, self_us)
-        resolved["cpu_op"] += 1
-    for i, n in enumerate(index.nodes):  # waiting inside the all-to-all ranges (gloo works on its own thread)
-        if n.cat != "user_annotation" or not (n.name == COMM_RANGE or n.name.startswith(COMM_RANGE + "/")):
-            continue
-        b = index.block_of(i)
-        self_us = n.end - n.ts - n.child_time
-        if b >= 0 and self_us > 0:
-            add(b, "communication", f"{n.name} (wait)", self_us)
-    spans = {b: index.nodes[b].end - index.nodes[b].ts for b in blocks}
-    return _finish("cpu", blocks, per_block, per_block_op, spans, resolved, compiled)
+        spans = _tally_cuda(index, blocks, tally)
+    else:
+        spans = _tally_cpu(index, blocks, tally)
+        mode = "cpu"
+    return _finish(mode, blocks, tally.per_block, tally.per_block_op, spans, tally.resolved, compiled)
 
 
 def median(xs: list[float]) -> float:
