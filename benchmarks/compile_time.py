@@ -21,7 +21,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from ditprof.harness import swap
+    from ditprof import dispatch as swap
     from ditprof.kernels import registry
     from ditprof.model_blocks import load_block, make_inputs
 

@@ -3,11 +3,11 @@
     python benchmarks/feasibility.py                 # CPU: an estimate; CUDA: measured under --gpu-memory 16GiB
     python benchmarks/feasibility.py --budget 24GiB --presets h3,flux.1-dev
 
-On CUDA each (preset, stack) is loaded and run once inside ``ditprof.harness.memory.memory_budget`` (the
+On CUDA each (preset, stack) is loaded and run once inside ``ditprof.harness.run.memory.memory_budget`` (the
 process capped at the budget like a smaller card); peak = ``torch.cuda.max_memory_allocated`` of load and of the
 forward (``model_blocks.measure_load_and_forward``); an OOM means "does not fit". On a machine without a GPU the
 peak is computed: block bytes (bf16, fp32-kept tensors at 4 B) + inputs + the activation peak traced on the
-meta device (``harness.validate.estimate_forward_bytes``: every live tensor, attention as a flash-style kernel),
+meta device (``harness.run.activation.estimate_forward_bytes``: every live tensor, attention as a flash-style kernel),
 labelled as an estimate. Results: ``benchmarks/results/feasibility-<device>-<date>.json`` and a rich table.
 """
 
@@ -25,8 +25,8 @@ def rows_for(presets, budget_text: str, device: str) -> list[dict]:
     import torch
 
     from ditprof.errors import DitprofError
-    from ditprof.harness.memory import memory_budget, parse_size
-    from ditprof.harness.validate import estimate_forward_bytes
+    from ditprof.harness.run.activation import estimate_forward_bytes
+    from ditprof.harness.run.memory import memory_budget, parse_size
     from ditprof.model_blocks import get_family, measure_load_and_forward
     from ditprof.model_blocks.presets import block_size
 

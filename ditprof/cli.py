@@ -21,9 +21,9 @@ LIGHT_COMMANDS = ("presets", "diff")
 # Modules that expose register(subparsers). Imported lazily so `ditprof presets` stays fast.
 COMMAND_MODULES = (
     "ditprof.model_blocks.commands",
-    "ditprof.harness.commands",
+    "ditprof.harness.cli.commands",
     "ditprof.kernels.commands",
-    "ditprof.harness.validate_commands",
+    "ditprof.harness.validate.commands",
 )
 
 

@@ -39,14 +39,14 @@ BACKENDS = ("fp8", "fp8-emulated")
 
 def dispatcher_name(name: str) -> str:
     """The diffusers backend name of a ditprof backend: ``fp8-emulated`` -> ``ditprof_fp8_emulated``."""
-    from ditprof.harness.swap import dispatcher_value
+    from ditprof.dispatch import dispatcher_value
 
     return dispatcher_value(name)
 
 
 def register_diffusers_backends(names=BACKENDS) -> list[str]:
     """Register ditprof backends with diffusers' attention dispatcher (idempotent); returns their names there."""
-    from ditprof.harness.swap import register_with_dispatcher
+    from ditprof.dispatch import register_with_dispatcher
     from ditprof.kernels import registry
 
     out = []
@@ -83,11 +83,11 @@ def use_backend(model: torch.nn.Module, name: str = "fp8") -> Iterator[None]:
     """Within the block, ``model``'s attention runs on the ditprof backend ``name``, whatever route its processors
     take (dispatcher-routed: the processors' backend is set and restored; SDPA-calling processors: wrapped with SDPA
     redirected to the backend). The previous processors and backends are restored on exit."""
-    from ditprof.harness import swap
+    from ditprof import dispatch
     from ditprof.kernels import registry
 
     backend = registry.get(name)
-    with swap.swapped(model, backend.name, backend.fn):
+    with dispatch.swapped(model, backend.name, backend.fn):
         yield
 
 

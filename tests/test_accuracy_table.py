@@ -9,7 +9,7 @@ import torch
 
 from ditprof.cli import build_parser, main
 from ditprof.errors import DitprofError
-from ditprof.harness.validate_commands import ACCURACY_SCHEMA, accuracy_table
+from ditprof.harness.validate.commands import ACCURACY_SCHEMA, accuracy_table
 
 TINY = ["minimax-h3-tiny", "qwen-image-tiny", "wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny"]
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from ditprof import cli
-from ditprof.harness import categories as C
-from ditprof.harness.inductor_kernels import FUSED, compiled_kernel_category, kernel_ops
+from ditprof.harness.trace import categories as C
+from ditprof.harness.trace.inductor_kernels import FUSED, compiled_kernel_category, kernel_ops
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report/report.schema.json").read_text())
 PRESET = "h3-mini"  # the CPU default preset; 256 rows keep the compiled run to seconds
 SMALL = ["--preset", PRESET, "--device", "cpu", "--tokens", "256", "--iters", "2", "--warmup", "1"]
 # CPU inductor compiles C++ with $CXX (default g++)

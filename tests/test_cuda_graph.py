@@ -12,9 +12,12 @@ import json
 import pytest
 import torch
 
-from ditprof.harness import commands, report
-from ditprof.harness import session as S
-from ditprof.harness.runner import execute, spec_from_args
+from ditprof.harness.cli import commands
+
+from ditprof.harness.report import document
+from ditprof.harness.report import summary as report
+from ditprof.harness.run import session as S
+from ditprof.harness.run.runner import execute, spec_from_args
 
 
 def _spec(*argv):
@@ -33,7 +36,7 @@ def test_graph_timing_is_off_on_cpu(tmp_path):
     run = S.measure(lambda: x @ x, label="baseline", backend="t", device=torch.device("cpu"), workdir=tmp_path,
                     warmup=1, iters=2)
     assert run.graph_samples_ms is None and run.graph_block_ms is None and run.graph_note == "off"
-    sec = report.run_section(run)
+    sec = document.run_section(run)
     assert sec["graph_block_ms"] is None and sec["graph_note"] == "off"
     samples, note, out = S.time_block_graph(lambda: x @ x, torch.device("cpu"), 2)
     assert samples is None and out is None and "CPU" in note

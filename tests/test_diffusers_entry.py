@@ -61,7 +61,7 @@ def _direct_backend(value: str, attention):
     """A plain dispatcher backend (no ditprof wrapper) calling ``attention(q, k, v, scale)`` on (B, S, H, D)."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
-    from ditprof.harness.swap import _enum_member
+    from ditprof.dispatch import _enum_member
 
     member = _enum_member(value)
 

@@ -90,7 +90,7 @@ def test_fp8_attention_nan_raises_without_a_sync_per_call(monkeypatch):
 def test_first_nonfinite_names_the_module_where_inf_appears():
     """Finite weights whose product overflows: the first module (in execution order) with a non-finite output
     is named, not its parents; NaN weights and inputs are named as such."""
-    from ditprof.harness.finite import check_inputs, first_nonfinite
+    from ditprof.harness.run.finite import check_inputs, first_nonfinite
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()))

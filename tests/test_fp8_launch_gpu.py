@@ -44,7 +44,7 @@ def test_fast_path_equals_the_general_path_and_reuses_safely(D):
 
 def test_op_with_a_key_mask_captures_in_a_cuda_graph():
     _cuda()
-    from ditprof.harness import session as S
+    from ditprof.harness.run import session as S
     from ditprof.kernels.op import fp8_attention
 
     q, k, v = _qkv(3, B=3, Sq=256, Sk=480)

@@ -149,7 +149,7 @@ def test_nan_written_into_a_replayed_input_is_reported(setting):
 
 def test_the_callers_own_capture_still_works(setting):
     _need_cuda()
-    from ditprof.harness import session as S
+    from ditprof.harness.run import session as S
 
     setting(graphs=None)
     q, k, v = gaussian_inputs(2, 3, 300, 300, 128, seed=970)
@@ -163,7 +163,7 @@ def test_the_profiler_puts_replayed_kernels_under_attention(setting, tmp_path):
     _need_cuda()
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from ditprof.harness.categories import load_trace, split_trace
+    from ditprof.harness.trace.categories import load_trace, split_trace
     from ditprof.kernels import launch
 
     setting(graphs=None)

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ditprof.harness import report as R
+from ditprof.harness.report import summary as R
 from ditprof.kernels import launch_record as L
 from ditprof.kernels.compile_cache import KernelSpec
 from ditprof.kernels.launch_graphs import LaunchGraphs
 
 jsonschema = pytest.importorskip("jsonschema")  # a test extra; the GPU host collects this file without it
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report/report.schema.json").read_text())
 ITEM = {**SCHEMA["$defs"]["run"]["properties"]["fp8_launches"]["items"], "$defs": SCHEMA.get("$defs", {})}
 
 
@@ -71,7 +71,8 @@ def test_summaries_of_the_records_called_since_a_snapshot(records):
 def test_report_shows_the_grid(records):
     assert R.fp8_launch_lines({"baseline": {"label": "baseline"}, "swapped": None}) == []
     records["flux"].calls = 4
-    swapped = {"label": "swapped", "attention_backend": "fp8", "fp8_launches": L.launch_summaries()}
+    swapped = {"label": "swapped", "attention_backend": "fp8", "qk_format": "int8",
+               "fp8_launches": L.launch_summaries()}
     rep = {"environment": {"fp8_qk_format": "int8"}, "swapped": swapped, "baseline": {"label": "baseline"}}
     table = R.fp8_launch_lines(rep)
     assert any("stream-K (528 whole + 48 spread over 132 CTAs)" in row and "| 4 |" in row for row in table)

@@ -59,7 +59,7 @@ def test_bad_input_is_one_line_eager_and_under_compile():
 def test_a_block_with_the_swap_compiles_fullgraph():
     """The real MiniMax-H3 block class (h3-mini) with the op swapped in through diffusers' dispatcher: one graph,
     no breaks, the eager output."""
-    from ditprof.harness import swap
+    from ditprof import dispatch as swap
     from ditprof.model_blocks import load_block, make_inputs
 
     lb = load_block("h3-mini", 0, dtype=torch.bfloat16, progress=False)

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ditprof.harness import categories as C
-from ditprof.harness import swap
+from ditprof.harness.trace import categories as C
+from ditprof import dispatch as swap
 
 from tiny_blocks import wan_block
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ditprof import cli
-from ditprof.harness.categories import ATTENTION_RANGE, BLOCK_RANGE, CATEGORIES
+from ditprof.harness.trace.categories import ATTENTION_RANGE, BLOCK_RANGE, CATEGORIES
 
 PRESET = "wan-tiny"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from ditprof.errors import DitprofError
-from ditprof.harness import swap
-from ditprof.harness.categories import ATTENTION_RANGE
+from ditprof import dispatch as swap
+from ditprof.harness.trace.categories import ATTENTION_RANGE
+from ditprof.harness.trace.ranges import norm_ranges
 
 from tiny_blocks import cog_block, wan_block
 
@@ -58,7 +59,7 @@ def test_swapped_dispatcher_route_restores_state():
     with torch.no_grad():
         ref = blk(*args)
         with swap.swapped(blk, "test-count2", fn) as state:
-            assert state.route == "dispatcher" and state.modules == ["attn1", "attn2"]
+            assert state.route == "dispatcher" and list(state.modules) == ["attn1", "attn2"]
             out = blk(*args)
         assert fn.calls == 2
         torch.testing.assert_close(out, ref)
@@ -129,7 +130,7 @@ def test_no_attention_module():
 def test_norm_ranges_count_decomposed_rmsnorm_as_norm(tmp_path):
     from diffusers.models.normalization import AdaLayerNormZero, RMSNorm
 
-    from ditprof.harness import categories as C
+    from ditprof.harness.trace import categories as C
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -142,7 +143,7 @@ def test_norm_ranges_count_decomposed_rmsnorm_as_norm(tmp_path):
 
     m = Tiny()
     x, emb = torch.randn(1, 8, 32), torch.randn(1, 32)
-    with swap.norm_ranges(m) as names:
+    with norm_ranges(m) as names:
         assert names == ["rms", "ada.norm"]
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             with torch.profiler.record_function(C.BLOCK_RANGE):

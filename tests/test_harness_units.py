@@ -8,8 +8,10 @@ import torch
 
 from ditprof import cli
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic, memory, runner
-from ditprof.harness.extrapolate import amdahl, extrapolate, scale_factor
+from ditprof.harness.run import atomic
+from ditprof.harness.run import memory
+from ditprof.harness.run import runner
+from ditprof.harness.run.extrapolate import amdahl, extrapolate, scale_factor
 
 # --------------------------------------------------------------------------- extrapolation
 
@@ -191,7 +193,7 @@ def test_default_spec_cpu(tmp_path):
 
 
 def test_default_swap_on_cuda_prefers_fp8_then_peers(monkeypatch):
-    from ditprof.harness import backends
+    from ditprof.harness.swaps import backends
 
     avail = {"fp8": False, "fa4": False, "sdpa-cudnn": True, "sdpa-flash": True}
     monkeypatch.setattr(backends, "availability", lambda n, d: (avail.get(n, True), ""))
@@ -245,7 +247,7 @@ def test_backends_command(capsys):
 
 
 def test_accuracy_metrics():
-    from ditprof.harness.report import accuracy
+    from ditprof.harness.report.document import accuracy
 
     torch.manual_seed(0)
     a = torch.randn(3, 1000, 16)

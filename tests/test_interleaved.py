@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ditprof import cli
-from ditprof.harness import noise
-from ditprof.harness.session import INTERLEAVED_CALLS_PER_ROUND, time_interleaved
+from ditprof.harness.run import noise
+from ditprof.harness.run.session import INTERLEAVED_CALLS_PER_ROUND, time_interleaved
 
 
 def test_turns_reverse_every_round_and_time_each_call_inside_its_context():

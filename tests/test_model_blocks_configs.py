@@ -164,7 +164,7 @@ def test_masked_family_sdpa_baseline_is_exact_and_compare_says_the_swap_needs_ma
     """HunyuanVideo-1.5 masks most of its padded text stream: the sdpa baseline passes the mask on (its output
     equals the block's own forward, which masks through diffusers' default backend); fp8-emulated gets the key
     subset; a backend without masks is reported as not run instead of failing."""
-    from ditprof.harness import swap
+    from ditprof import dispatch as swap
     from ditprof.kernels import registry
 
     loaded = load_block("hunyuan-video-1.5-tiny", 0, dtype=torch.float32, progress=False)
@@ -196,7 +196,7 @@ def test_masked_family_sdpa_baseline_is_exact_and_compare_says_the_swap_needs_ma
     # a backend that takes no mask is reported as not run instead of failing; ours take key masks
     from types import SimpleNamespace
 
-    from ditprof.harness.runner import swap_skipped
+    from ditprof.harness.run.runner import swap_skipped
     from ditprof.kernels import registry
 
     plain = SimpleNamespace(name="plain", fn=lambda q, k, v, *, scale=None: q)

@@ -3,7 +3,11 @@
 import os
 
 
-from ditprof.harness import noise, report
+from ditprof.harness.run import noise
+
+
+from ditprof.harness.report import document
+from ditprof.harness.report import summary as report
 
 
 def test_change_verdicts():
@@ -45,7 +49,7 @@ def _report(base, sw, device="cpu"):
     ex = {"n_blocks": 2, "steps": 1, "cfg": False, "baseline_band_ms": base["block_ms"],
           "swapped_band_ms": sw["block_ms"] if sw else None,
           "speedup": base["block_ms"]["median"] / sw["block_ms"]["median"] if sw else None}
-    return report.build(command="compare", model={}, environment={}, settings={"device": device}, baseline=base,
+    return document.build(command="compare", model={}, environment={}, settings={"device": device}, baseline=base,
                         swapped=sw, extrapolation=ex, accuracy_section=None, files=[], created="now")
 
 

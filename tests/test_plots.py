@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 from ditprof.cli import main
-from ditprof.harness import plots
+from ditprof.harness.report import plots
 
 
 def _run(label, backend, split, block):
@@ -51,7 +51,7 @@ def test_speedup_note_says_noise_and_numerics_only():
 
 
 def test_sp_plot_title_names_the_rank(tmp_path):
-    from ditprof.harness.runner import plot_title
+    from ditprof.harness.run.runner import plot_title
 
     out = tmp_path / "sp"
     assert main(["profile", "--preset", "wan-tiny", "--device", "cpu", "--sp", "2", "--iters", "1", "--warmup", "1",

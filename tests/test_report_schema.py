@@ -1,4 +1,4 @@
-"""report.json follows its documented, versioned JSON Schema (ditprof/harness/report.schema.json); `--json`
+"""report.json follows its documented, versioned JSON Schema (ditprof/harness/report/report.schema.json); `--json`
 prints exactly that report on stdout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from ditprof.cli import main
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "ditprof/harness/report/report.schema.json").read_text())
 
 
 def _validate(rep: dict) -> None:

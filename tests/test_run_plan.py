@@ -3,7 +3,7 @@
 import json
 
 from ditprof.cli import main
-from ditprof.harness import run_plan
+from ditprof.harness.run import plan as run_plan
 
 
 def test_plan_counts_attention_flops_exactly(tmp_path, capsys):

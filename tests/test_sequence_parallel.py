@@ -14,9 +14,10 @@ import torch
 
 from ditprof import cli
 from ditprof.errors import DitprofError
-from ditprof.harness import categories as C
-from ditprof.harness import distributed, sequence_parallel as SP
-from ditprof.harness.runner import spec_from_args
+from ditprof.harness.trace import categories as C
+from ditprof.harness.sp import distributed
+from ditprof.harness.sp import launch as SP
+from ditprof.harness.run.runner import spec_from_args
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -25,7 +26,7 @@ def _spec(_, *argv):
     """RunSpec from a command line through the harness's own parser (independent of other layers)."""
     import argparse
 
-    from ditprof.harness import commands
+    from ditprof.harness.cli import commands
 
     parser = argparse.ArgumentParser()
     commands.register(parser.add_subparsers())

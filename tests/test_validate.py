@@ -10,8 +10,11 @@ import torch
 
 from ditprof.cli import main
 from ditprof.errors import DitprofError
-from ditprof.harness import session as S
-from ditprof.harness import validate as V
+from ditprof.harness.run import session as S
+from ditprof.harness.run.activation import estimate_forward_bytes
+from ditprof.harness.validate import chain as VC
+from ditprof.harness.validate import run as V
+from ditprof.harness.validate.source import open_source
 from ditprof.kernels.qk_format import qk_format
 from ditprof.model_blocks import get_family, load_block, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block
@@ -62,23 +65,23 @@ def test_validate_h3_mini_report(tmp_path, capsys, one_thread):
 
 def test_streamed_chain_equals_resident_chain():
     """Streaming block weights through one working block computes exactly what resident blocks compute."""
-    src = V.open_source("h3-mini", "preset", None)
+    src = open_source("h3-mini", "preset", None)
     blocks = [synthetic_block("h3-mini", i) for i in range(3)]
     inputs = make_inputs(blocks[0], tokens=64)
-    chain = V.Chain(inputs, blocks[0].family.plan(blocks[0].kind))
+    chain = VC.Chain(inputs, blocks[0].family.plan(blocks[0].kind))
     clock = S.Clock(torch.device("cpu"))
     with torch.inference_mode():
-        _, per, resident = V.run_chain(chain, [b.module for b in blocks], clock, n=3)
+        _, per, resident = VC.run_chain(chain, [b.module for b in blocks], clock, n=3)
         working = synthetic_block("h3-mini", 0).module
-        streamer = V._Streamer(working)
+        streamer = VC.Streamer(working)
         for i in range(3):
             streamer.add(src.host_state(i, torch.device("cpu"), torch.bfloat16, 0, streamer.to_host))
-        _, per_s, streamed = V.run_chain(chain, None, clock, streamer=streamer, n=3)
+        _, per_s, streamed = VC.run_chain(chain, None, clock, streamer=streamer, n=3)
     assert len(per) == len(per_s) == 3
     assert torch.equal(resident, streamed)
     # and the chain really depends on every block: a different last block changes the output
     with torch.inference_mode():
-        _, _, other = V.run_chain(chain, [blocks[0].module, blocks[1].module, blocks[0].module], clock, n=3)
+        _, _, other = VC.run_chain(chain, [blocks[0].module, blocks[1].module, blocks[0].module], clock, n=3)
     assert not torch.equal(resident, other)
 
 
@@ -142,8 +145,8 @@ def test_activation_estimate_scales_with_tokens():
     from ditprof.model_blocks import get_preset
 
     p = get_preset("h3-mini")
-    a = V.estimate_forward_bytes(get_family(p.family), p.config, "main", preset=p, tokens=256)
-    b = V.estimate_forward_bytes(get_family(p.family), p.config, "main", preset=p, tokens=1024)
+    a = estimate_forward_bytes(get_family(p.family), p.config, "main", preset=p, tokens=256)
+    b = estimate_forward_bytes(get_family(p.family), p.config, "main", preset=p, tokens=1024)
     assert 0 < a["activation_bytes"] < b["activation_bytes"] < 8 * a["activation_bytes"]
     # at least the FFN intermediate (tokens x ffn_dim bf16) is alive at the peak
     assert b["activation_bytes"] >= 1024 * 1024 * 2

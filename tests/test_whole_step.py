@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ditprof.errors import DitprofError
-from ditprof.harness import whole_step as W
-from ditprof.harness.validate import open_source
+from ditprof.harness.validate import whole_step as W
+from ditprof.harness.validate.source import open_source
 
 TINY = ["wan-tiny", "flux-tiny", "hunyuan-video-tiny", "ltx-video-tiny", "cogvideox-tiny"]
 

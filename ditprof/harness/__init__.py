@@ -1,7 +1,8 @@
-"""The harness: profile one block, split its time, swap its attention, compare, extrapolate, report.
+"""The harness: profile one block, split its time, swap parts of it, compare, extrapolate, report.
 
-Modules: ``session`` (warm-up, clean timing, profiled window), ``categories`` (time split by launching op),
-``swap`` (diffusers dispatcher registration / processor replacement, attention and norm ranges),
-``backends`` (view of ``ditprof.kernels.registry``), ``extrapolate``, ``report``, ``plots``, ``memory``
-(``--gpu-memory``), ``atomic`` (staged run folders), ``environment``, ``runner`` and ``commands`` (CLI).
+Packages: ``run`` (a profile/compare run: the spec and plan, the measurement of a block under a list of swaps,
+compile mode, memory, noise, extrapolation), ``swaps`` (what a measurement changes in the block: a swap installs
+itself and undoes itself; the attention backend swap), ``trace`` (the time split by category, the profiler ranges,
+the diff of two runs), ``report`` (report.json, report.md, the plot), ``validate`` (``ditprof validate`` and
+``ditprof accuracy``), ``sp`` (``--sp``: Ulysses sequence parallelism) and ``cli`` (the subcommands and their flags).
 """

@@ -290,7 +290,7 @@ _smooth_keys = smooth_k  # the function, under a name the `smooth_k` flag does n
 
 @register("fp8-emulated", description="FP8 kernel numerics emulated in torch (Q/K e4m3 or rotated INT8 as "
           "DITPROF_FP8_QK says, e4m3 V, P x256 per 32-key strip, fp32 accumulate); runs anywhere, slowly",
-          numerics_only=True)
+          numerics_only=True, qk_format=lambda head_dim: process_qk_format(head_dim=head_dim))
 def fp8_emulated_backend(q, k, v, *, scale=None, key_mask=None):
     return fp8_attention_emulated(q, k, v, scale=scale, key_mask=key_mask,
                                   qk_format=process_qk_format(head_dim=q.shape[-1]))

@@ -1,0 +1,1 @@
+"""The command line glue: subcommands and their flags (``commands``), argument checks (``args``), progress bars."""

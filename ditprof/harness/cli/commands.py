@@ -1,0 +1,193 @@
+"""CLI: ``ditprof profile``, ``ditprof compare``, ``ditprof backends``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_compile_flag(group) -> None:
+    """``--compile [MODE]`` (profile, compare, validate)."""
+    from ditprof.harness.run.compile_mode import MODES
+
+    group.add_argument("--compile", nargs="?", const="default", choices=MODES, metavar="MODE",
+                       help="torch.compile the block (fullgraph) before measuring it: MODE default (bare --compile) "
+                            "or max-autotune-no-cudagraphs; reports the compile time and a 'fused' category for "
+                            "kernels that fuse ops of several categories (default: eager)")
+
+
+def _common(p: argparse.ArgumentParser, compare: bool) -> None:
+    src = p.add_argument_group("what to run")
+    src.add_argument("--preset", help="built-in preset (ditprof presets); default h3 on CUDA, h3-mini on CPU")
+    src.add_argument("--checkpoint", metavar="DIR_OR_REPO",
+                     help="diffusers-format folder or Hugging Face repo id instead of a preset")
+    src.add_argument("--block", type=int, default=0, metavar="I", help="block index (default 0)")
+    src.add_argument("--kind", default=None, metavar="STACK",
+                     help="block stack: main, double / single (Flux, FLUX.2, HunyuanVideo), refiner (MiniMax-H3); "
+                          "default: the preset's (ditprof presets lists each stack)")
+    att = p.add_argument_group("attention")
+    if compare:
+        att.add_argument("--baseline", metavar="BACKEND",
+                         help="baseline backend (default: sdpa, what the model uses)")
+        att.add_argument("--attention", metavar="BACKEND",
+                         help="backend swapped in (default: fp8 on CUDA if available, else fa4 > sdpa-cudnn > "
+                              "sdpa-flash; fp8-emulated on CPU)")
+    else:
+        att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
+    run = p.add_argument_group("inputs and device")
+    run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")
+    run.add_argument("--tokens", type=int, metavar="N",
+                     help="video/image tokens; MiniMax-H3: packed rows, split into text, audio and video "
+                          "(default: the preset's)")
+    run.add_argument("--height", type=int, metavar="H", help="pixel height (with --width, --frames)")
+    run.add_argument("--width", type=int, metavar="W", help="pixel width")
+    run.add_argument("--frames", type=int, metavar="F", help="video frames")
+    run.add_argument("--text-tokens", dest="text_tokens", type=int, metavar="N",
+                     help="prompt length in tokens (default: the preset's, or the pipeline's)")
+    run.add_argument("--batch", type=int, metavar="B", help="batch size (default 1)")
+    run.add_argument("--dtype", metavar="DTYPE", help="bfloat16 (default), float16 or float32")
+    run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
+                     help="cap GPU memory like a smaller card, e.g. 16GiB")
+    run.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    run.add_argument("--warmup", type=int, metavar="N", help="warm-up calls (default 3 on CUDA, 1 on CPU)")
+    run.add_argument("--iters", type=int, metavar="N",
+                     help="timed and profiled calls each (default 10 on CUDA, 5 on CPU)")
+    run.add_argument("--interleave", type=int, metavar="N",
+                     help="compare: N rounds of eager block calls with the baseline and the swap in turns after both "
+                          "measurements, a ratio that host drift cannot bias (default --iters on CUDA, 0 on CPU)")
+    run.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                     help="skip the CUDA-graph replay timing (GPU; it shows the host overhead per block call)")
+    run.add_argument("--time-limit", dest="time_limit", type=float, metavar="MIN",
+                     help="stop before a run the plan estimates to take longer (default 15 minutes)")
+    run.add_argument("--yes", action="store_true", help="run even when the plan's estimate is over --time-limit")
+    add_compile_flag(run)
+    run.add_argument("--sp", type=int, metavar="P",
+                     help="Ulysses sequence parallelism over P ranks (NCCL, one GPU each; gloo on CPU)")
+    run.add_argument("--sp-cross", dest="sp_cross", choices=("local", "heads"), help=argparse.SUPPRESS)
+    ex = p.add_argument_group("extrapolation")
+    ex.add_argument("--blocks", type=int, metavar="N",
+                    help="blocks the extrapolation covers: the model's block count (default: the model's)")
+    ex.add_argument("--steps", type=int, metavar="S", help="denoising steps")
+    ex.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default traces/<preset>-<timestamp>/)")
+    p.add_argument("--json", action="store_true",
+                   help="print report.json on stdout (schema ditprof.report/1, ditprof/harness/report/report.schema.json); "
+                        "the table and progress go to stderr")
+
+
+def _profile(args) -> int:
+    from ditprof.harness.run.runner import run_command
+
+    return run_command(args, "profile")
+
+
+def _compare(args) -> int:
+    from ditprof.harness.run.runner import run_command
+
+    return run_command(args, "compare")
+
+
+def _backends(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ditprof.dispatch import dispatcher_value
+    from ditprof.harness.swaps import backends
+    from ditprof.kernels import registry
+
+    devices = [args.device] if args.device else ["cpu", "cuda"]
+    table = Table(title="attention backends", title_justify="left")
+    table.add_column("name")
+    table.add_column("diffusers backend")
+    for d in devices:
+        table.add_column(f"on {d}")
+    table.add_column("description")
+    for name in backends.names():
+        cells = []
+        desc = ""
+        for d in devices:
+            ok, reason = backends.availability(name, d)
+            desc = desc or registry.get(name).description
+            cells.append("[green]yes[/]" if ok else f"[red]no[/]: {reason}")
+        table.add_row(name, dispatcher_value(name), *cells, desc)
+    console = Console()
+    if not console.is_terminal and console.width < 140:
+        console = Console(width=140)
+    console.print(table)
+    import torch
+
+    where = "CUDA: " + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible")
+    console.print(f"torch {torch.__version__}, {where}")
+    return 0
+
+
+def _diff(args) -> int:
+    import json as _json
+    import sys as _sys
+    from datetime import datetime
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ditprof.errors import DitprofError
+    from ditprof.harness.run import atomic
+    from ditprof.harness.trace import diff as D
+
+    if args.top < 1:
+        raise DitprofError(f"--top must be >= 1 (got {args.top})")
+    a, b = D.open_side(args.run_a), D.open_side(args.run_b)
+    d = D.diff(a, b, top=args.top)
+    out = Path(args.out) if args.out else Path("traces") / (
+        f"diff-{a.folder.name}-vs-{b.folder.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    with atomic.staged_dir(out) as stage:
+        atomic.write_bytes(stage / "diff.png", D.png(d))
+        atomic.write_text(stage / "diff.md", D.markdown(d))
+        atomic.write_text(stage / "diff.json", _json.dumps(d, indent=1) + "\n")
+    console = Console(stderr=args.json)
+    v = d["block_ms"]["verdict"]
+    table = Table(title=f"ditprof diff  A: {d['a']['name']}\n              B: {d['b']['name']}", title_justify="left")
+    for col in ("category / op", "A ms", "B ms", "B − A ms"):
+        table.add_column(col, justify="left" if col.startswith("category") else "right")
+    table.add_row("block (median)", f"{d['block_ms']['a']['median']:.3f}", f"{d['block_ms']['b']['median']:.3f}",
+                  f"{d['block_ms']['b']['median'] - d['block_ms']['a']['median']:+.3f}"
+                  + (f" ({v['verdict']})" if v else ""))
+    for r in d["categories"]:
+        table.add_row(r["category"], f"{r['a_ms']:.3f}", f"{r['b_ms']:.3f}", f"{r['delta_ms']:+.3f}")
+    for r in d["ops"][:8]:
+        table.add_row(f"  {r['op'][:60]}", f"{r['a_ms']:.4f}", f"{r['b_ms']:.4f}", f"{r['delta_ms']:+.4f}")
+    console.print(table)
+    for note in d["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    console.print(f"outputs: {out}")
+    if args.json:
+        _sys.stdout.write(_json.dumps(d, indent=1) + "\n")
+    return 0
+
+
+def register(subparsers) -> None:
+    d = subparsers.add_parser("diff", help="what changed between two saved runs, per category and per op",
+                              description="Compare two run folders (profile or compare; any machines or backends): "
+                                          "per-category and per-op deltas, a table, diff.png, diff.json and diff.md. "
+                                          "A side is DIR or DIR:baseline / DIR:swapped (default: the swapped "
+                                          "measurement of a compare, the baseline of a profile).")
+    d.add_argument("run_a", metavar="RUN_A")
+    d.add_argument("run_b", metavar="RUN_B")
+    d.add_argument("--top", type=int, default=15, help="ops listed (default 15)")
+    d.add_argument("--out", metavar="DIR", help="output folder (default traces/diff-<a>-vs-<b>-<timestamp>/)")
+    d.add_argument("--json", action="store_true", help="print diff.json on stdout (schema ditprof.diff/1)")
+    d.set_defaults(func=_diff)
+
+    p = subparsers.add_parser("profile", help="profile one block with one attention backend",
+                              description="Profile one transformer block: time, GPU time split, extrapolation.")
+    _common(p, compare=False)
+    p.set_defaults(func=_profile)
+
+    p = subparsers.add_parser("compare", help="profile one block before and after swapping its attention",
+                              description="Run one block with the baseline attention and with the swapped "
+                                          "backend; report both, the speedup, accuracy and extrapolation.")
+    _common(p, compare=True)
+    p.set_defaults(func=_compare)
+
+    p = subparsers.add_parser("backends", help="attention backends and whether each is available here")
+    p.add_argument("--device", metavar="cpu|cuda", help="only this device (default: both)")
+    p.set_defaults(func=_backends)

@@ -1,0 +1,88 @@
+"""``split.png``: stacked bars of the per-category block time, baseline vs swapped."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # noqa: E402 - headless, set before pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ditprof.harness.trace.categories import REPORTED_CATEGORIES  # noqa: E402
+
+COLORS = {
+    "attention": "#d62728",
+    "communication": "#9467bd",
+    "gemm": "#1f77b4",
+    "norm": "#2ca02c",
+    "elementwise": "#ff7f0e",
+    "fused": "#e377c2",
+    "other": "#7f7f7f",
+}
+
+
+def _fmt_ms(ms: float) -> str:
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    return f"{ms:.3g} ms"
+
+
+def split_figure(runs: list[dict], title: str, unit_note: str = "", note: str = ""):
+    """The ``split.png`` figure (tests inspect its artists). ``note``: a line under the title (the speedup)."""
+    labels = [f"{r['label']}\n{r['attention_backend']}" for r in runs]
+    fig, ax = plt.subplots(figsize=(3.2 + 1.6 * len(runs), 4.8), dpi=110)
+    bottoms = [0.0] * len(runs)
+    for cat in REPORTED_CATEGORIES:
+        if not any(cat in r["split_ms"] for r in runs):
+            continue  # communication (--sp) and fused (--compile) only where a run has them
+        vals = [r["split_ms"].get(cat, 0.0) for r in runs]
+        if cat == "communication" and not any(vals):
+            continue  # single-device runs: no empty legend entry
+        ax.bar(labels, vals, bottom=bottoms, color=COLORS[cat], label=cat, width=0.55)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    tops = list(bottoms)
+    for i, r in enumerate(runs):
+        clean = (r.get("block_ms") or {}).get("median")
+        if clean:
+            ax.plot([i - 0.34, i + 0.34], [clean, clean], color="black", linestyle="--", linewidth=1,
+                    label="block time (clean timing)" if i == 0 else None)
+            tops[i] = max(tops[i], clean)
+    ax.set_ylim(0, max(tops + [1e-9]) * 1.3)
+    pad = max(tops + [1e-9]) * 0.03  # the value label sits above both the bar and the dashed block-time line
+    for i, r in enumerate(runs):
+        ax.text(i, tops[i] + pad, f"{_fmt_ms(bottoms[i])}\nattn {r['attention_share'] * 100:.1f}%",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("time per block call (ms)" + (f" — {unit_note}" if unit_note else ""))
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def split_png(runs: list[dict], title: str, unit_note: str = "", note: str = "") -> bytes:
+    """``runs``: report sections (``attention_backend``, ``split_ms``, ``attention_share``); PNG bytes."""
+    fig = split_figure(runs, title, unit_note, note)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def speedup_note(report: dict) -> str:
+    """'block 1.23x faster with fp8 (CUDA-graph replay 1.24x)' -- with the noise verdict -- or ''."""
+    b, s, nz = report["baseline"], report.get("swapped"), report.get("noise") or {}
+    if not s:
+        return ""
+    block = nz.get("block") or {}
+    if block.get("verdict") == "numerics only":
+        return f"{s['attention_backend']} emulates numerics: its time is not a speed result"
+    x = b["block_ms"]["median"] / s["block_ms"]["median"]
+    text = f"block {x:.2f}x {'faster' if x >= 1 else 'slower'} with {s['attention_backend']}"
+    if block.get("verdict") == "within noise":
+        text += " (within noise)"
+    gb, gs = b.get("graph_block_ms"), s.get("graph_block_ms")
+    if gb and gs:
+        text += f"; CUDA-graph replay {gb['median'] / gs['median']:.2f}x"
+    return text

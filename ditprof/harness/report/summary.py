@@ -1,0 +1,368 @@
+"""A report's summary: the rows shared by the rich table on stdout and report.md, and report.md itself."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+from ditprof.harness.run.memory import fmt_bytes
+from ditprof.harness.trace.categories import REPORTED_CATEGORIES
+
+
+# --------------------------------------------------------------------------- formatting helpers
+
+def _ms(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x >= 1000:
+        return f"{x / 1000:.3f} s"
+    if x >= 10:
+        return f"{x:.1f} ms"
+    return f"{x:.3f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f}%"
+
+
+def _x(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def _band(ms: dict) -> str:
+    return f"{_ms(ms['median'])} [{_ms(ms['min'])} – {_ms(ms['max'])}]"
+
+
+def execution_of(section: dict) -> str:
+    """``eager`` or ``compile:<mode>`` of one measurement."""
+    c = section.get("compile")
+    return f"compile:{c['mode']}" if c else "eager"
+
+
+def backend_cell(report: dict, sec: dict) -> str:
+    """A run's attention backend, for FP8 backends with the Q/K format (the section's ``qk_format``, which the
+    attention swap records from ``Backend.qk_format``) and the kernel's grid(s) of the run."""
+    name = sec["attention_backend"]
+    fmt = sec.get("qk_format")
+    grids = sorted({la["grid"] for la in sec.get("fp8_launches") or []})
+    grid = f", {' + '.join(grids)} grid" if grids else ""
+    return f"{name} (Q/K {fmt}{grid})" if fmt else name
+
+
+def fp8_launch_lines(report: dict) -> list[str]:
+    """report.md's table of our FP8 kernel's call configurations per run (none without ``fp8_launches``)."""
+    launches = [(sec["label"], la) for sec in (report["baseline"], report["swapped"]) if sec
+                for la in sec.get("fp8_launches") or []]
+    if not launches:
+        return []
+    lines = ["## FP8 kernel launches", "", "One row per call configuration of our kernel during the timed and "
+             "profiled calls (`kernels.launch`): the stream-K grid spreads the last, partial round of work tiles "
+             "over all SMs (n_full whole tiles, then n_tail tiles' key tiles over the tail CTAs); a call whose "
+             "arguments repeat an earlier one's replays its launches as one CUDA graph (graph replays).", "",
+             "| run | q (B, S, H, D) | keys | kernel | Q/K | grid | launch | calls |",
+             "|---|---|---:|---|---|---|---|---:|"]
+    for label, la in launches:
+        sk = la.get("streamk")
+        grid = (f"stream-K ({sk['n_full']} whole + {sk['n_tail']} spread over {sk['tail_ctas']} CTAs)"
+                if sk else la["grid"])
+        qk = la["qk_format"] + (", Q quantized in the kernel" if la.get("q_in_kernel") else "")
+        replays = la.get("graph_replays")
+        how = la["launch"] + (f", {replays} graph replays" if replays else "")
+        lines.append(f"| {label} | {tuple(la['q_shape'])} | {la['k_len']} | {la['kernel']} | {qk} "
+                     f"| {grid} | {how} | {la['calls']} |")
+    return lines + [""]
+
+
+INTERLEAVED_NOTE = ("- The baseline's and the swap's measurements run one after the other, so a host or clock that "
+                    "drifts between them moves the block ratio (small blocks, where the host sets the eager time, "
+                    "most). The \"in turns\" row times eager calls of both after that, alternating every few calls "
+                    "(`--interleave` rounds): its ratio, the median of the rounds' ratios, is the one drift cannot "
+                    "bias; \"within noise\" when the rounds' ratios straddle 1.")
+
+
+Row = tuple[str, str, str, str]
+
+
+def _judged(s: dict | None, fb, fs, verdict) -> str:
+    """The ratio with the verdict of the noise check: a numerics emulation's time is no speed result."""
+    if not (s and fs):
+        return ""
+    if verdict and verdict["verdict"] == "numerics only":
+        return "numerics only"
+    return f"{fb / fs:.2f}x" + (" (within noise)" if verdict and verdict["verdict"] == "within noise" else "")
+
+
+def _overhead(sec: dict) -> str:
+    o = sec["profiler_overhead_pct"]
+    return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
+
+
+def _block_rows(report: dict) -> list[Row]:
+    """Backend, execution, the block's time (and in turns), under the profiler and the profiler's overhead."""
+    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
+    clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
+    rows = [
+        ("attention backend", backend_cell(report, b), backend_cell(report, s) if s else "", ""),
+        ("execution", execution_of(b), execution_of(s) if s else "", ""),
+        (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
+         _judged(s, b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
+    ]
+    inter = report.get("interleaved")
+    if inter:
+        # the two phases run one after the other: host or clock drift between them lands in the ratio above; in
+        # turns it hits both alike
+        rows.append((f"block, baseline and swap in turns ({inter['rounds']} rounds) median [min–max]",
+                     _band(inter["baseline_ms"]), _band(inter["swapped_ms"]),
+                     f"{inter['ratio']:.2f}x" + (" (within noise)" if inter["verdict"] == "within noise" else "")))
+    rows += [
+        ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
+        ("profiler overhead", _overhead(b), _overhead(s) if s else "", ""),
+    ]
+    return rows
+
+
+def _compile_cell(sec: dict) -> str:
+    c = sec.get("compile")
+    return f"{c['first_call_s']:.2f} s, {c['recompiles']} recompile(s)" if c else ""
+
+
+def _compile_rows(report: dict) -> list[Row]:
+    b, s = report["baseline"], report["swapped"]
+    if not (b.get("compile") or (s and s.get("compile"))):
+        return []
+    return [("compile: first call (tracing + codegen), recompiles", _compile_cell(b),
+             _compile_cell(s) if s else "", "")]
+
+
+def _graph_cell(sec: dict, g: dict | None) -> str:
+    return _band(g) if g else "n/a (" + sec.get("graph_note", "") + ")"
+
+
+def _host_cell(sec: dict, g: dict | None) -> str:
+    if not g:
+        return ""
+    d = sec["block_ms"]["median"] - g["median"]
+    # a GPU-bound block: replays and eager calls differ only by run-to-run (clock) noise, either sign
+    return _ms(d) + (" (≤ 0: GPU-bound, noise)" if d <= 0 else "")
+
+
+def _graph_rows(report: dict) -> list[Row]:
+    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
+    gb, gs = b.get("graph_block_ms"), (s.get("graph_block_ms") if s else None)
+    if not (gb or gs):
+        return []
+    return [("block (CUDA graph replay) median [min–max]", _graph_cell(b, gb),
+             _graph_cell(s, gs) if s else "",
+             _judged(s, gb["median"], gs["median"], nz.get("graph")) if gb and gs else ""),
+            ("host overhead per call (eager − replay)", _host_cell(b, gb), _host_cell(s, gs) if s else "", "")]
+
+
+def _rank_cell(r: dict) -> str:
+    return f"{_ms(r['block_ms']['median'])} (comm {_ms(r['split_ms'].get('communication', 0.0))})"
+
+
+def _sp_rows(report: dict) -> list[Row]:
+    """Sequence parallel runs: the slowest rank, the max over ranks and each rank's block time."""
+    b, s, sp = report["baseline"], report["swapped"], report.get("sp")
+    if not sp:
+        return []
+    rows = [(f"sequence parallel: Ulysses over {sp['degree']} ranks ({sp['process_group_backend']})",
+             f"slowest: rank {b['rank']}", f"slowest: rank {s['rank']}" if s else "", ""),
+            ("block, max over ranks per call: median [min–max]", _band(b["block_ms_max_over_ranks"]),
+             _band(s["block_ms_max_over_ranks"]) if s else "", "")]
+    for i, rb in enumerate(b["ranks"]):
+        rs = s["ranks"][i] if s else None
+        rows.append((f"rank {rb['rank']}: block median (communication)", _rank_cell(rb),
+                     _rank_cell(rs) if rs else "", ""))
+    return rows
+
+
+def _split_rows(report: dict) -> list[Row]:
+    """Per-category op time, its total, the attention share and peak memory."""
+    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
+    kind = "GPU kernel time" if b["split_mode"] == "cuda" else "CPU op self time"
+    rows = []
+    for cat in REPORTED_CATEGORIES:
+        vb, vs = b["split_ms"].get(cat), (s["split_ms"].get(cat) if s else None)
+        if vb is None and vs is None:
+            continue  # communication: only where there is some (--sp runs); fused: compiled runs only
+        vb, vs = vb or 0.0, vs or 0.0
+        rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "",
+                     _judged(s, vb, vs, nz.get("block")) if s else ""))
+    rows.append((f"split total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "",
+                 _judged(s, b["split_total_ms"], s["split_total_ms"], nz.get("block")) if s else ""))
+    rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
+    rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "",
+                 ""))
+    return rows
+
+
+def _check_rows(report: dict) -> list[Row]:
+    """The gathered SP output's check and the swapped output vs the baseline's."""
+    sp, acc = report.get("sp"), report["accuracy"]
+    rows = []
+    if sp:
+        def chk(label):
+            c = sp["check"].get(label)
+            return f"{c['block_output_rel_rms']:.2e} " + ("ok" if c["passed"] else "FAILED") if c else ""
+
+        tol = next(iter(sp["check"].values()))["tolerance"] if sp["check"] else float("nan")
+        rows.append((f"gathered SP output vs single device: rel-RMS (tol {tol:.0e})", chk("baseline"),
+                     chk("swapped"), ""))
+    if acc:
+        rows.append(("output vs baseline: rel-RMS / cosine", "",
+                     f"{acc['block_output_rel_rms']:.2e} / {acc['block_output_cosine']:.5f}", ""))
+    return rows
+
+
+def _model_rows(report: dict) -> list[Row]:
+    """The whole model's time, the noise warning and Amdahl's prediction against the measured block."""
+    b, s, ex, nz = report["baseline"], report["swapped"], report["extrapolation"], report.get("noise") or {}
+    scope = f"{ex['n_blocks']} blocks" + (f" × {ex['steps']} steps" if ex["steps"] > 1 else "") + \
+        (" × 2 CFG" if ex["cfg"] else "")
+    rows = [(f"model time ({scope})", _band(ex["baseline_band_ms"]),
+             _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
+             _judged(s, ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
+             if ex["speedup"] else "")]
+    if nz.get("warning"):
+        rows.append(("timing noise", nz["warning"], "", ""))
+    if ex.get("amdahl_predicted_speedup") and not nz.get("numerics_only"):
+        rows.append((f"Amdahl: share {_pct(b['attention_share'])} × attention {ex['attention_speedup']:.2f}x",
+                     "", _ms(ex["amdahl_predicted_swapped_block_ms"]) + " / block predicted",
+                     _x(ex["amdahl_predicted_speedup"]) + " predicted"))
+        rows.append(("measured swapped block", "", _ms(ex["measured_swapped_block_ms"]), _x(ex["speedup"])))
+    return rows
+
+
+def summary_rows(report: dict) -> list[Row]:
+    """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
+    return (_block_rows(report) + _compile_rows(report) + _graph_rows(report) + _sp_rows(report)
+            + _split_rows(report) + _check_rows(report) + _model_rows(report))
+
+
+def model_line(report: dict) -> str:
+    m = report["model"]
+    tok = f"{m['tokens']} tokens" + (f" + {m['text_tokens']} text" if m.get("text_tokens") else "")
+    if m.get("layout"):  # one sequence of several modalities: say how it splits
+        tok = m["layout"]
+    return (f"{m.get('preset') or m.get('checkpoint')} · {m['family']} block {m['block_index']}/{m['n_blocks']} "
+            f"({m.get('kind') or 'main'}) · {m['heads']}×{m['head_dim']} heads · {tok} · "
+            f"{m['block_params'] / 1e6:.1f} M params ({fmt_bytes(m['block_bytes'])}) · {m.get('dtype')}")
+
+
+def env_line(report: dict) -> str:
+    e = report["environment"]
+    where = e.get("gpu") or f"CPU ({e.get('cpu')}, {e.get('torch_threads')} threads)"
+    return (f"torch {e['torch']} · CUDA {e.get('cuda') or '-'} · cuDNN {e.get('cudnn') or '-'} · {where} · "
+            f"cutlass-dsl {e.get('nvidia_cutlass_dsl') or '-'}")
+
+
+def print_summary(report: dict, out_dir: str, console: Console | None = None) -> None:
+    console = console or Console()
+    if not console.is_terminal and console.width < 120:
+        console = Console(width=120)
+    title = "ditprof compare" if report["swapped"] else "ditprof profile"
+    table = Table(title=f"{title}: {model_line(report)}", caption=env_line(report), title_justify="left",
+                  caption_justify="left")
+    table.add_column("metric")
+    table.add_column("baseline" if report["swapped"] else "measured", justify="right")
+    if report["swapped"]:
+        table.add_column("swapped", justify="right")
+        table.add_column("change", justify="right")
+    for metric, b, s, c in summary_rows(report):
+        table.add_row(metric, b, s, c) if report["swapped"] else table.add_row(metric, b)
+    console.print(table)
+    top = Table(title="heaviest ops (per block call)", title_justify="left")
+    top.add_column("run")
+    top.add_column("op")
+    top.add_column("category")
+    top.add_column("time", justify="right")
+    for sec in (report["baseline"], report["swapped"]):
+        if sec:
+            for row in sec["top_ops"][:5]:
+                top.add_row(sec["label"], row["op"], row["category"], _ms(row["ms"]))
+    console.print(top)
+    if report.get("swap_skipped"):
+        console.print(f"swap not run: {report['swap_skipped']}")
+    console.print(f"outputs: {out_dir}")
+
+
+COMPILED_NOTE = (
+    "- Compiled (`--compile`, torch.compile fullgraph): the compile line is the first call's wall time (tracing, "
+    "code generation, kernel compiles; the inductor cache can shorten it) and the graphs compiled after it; "
+    "warm-up ran until a call compiled nothing. Inside the compiled graph the attention is found by its op "
+    "(SDPA, `ditprof::fp8_attention`, `ditprof_compile::opaque_attention`), an inductor kernel by the aten ops it "
+    "is named after: one category, that category; several (a norm with its modulation, a GEMM epilogue), "
+    "`fused`. The compiled runtime's host time (guards, wrappers) is in the block time, not in the split.")
+
+
+def markdown(report: dict) -> str:
+    m, st = report["model"], report["settings"]
+    lines = [f"# ditprof {report['command']} — {m.get('preset') or m.get('checkpoint')}", "",
+             f"Created {report['created']}.", "",
+             f"**Model:** {model_line(report)}", "",
+             f"**Environment:** {env_line(report)}", "",
+             f"**Settings:** device {st['device']}, warm-up {st['warmup']}, {st['iters']} timed and "
+             f"{st['iters']} profiled iterations, seed {st['seed']}, {st.get('execution', 'eager')}"
+             + (f", GPU memory budget {fmt_bytes(st['gpu_memory_budget_bytes'])}"
+                if st.get("gpu_memory_budget_bytes") else "") + ".", ""]
+    has_s = report["swapped"] is not None
+    header = "| metric | baseline | swapped | change |" if has_s else "| metric | value |"
+    lines += ["## Summary", "", header, "|---|---:|---:|---:|" if has_s else "|---|---:|"]
+    for metric, b, s, c in summary_rows(report):
+        cells = [metric.strip(), b, s, c] if has_s else [metric.strip(), b]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    if report.get("swap_skipped"):
+        lines += ["", f"**Swap not run:** {report['swap_skipped']}."]
+    elif report["model"].get("attention_mask"):
+        lines += ["", f"**Attention mask:** {report['model']['attention_mask']}."]
+    b = report["baseline"]
+    lines += ["", "## How to read this", "",
+              "- Block time comes from " + ("CUDA events" if b["timing_source"] == "cuda_events" else
+                                            "the host clock") +
+              " around the block call, outside the profiler; the profiled time is the same call under "
+              "torch.profiler, and the difference is the profiler overhead.",
+              "- On a GPU the block is also captured once into a CUDA graph and replayed (CUDA events around each "
+              "replay): no Python, dispatcher or launch cost, what a served model with CUDA graphs sees. Eager "
+              "minus replay is the host overhead per call; when it is large (small blocks) the eager block time "
+              "measures the host, and the replay line is the one that shows what the attention swap buys. "
+              "The replay's output is checked against the eager output.",
+              *([INTERLEAVED_NOTE] if report.get("interleaved") else []),
+              "- The split assigns " + ("every GPU kernel to the op that launched it" if b["split_mode"] == "cuda"
+                                        else "each aten op's self time on the host") +
+              "; everything inside the `ditprof::attention` range (the attention call, for baseline and swap "
+              "alike) is attention. The split total can differ from the block time (gaps, launch overhead). "
+              "It averages the profiled calls, leaving out any call slower than 1.5x the median call "
+              f"(baseline: {b['split_iterations_used']} of {b['split_iterations']} used).",
+              *([COMPILED_NOTE] if b.get("compile") else []),
+              "- Extrapolation multiplies the block time by the number of blocks"
+              " (× steps × 2 with CFG); the Amdahl prediction uses the baseline attention share and the "
+              "attention-only speedup.", ""]
+    sp = report.get("sp")
+    if sp:
+        lines[-1:] = [
+            f"- Sequence parallel (Ulysses, {sp['degree']} ranks, {sp['process_group_backend']}): each rank runs "
+            f"the block on {sp['tokens_per_rank']} tokens; self-attention regroups q/k/v to all tokens × "
+            f"{sp['heads_per_rank']} heads with an all-to-all and back; cross-attention: "
+            f"{sp['cross_attention_note']}. `communication` is the all-to-alls (collective, layout copies and "
+            "waiting for peers). The columns show the slowest rank (largest median block time), which the "
+            "extrapolation uses; every rank's numbers are under `ranks` in report.json, one trace per rank "
+            "(`rank<r>.<run>.trace.json.gz`), and `tb/baseline/`, `tb/swapped/` are one HTA job each.", ""]
+    lines += [
+              "## Files", ""]
+    lines += [f"- `{f}`" for f in report["files"]]
+    lines += ["", "Open the `.trace.json.gz` files in https://ui.perfetto.dev or chrome://tracing; point "
+              "TensorBoard (torch-tb-profiler: `tensorboard --logdir tb`, one run per measurement) at `tb/`, and "
+              "HolisticTraceAnalysis at one run's folder (`TraceAnalysis(trace_dir=\"tb/baseline\")`; an `--sp` "
+              "run's folder holds one trace per rank).", ""]
+    lines += fp8_launch_lines(report)
+    for sec in (report["baseline"], report["swapped"]):
+        if not sec:
+            continue
+        lines += [f"## Heaviest ops — {sec['label']} ({sec['attention_backend']})", "", "| op | category | ms |",
+                  "|---|---|---:|"]
+        lines += [f"| `{r['op']}` | {r['category']} | {r['ms']:.4f} |" for r in sec["top_ops"]]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,325 @@
+"""CLI: ``ditprof validate`` (N chained blocks vs N x one block, whole-step estimate) and
+``ditprof accuracy-table`` (swap accuracy per family across token counts)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import sys
+from typing import Any
+
+from ditprof.errors import DitprofError
+
+ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
+CPU_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "qwen-image", "flux.1-dev", "hunyuan-video", "ltx-video",
+                        "cogvideox-5b")
+# hunyuan-video-1.5's mask masks positions: the fp8 backends take it as per-batch key subsets
+CUDA_ACCURACY_PRESETS = CPU_ACCURACY_PRESETS + ("flux.2-dev", "ltx-2", "hunyuan-video-1.5")
+CUDA_ACCURACY_TOKENS = (1024, 4096, 16384)
+CPU_ACCURACY_TOKENS = (256, 1024)
+
+
+def _console(json_out: bool):
+    from rich.console import Console
+
+    console = Console(stderr=json_out)
+    if not console.is_terminal and console.width < 120:
+        console = Console(stderr=json_out, width=120)
+    return console
+
+
+# --------------------------------------------------------------------------- validate
+
+def cmd_validate(args) -> int:
+    from ditprof.harness.run import atomic
+    from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
+    from ditprof.harness.run.compile_mode import check_args as compile_mode_of
+    from ditprof.harness.run.runner import resolve_device
+    from ditprof.harness.validate.report import summary_table, to_json, write
+    from ditprof.harness.validate.run import ValidateSpec, validate
+
+    compile_as = compile_mode_of(args)
+    device = resolve_device(args.device)
+    source, source_kind = source_of(args, device)
+    check_size(args)
+    check_counts(args, ("tokens", "height", "width", "frames", "blocks", "steps", "iters", "chain_iters"))
+    check_gpu_memory(args)
+    if source_kind == "preset":
+        from ditprof.model_blocks import get_preset
+
+        get_preset(source)
+    out = default_out(args.out, source, prefix="validate-")
+    atomic.check_writable(out)
+    from ditprof.harness.swaps import backends
+
+    spec = ValidateSpec(
+        source=source, source_kind=source_kind, kind=args.kind, blocks=args.blocks,
+        attention=args.attention or backends.DEFAULT_BASELINE, device=device, tokens=args.tokens,
+        height=args.height, width=args.width, frames=args.frames, gpu_memory=args.gpu_memory, steps=args.steps,
+        cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
+        seed=args.seed, whole_step=not args.no_whole_step,
+        stream=True if args.stream else None, compile=compile_as,
+    )
+    console = _console(args.json)
+    rep = validate(spec, console)
+    write(rep, out)
+    if args.json:
+        sys.stdout.write(to_json(rep))
+    else:
+        console.print(summary_table(rep))
+        console.print(f"wrote {out}/validate.json and validate.md")
+    return 0
+
+
+# --------------------------------------------------------------------------- accuracy table
+
+def _parse_list(text: str | None, what: str, conv=str) -> list:
+    if text is None:
+        return []
+    try:
+        items = [conv(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DitprofError(f"--{what} must be a comma-separated list, got {text!r}") from None
+    if not items:
+        raise DitprofError(f"--{what} is empty")
+    return items
+
+
+def _block_output(lb, inputs, swap) -> tuple[Any, Any]:
+    """(the block output on the host, the swap's installation) with ``swap`` in the block."""
+    with swap.applied(lb.module) as inst:
+        out = inputs.run(lb.module).detach().to("cpu", copy=True)
+    return out, inst
+
+
+def _preset_rows(preset, tokens: list[int], base, sw: list, device, seed: int, qk_outliers: bool,
+                 progress, task) -> list[dict[str, Any]]:
+    """The rows of one preset: each token count, each swap backend vs the baseline on the same inputs."""
+    from ditprof.harness.report.document import accuracy
+    from ditprof.harness.swaps.attention import AttentionSwap
+    from ditprof.model_blocks import get_family, make_inputs
+    from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
+
+    fam = get_family(preset.family)
+    if progress:
+        progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
+    lb = synthetic_block(preset, 0, device=device, seed=seed)
+    heads, head_dim = lb.heads, lb.head_dim
+    outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
+    rows: list[dict[str, Any]] = []
+    for t in tokens:
+        if progress:
+            progress.update(task, description=f"accuracy table: {preset.name}, {t} tokens")
+        common = dict(preset=preset.name, family=fam.name, kind=lb.kind, heads=heads, head_dim=head_dim,
+                      tokens=t, baseline=base.name, qk_outlier_norms=len(outliers))
+        try:
+            inputs = make_inputs(lb, tokens=t, seed=seed, device=device)
+        except DitprofError as exc:
+            rows += [{**common, "backend": s.name, "status": "skipped", "reason": str(exc)} for s in sw]
+            if progress:
+                progress.advance(task)
+            continue
+        ref, _ = _block_output(lb, inputs, AttentionSwap(base, uses_dispatcher=fam.uses_dispatcher))
+        for s in sw:
+            out, inst = _block_output(lb, inputs, AttentionSwap(s, uses_dispatcher=fam.uses_dispatcher))
+            acc = accuracy(ref, out)
+            rows.append({**common, "backend": s.name, "status": "ok", "route": inst.state.route,
+                         "text_tokens": inputs.text_tokens,
+                         "rel_rms": acc["block_output_rel_rms"], "cosine": acc["block_output_cosine"],
+                         "max_abs_diff": acc["block_output_max_abs_diff"], "finite": acc["finite"]})
+            del out
+        del inputs, ref
+        if progress:
+            progress.advance(task)
+    return rows
+
+
+def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, swaps: list[str], *,
+                   baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False) -> dict:
+    """Block-output rel-RMS and cosine of each swap backend vs the baseline on the same inputs.
+
+    One row per (preset, token count, backend). A token count a family cannot take is recorded as a row
+    with its reason, and the run goes on. ``qk_outliers``: the synthetic QK-norm weights get a few large channels
+    per head (``synthetic.qk_outlier_norms``), as trained DiTs have.
+    """
+    from contextlib import nullcontext
+
+    import torch
+
+    from ditprof.progress import make_progress
+    from ditprof.harness.run.environment import environment
+    from ditprof.harness.swaps import backends
+    from ditprof.model_blocks import get_preset
+
+    base = backends.resolve(baseline, device)
+    sw = [backends.resolve(s, device) for s in swaps]
+    for t in tokens:
+        if t < 1:
+            raise DitprofError(f"--tokens must be positive (got {t})")
+    resolved = [get_preset(p) for p in presets]
+    rows: list[dict[str, Any]] = []
+    prog = make_progress(console) if console is not None else nullcontext()
+    with prog as progress, torch.inference_mode():
+        task = progress.add_task("accuracy table", total=len(resolved) * len(tokens)) if progress else None
+        for preset in resolved:
+            rows += _preset_rows(preset, tokens, base, sw, device, seed, qk_outliers, progress, task)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return {
+        "schema": ACCURACY_SCHEMA,
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "device": str(device),
+        "baseline": base.name,
+        "backends": [s.name for s in sw],
+        "presets": presets,
+        "tokens": tokens,
+        "weights": f"synthetic block 0 of each preset (seed {seed}), bf16, generated on {device.type}"
+                   + ("; QK-norm weights with 4 channels per head x 20 (--qk-outliers)" if qk_outliers else ""),
+        "qk_outliers": qk_outliers,
+        "inputs": "make_inputs(seed) at each token count; the same inputs for baseline and swap",
+        "metric": "block output of the swap vs the baseline: rel-RMS = ||swap - base|| / ||base||, cosine",
+        "rows": rows,
+        "environment": environment(device),
+    }
+
+
+def accuracy_markdown(rep: dict) -> str:
+    env = rep["environment"]
+    where = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('torch_threads')} threads)"
+    lines = [
+        f"Swap accuracy: block output vs `{rep['baseline']}` on the same inputs — {rep['device']}, {where}, "
+        f"torch {env['torch']}, {rep['created']}",
+        "",
+        "| family | preset | heads × dim | tokens | backend | rel-RMS | cosine |",
+        "|---|---|---|---:|---|---:|---:|",
+    ]
+    for r in rep["rows"]:
+        if r["status"] == "ok":
+            lines.append(f"| {r['family']} | {r['preset']} ({r['kind']}) | {r['heads']} × {r['head_dim']} | "
+                         f"{r['tokens']} | {r['backend']} | {r['rel_rms']:.2e} | {r['cosine']:.6f} |")
+        else:
+            lines.append(f"| {r['family']} | {r['preset']} ({r['kind']}) | {r['heads']} × {r['head_dim']} | "
+                         f"{r['tokens']} | {r['backend']} | {r['status']}: {r['reason']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_rich(rep: dict):
+    from rich.table import Table
+
+    t = Table(title=f"swap accuracy vs {rep['baseline']} ({rep['device']}): block output on the same inputs",
+              title_justify="left")
+    for c, j in (("family", "left"), ("preset", "left"), ("heads x dim", "right"), ("tokens", "right"),
+                 ("backend", "left"), ("rel-RMS", "right"), ("cosine", "right")):
+        t.add_column(c, justify=j)
+    for r in rep["rows"]:
+        hd = f"{r['heads']} x {r['head_dim']}"
+        if r["status"] == "ok":
+            t.add_row(r["family"], r["preset"], hd, str(r["tokens"]), r["backend"], f"{r['rel_rms']:.2e}",
+                      f"{r['cosine']:.6f}")
+        else:
+            t.add_row(r["family"], r["preset"], hd, str(r["tokens"]), r["backend"], f"[yellow]{r['status']}[/]",
+                      r["reason"][:60])
+    return t
+
+
+def cmd_accuracy_table(args) -> int:
+    from ditprof.harness.run import atomic
+    from ditprof.harness.swaps import backends
+    from ditprof.harness.run.runner import resolve_device
+
+    device = resolve_device(args.device)
+    presets = _parse_list(args.presets, "presets") or list(
+        CUDA_ACCURACY_PRESETS if device.type == "cuda" else CPU_ACCURACY_PRESETS)
+    tokens = _parse_list(args.tokens, "tokens", int) or list(
+        CUDA_ACCURACY_TOKENS if device.type == "cuda" else CPU_ACCURACY_TOKENS)
+    if args.backends:
+        swaps = _parse_list(args.backends, "backends")
+    else:
+        swaps = ["fp8-emulated"]
+        if device.type == "cuda" and backends.availability("fp8", device)[0]:
+            swaps.append("fp8")
+    from ditprof.harness.cli.args import default_out
+
+    out = default_out(args.out, "accuracy-table")
+    atomic.check_writable(out)
+    console = _console(args.json)
+    rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed, console=console,
+                         qk_outliers=args.qk_outliers)
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / "accuracy-table.md", accuracy_markdown(rep))
+        atomic.write_text(stage / "accuracy-table.json", json.dumps(rep, indent=2, default=_json_default) + "\n")
+    if args.json:
+        sys.stdout.write(json.dumps(rep, indent=2, default=_json_default) + "\n")
+    else:
+        console.print(accuracy_rich(rep))
+        console.print(f"wrote {out}/accuracy-table.json and accuracy-table.md")
+    return 0
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+# --------------------------------------------------------------------------- registration
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "validate", help="run N distinct blocks chained and compare with N x one block",
+        description="Chain N distinct blocks (own weights each), time the chain with CUDA events (host clock on "
+                    "CPU) and compare with the one-block extrapolation N x block time; also the whole-step "
+                    "estimate (blocks + the model's non-block modules).")
+    src = p.add_argument_group("what to run")
+    src.add_argument("--preset", help="built-in preset (default h3 on CUDA, h3-mini on CPU); distinct synthetic "
+                                      "weights per block, generated on the device")
+    src.add_argument("--checkpoint", metavar="DIR_OR_REPO", help="diffusers folder or HF repo id: real shards")
+    src.add_argument("--kind", default=None, help=argparse.SUPPRESS)
+    src.add_argument("--blocks", type=int, metavar="N",
+                     help="blocks to chain (default: all the model's on CUDA, 4 on CPU)")
+    src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
+    run = p.add_argument_group("inputs and device")
+    run.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
+    run.add_argument("--tokens", type=int, metavar="N",
+                     help="video/image tokens; MiniMax-H3: packed rows, split into text, audio and video "
+                          "(default: the preset's)")
+    run.add_argument("--height", type=int, metavar="H")
+    run.add_argument("--width", type=int, metavar="W")
+    run.add_argument("--frames", type=int, metavar="F")
+    run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
+                     help="device memory budget, e.g. 16GiB: blocks that do not fit are streamed from host memory")
+    run.add_argument("--stream", action="store_true", help="stream blocks from host memory even if they fit")
+    from ditprof.harness.cli.commands import add_compile_flag
+
+    add_compile_flag(run)
+    run.add_argument("--seed", type=int, default=0, help="weight and input seed (default 0)")
+    run.add_argument("--warmup", type=int, metavar="N", help="one-block warm-up calls (default 2 CUDA, 1 CPU)")
+    run.add_argument("--iters", type=int, metavar="N", help="timed one-block calls (default 10 CUDA, 5 CPU)")
+    run.add_argument("--chain-iters", dest="chain_iters", type=int, metavar="N",
+                     help="timed chain passes (default 3)")
+    ws = p.add_argument_group("whole step")
+    ws.add_argument("--steps", type=int, metavar="S", help="denoising steps (per-video estimate)")
+    ws.add_argument("--cfg", action="store_true", help="classifier-free guidance (2 passes per step)")
+    ws.add_argument("--no-whole-step", dest="no_whole_step", action="store_true",
+                    help="skip measuring the non-block modules")
+    p.add_argument("--out", metavar="DIR", help="output folder (default traces/validate-<source>-<timestamp>/)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.set_defaults(func=cmd_validate)
+
+    a = subparsers.add_parser(
+        "accuracy-table", help="swap accuracy per family: block-output rel-RMS and cosine vs sdpa",
+        description="For one preset per family, block-output rel-RMS and cosine of fp8-emulated (and fp8 on "
+                    "CUDA) vs the baseline on the same inputs, across token counts; writes a table and JSON.")
+    a.add_argument("--presets", help=f"comma list (default: {','.join(CUDA_ACCURACY_PRESETS)})")
+    a.add_argument("--tokens", help="comma list of token counts (default: 1024,4096,16384 on CUDA; 256,1024 on CPU)")
+    a.add_argument("--backends", help="comma list of swap backends (default: fp8-emulated, + fp8 on CUDA)")
+    a.add_argument("--baseline", default="sdpa", help="reference backend (default sdpa)")
+    a.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--qk-outliers", dest="qk_outliers", action="store_true",
+                   help="give the synthetic QK-norm weights 4 channels per head x 20, as trained DiTs have")
+    a.add_argument("--out", metavar="DIR", help="output folder (default traces/accuracy-table-<timestamp>/)")
+    a.add_argument("--json", action="store_true", help="print the JSON on stdout")
+    a.set_defaults(func=cmd_accuracy_table)

@@ -1,0 +1,131 @@
+"""``validate``'s outputs: the summary table, validate.md and validate.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ditprof.harness.run import atomic
+from ditprof.harness.run.memory import fmt_bytes
+
+SCHEMA = "ditprof.validate/1"
+
+
+def _ms(x: float) -> str:
+    return f"{x:,.1f} ms" if x >= 100 else f"{x:,.3f} ms"
+
+
+def summary_table(rep: dict):
+    from rich.table import Table
+
+    m = rep["model"]
+    src = m["preset"] or m["checkpoint"]
+    t = Table(title=f"validate: {src}, {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks, "
+                    f"{m['tokens']} tokens, {rep['attention_backend']}, {rep['settings']['device']} "
+                    f"({rep['timing_source'].replace('_', ' ')})", title_justify="left")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("note")
+    one, ch = rep["one_block_ms"], rep["chain_ms"]
+    t.add_row("one block", _ms(one["median"]), f"median of {len(one['samples'])}, "
+              f"{_ms(one['min'])} - {_ms(one['max'])}")
+    t.add_row(f"{rep['blocks']} x one block", _ms(rep["extrapolated_ms"]), "extrapolation")
+    t.add_row(f"{rep['blocks']} blocks chained", _ms(ch["median"]),
+              f"median of {len(ch['samples'])} passes; {rep['timed']}")
+    pb = rep["chain_per_block_ms"]
+    t.add_row("per block in the chain", _ms(pb["median"]), f"{_ms(pb['min'])} - {_ms(pb['max'])}")
+    err = rep["error_pct"]
+    colour = "green" if rep["within_goal"] else "yellow"
+    t.add_row("extrapolation error", f"[{colour}]{err:+.2f} %[/]", f"goal |error| <= {rep['goal_pct']:.0f} % "
+              f"(H3 x 50 on the H200)")
+    t.add_row("error, best calls", f"{rep['error_best_pct']:+.2f} %", "N x fastest call vs sum of each block's "
+              "fastest call in the chain")
+    t.add_row("mode", rep["mode"], rep["memory"]["note"])
+    t.add_row("execution", rep["settings"].get("execution", "eager"),
+              "every block torch.compiled (fullgraph); the rest of the model runs eager" if rep.get("compile")
+              else "")
+    c = rep.get("compile")
+    if c:
+        t.add_row("compile: first call", f"{c['first_call_s']:.2f} s",
+                  f"{c['recompiles']} recompile(s) (the chain's blocks included), first chain pass "
+                  f"{c['chain_first_pass_s']:.2f} s")
+    t.add_row("weights", fmt_bytes(m["block_bytes"]) + " / block", rep["weights"])
+    if rep["memory"]["peak_allocated_bytes"] is not None:
+        t.add_row("peak device memory", fmt_bytes(rep["memory"]["peak_allocated_bytes"]), "max_memory_allocated")
+    if not rep["output_finite"]:
+        t.add_row("output", "[red]non-finite[/]", "the chain's final hidden states hold inf/NaN")
+    ws = rep.get("whole_step")
+    if ws:
+        ex, fc, rest = ws["extrapolated"], ws["from_chain"], ws["rest"]
+        t.add_section()
+        t.add_row(f"block part ({m['model_n_blocks']} blocks)", _ms(ex["block_part_ms"]),
+                  f"from the chain: {_ms(fc['block_part_ms'])}")
+        t.add_row("rest (non-block modules)", _ms(ex["rest_ms"]),
+                  ", ".join(f"{k} {_ms(v)}" for k, v in rest["parts_ms"].items()))
+        t.add_row("per step", _ms(ex["per_step_ms"]), f"block share {ex['block_share'] * 100:.1f} %; "
+                  f"from the chain: {_ms(fc['per_step_ms'])}")
+        if ex["steps"]:
+            t.add_row(f"per video ({ex['steps']} steps{' x 2 CFG' if ex['cfg'] else ''})",
+                      f"{ex['per_video_ms'] / 1000:,.2f} s",
+                      f"blocks {ex['per_video_block_ms'] / 1000:,.2f} s + rest {ex['per_video_rest_ms'] / 1000:,.2f} s;"
+                      f" from the chain: {fc['per_video_ms'] / 1000:,.2f} s")
+    return t
+
+
+def markdown(rep: dict) -> str:
+    m = rep["model"]
+    one, ch = rep["one_block_ms"], rep["chain_ms"]
+    lines = [
+        f"# ditprof validate: {m['preset'] or m['checkpoint']}",
+        "",
+        f"- {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks ({m['block_class']}), {m['tokens']} tokens, "
+        f"attention `{rep['attention_backend']}`, {rep['settings']['device']}, {rep['timing_source']}",
+        f"- weights: {rep['weights']}; {fmt_bytes(m['block_bytes'])} per block",
+        f"- mode: {rep['mode']} — {rep['memory']['note']}",
+        f"- execution: {rep['settings'].get('execution', 'eager')}" + (
+            f"; compile: first call {rep['compile']['first_call_s']:.2f} s, {rep['compile']['recompiles']} "
+            f"recompile(s)" if rep.get("compile") else ""),
+        "",
+        "| quantity | ms |",
+        "|---|---:|",
+        f"| one block (median; min–max) | {one['median']:.3f} ({one['min']:.3f}–{one['max']:.3f}) |",
+        f"| {rep['blocks']} × one block (extrapolation) | {rep['extrapolated_ms']:.3f} |",
+        f"| {rep['blocks']} blocks chained (median; min–max) | {ch['median']:.3f} ({ch['min']:.3f}–{ch['max']:.3f}) |",
+        f"| **error** | **{rep['error_pct']:+.2f} %** (goal ±{rep['goal_pct']:.0f} %) |",
+        f"| error, best calls | {rep['error_best_pct']:+.2f} % |",
+    ]
+    ws = rep.get("whole_step")
+    if ws:
+        ex, fc = ws["extrapolated"], ws["from_chain"]
+        lines += [
+            "",
+            "## Whole denoising step",
+            "",
+            "| part | extrapolated (ms) | from the chain (ms) |",
+            "|---|---:|---:|",
+            f"| blocks ({m['model_n_blocks']}) | {ex['block_part_ms']:.3f} | {fc['block_part_ms']:.3f} |",
+            f"| rest (non-block modules) | {ex['rest_ms']:.3f} | {fc['rest_ms']:.3f} |",
+            f"| per step | {ex['per_step_ms']:.3f} | {fc['per_step_ms']:.3f} |",
+        ]
+        if ex["steps"]:
+            lines.append(f"| per video ({ex['passes']} passes) | {ex['per_video_ms']:.1f} | {fc['per_video_ms']:.1f} |")
+        lines += ["", "Rest by module: " + ", ".join(f"`{k}` {v:.3f} ms" for k, v in ws["rest"]["parts_ms"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rep: dict) -> str:
+    def default(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        return str(o)
+
+    return json.dumps(rep, indent=2, default=default) + "\n"
+
+
+def write(rep: dict, out: Path) -> Path:
+    out = atomic.check_writable(out)
+    with atomic.staged_dir(out) as stage:
+        atomic.write_text(stage / "validate.md", markdown(rep))
+        atomic.write_text(stage / "validate.json", to_json(rep))
+    return out
