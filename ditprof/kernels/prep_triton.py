@@ -851,7 +851,6 @@ class PrepPlan:
     def __init__(self, q, k, v, smooth_k: bool, *, quant_block=None, quant_warps=None, stats_chunk=None,
                  stats_r=None, stats_warps=None, fast_div=None, key_lens: bool = False, qk_int8: bool = False,
                  skip_q: bool = False, config=None):
-        # config: the PrepConfig (the prep's branch reads it; the shipped defaults here)
         # skip_q (INT8 Q/K only): no Q programs, q8 and q_scales are not written -- for a kernel that rotates and
         # quantizes Q itself (fp8-sm90's q_rot build)
         quant_block = quant_block or QUANT_BLOCK
