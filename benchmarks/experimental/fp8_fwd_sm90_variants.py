@@ -117,7 +117,7 @@ from ditprof.kernels.fp8_fwd_sm90 import set_accumulate, store_o_row, tma_views
 from ditprof.kernels.key_order import key_order_for_positions
 # the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
 # this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
-from ditprof.kernels.launch import LAUNCH_INFO, tvm_ffi_launch_enabled
+from ditprof.kernels.kernel_args import LAUNCH_INFO, tvm_ffi_launch_enabled
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
