@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _remove_empty_output_parents() -> None:
     """Folders made on the way to an output folder by a run that did not finish (the default ``traces/``)."""
-    atomic = sys.modules.get("ditprof.harness.atomic")  # only if a command got as far as importing it
+    atomic = sys.modules.get("ditprof.harness.run.atomic")  # only if a command got as far as importing it
     if atomic is not None:
         atomic.remove_created_left_empty()
 

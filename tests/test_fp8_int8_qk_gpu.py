@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 
+from ditprof.kernels.fp8_config import Fp8Options
 from fp8_gpu_cases import poisoned_outputs, rel_rms
 
 pytestmark = pytest.mark.gpu
@@ -39,20 +40,20 @@ def test_int8_qk_meets_the_accuracy_goals(kernel, kind):
     _cuda(kernel)
     from ditprof.kernels.accuracy import make_inputs
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
-    from ditprof.kernels.interface import fp8_attention_kernel
+    from ditprof.kernels.interface import fp8_attention
     from ditprof.kernels.reference import attention_reference
 
     B, H, S, D = 1, 4, 4096, 128
     q, k, v = make_inputs(kind, (B, H, S, D), seed=5, device="cuda")
     ref = attention_reference(q, k, v)
     with poisoned_outputs(((B, S, H, D), q.dtype)) as hits:
-        o = fp8_attention_kernel(q, k, v, kernel=kernel, qk_format="int8")
+        o = fp8_attention(q, k, v, options=Fp8Options(kernel=kernel, qk_format="int8"))
         torch.cuda.synchronize()
     assert hits["n"] >= 1 and torch.isfinite(o).all(), "output not fully written"
     err = rel_rms(o, ref)
     model = fp8_attention_emulated(q, k, v, qk_format="int8")
     model_gap = rel_rms(o, model)
-    e4m3 = rel_rms(fp8_attention_kernel(q, k, v, kernel=kernel, qk_format="e4m3"), ref)
+    e4m3 = rel_rms(fp8_attention(q, k, v, options=Fp8Options(kernel=kernel, qk_format="e4m3")), ref)
     print(f"{kernel} {kind}: int8 {err:.3%} (model {rel_rms(model, ref):.3%}, kernel vs model {model_gap:.3%}), "
           f"e4m3 {e4m3:.3%}")
     assert err <= GOALS[kind], (kind, err)
@@ -68,7 +69,7 @@ def test_int8_qk_meets_the_accuracy_goals(kernel, kind):
 def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D):
     _cuda(kernel)
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
-    from ditprof.kernels.interface import fp8_attention_kernel
+    from ditprof.kernels.launch_record import fp8_call
     from ditprof.kernels.reference import attention_reference
 
     B, H, Sq, Sk = 3, 2, 333, 517
@@ -76,11 +77,11 @@ def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D):
     q, k, v = (torch.randn((B, s, H, D), generator=g, device="cuda").to(torch.bfloat16) for s in (Sq, Sk, Sk))
     lengths = [517, 301, 7]
     lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    scale = 1.0 / math.sqrt(D)
     with poisoned_outputs(((B, Sq, H, D), q.dtype), ((B, H, Sq), torch.float32)) as hits:
-        o, lse = fp8_attention_kernel(q, k, v, kernel=kernel, key_lens=lens, return_lse=True, qk_format="int8")
+        o, lse = fp8_call(q, k, v, scale, lens, return_lse=True, options=Fp8Options(kernel=kernel, qk_format="int8"))
         torch.cuda.synchronize()
     assert hits["n"] >= 2
-    scale = 1.0 / math.sqrt(D)
     for b, n in enumerate(lengths):
         assert torch.isfinite(o[b]).all() and torch.isfinite(lse[b]).all(), f"item {b}: not fully written"
         ref, ref_lse = attention_reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], scale=scale,
@@ -102,19 +103,20 @@ def test_int8_qk_key_lens_lse_and_odd_lengths(kernel, D):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_int8_qk_through_the_op(kernel, monkeypatch):
     _cuda(kernel)
-    monkeypatch.setenv("DITPROF_FP8_KERNEL", kernel)
-    monkeypatch.setenv("DITPROF_FP8_QK", "int8")
-    from ditprof.kernels import op  # noqa: F401 -- registers torch.ops.ditprof.fp8_attention
+    monkeypatch.setenv("DITPROF_FP8_QK", "int8")  # the process's Q/K format; the call names only its kernel
     from ditprof.kernels.accuracy import make_inputs
-    from ditprof.kernels.launch import finish_finite_checks, record_for
+    from ditprof.kernels.finite_checks import finish_finite_checks
+    from ditprof.kernels.launch_record import record_for
+    from ditprof.kernels.op import options_key  # importing op registers torch.ops.ditprof.fp8_attention
     from ditprof.kernels.reference import attention_reference
 
     q, k, v = make_inputs("outlier", (2, 4, 1000, 128), seed=9, device="cuda")
     keep = torch.rand(2, 1000, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3)) < 0.7
-    o = torch.ops.ditprof.fp8_attention(q, k, v, 0.1, None)
-    om = torch.ops.ditprof.fp8_attention(q, k, v, 0.1, keep)
+    forced = Fp8Options(kernel=kernel)
+    o = torch.ops.ditprof.fp8_attention(q, k, v, 0.1, None, options_key(forced))
+    om = torch.ops.ditprof.fp8_attention(q, k, v, 0.1, keep, options_key(forced))
     finish_finite_checks()
-    assert record_for(q, k, v, False).spec.qk_int8
+    assert record_for(q, k, v, False, forced).spec.qk_int8
     assert rel_rms(o, attention_reference(q, k, v, scale=0.1)) <= GOALS["outlier"]
     for b in range(2):
         idx = keep[b].nonzero().flatten()
@@ -125,5 +127,5 @@ def test_int8_qk_through_the_op(kernel, monkeypatch):
     from ditprof.errors import DitprofError
 
     with pytest.raises(DitprofError, match="q contains NaN or Inf"):
-        torch.ops.ditprof.fp8_attention(bad, k, v, 0.1, None)
+        torch.ops.ditprof.fp8_attention(bad, k, v, 0.1, None, options_key(forced))
         finish_finite_checks()

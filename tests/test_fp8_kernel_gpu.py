@@ -8,35 +8,28 @@ import torch
 
 from ditprof.errors import DitprofError
 
+from ditprof.kernels.fp8_config import Fp8Options
 from fp8_gpu_cases import GAUSSIAN_REL_RMS, IDS, SHAPES, biased_v_inputs
 from fp8_gpu_cases import gaussian_inputs as _inputs
+from fp8_gpu_cases import poisoned_outputs
 from fp8_gpu_cases import rel_rms as _rel_rms
 
-
-@pytest.fixture(autouse=True)
-def _force_mma_sync_kernel(monkeypatch):
-    """These tests pin the mma.sync kernel (fp8-sm120), whose numerics the 32-key-strip emulation mirrors.
-    On Hopper ``auto`` would pick the wgmma kernel (its own tests: test_fp8_sm90_gpu.py)."""
-    monkeypatch.setenv("DITPROF_FP8_KERNEL", "fp8-sm120")
+# These tests pin the mma.sync kernel (fp8-sm120), whose numerics the 32-key-strip emulation mirrors. On Hopper
+# ``auto`` would pick the wgmma kernel (its own tests: test_fp8_sm90_gpu.py).
+SM120 = Fp8Options(kernel="fp8-sm120")
 
 
-def _run_poisoned(q, k, v, layout="BSHD", scale=None, smooth_k=True):
-    """Prep + kernel into NaN-filled o and LSE buffers, in the process's Q/K format (what ``fp8_attention`` runs);
-    returns (o, lse, prep)."""
-    from ditprof.kernels.interface import launch_prepared
-    from ditprof.kernels.prep import fp8_prepare
-    from ditprof.kernels.qk_format import qk_format
+def _run_poisoned(q, k, v):
+    """Prep + kernel (the launch record) into NaN-filled o and LSE allocations, in the process's Q/K format (what
+    ``fp8_attention`` runs); returns (o, lse)."""
+    from ditprof.kernels.launch_record import fp8_call
 
-    prep = fp8_prepare(q, k, v, smooth_k=smooth_k, layout=layout, qk_int8=qk_format(head_dim=q.shape[-1]) == "int8")
-    B, H, _, D = prep.q8.shape
-    Sq = prep.sq
-    shape = (B, Sq, H, D) if layout == "BSHD" else (B, H, Sq, D)
-    o = torch.full(shape, float("nan"), dtype=q.dtype, device=q.device)
-    lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    launch_prepared(prep, o, layout, scale, lse)
-    torch.cuda.synchronize()
-    return o, lse, prep
+    B, Sq, H, D = q.shape
+    with poisoned_outputs(((B, Sq, H, D), q.dtype), ((B, H, Sq), torch.float32)) as hits:
+        o, lse = fp8_call(q, k, v, 1.0 / math.sqrt(D), return_lse=True, options=SM120)
+        torch.cuda.synchronize()
+    assert hits["n"] >= 2, "the output allocations were not poisoned (update fp8_gpu_cases.poisoned_outputs)"
+    return o, lse
 
 
 @pytest.mark.gpu
@@ -48,7 +41,7 @@ def test_kernel_vs_float64_and_emulation(shape):
 
     B, H, Sq, Sk, D = shape
     q, k, v = _inputs(B, H, Sq, Sk, D)
-    o, lse, _ = _run_poisoned(q, k, v)
+    o, lse = _run_poisoned(q, k, v)
     assert torch.isfinite(o).all(), "output not fully written (NaN poison left) or non-finite"
     assert torch.isfinite(lse).all(), "LSE not fully written"
 
@@ -58,7 +51,7 @@ def test_kernel_vs_float64_and_emulation(shape):
     assert err <= GAUSSIAN_REL_RMS, err
 
     # the public entry point gives the same bits as the poisoned launch, and the LSE of the original scores
-    o2, lse2 = fp8_attention(q, k, v, return_lse=True)
+    o2, lse2 = fp8_attention(q, k, v, return_lse=True, options=SM120)
     assert torch.equal(o2, o), "two runs differ (non-deterministic)"
     lse_err = (lse2.double() - ref_lse).abs().max().item()
     print(f"{shape}: LSE max-abs vs float64 {lse_err:.3e}")
@@ -75,8 +68,8 @@ def test_kernel_vs_float64_and_emulation(shape):
 @pytest.mark.gpu
 def test_determinism_two_runs():
     q, k, v = _inputs(1, 4, 1000, 1000, 128, seed=1)
-    o1, l1, _ = _run_poisoned(q, k, v)
-    o2, l2, _ = _run_poisoned(q, k, v)
+    o1, l1 = _run_poisoned(q, k, v)
+    o2, l2 = _run_poisoned(q, k, v)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
@@ -89,11 +82,12 @@ def test_layouts_dtypes(layout, dtype):
     q, k, v = _inputs(1, 2, 300, 200, 128, dtype=dtype, seed=2)
     ref = attention_reference(q, k, v, scale=0.1)
     if layout == "BHSD":
-        o = fp8_attention(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), layout="BHSD", scale=0.1)
+        o = fp8_attention(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), layout="BHSD", scale=0.1,
+                          options=SM120)
         assert o.shape == (1, 2, 300, 128)
         o = o.transpose(1, 2)
     else:
-        o = fp8_attention(q, k, v, scale=0.1)
+        o = fp8_attention(q, k, v, scale=0.1, options=SM120)
     assert o.dtype == dtype
     assert _rel_rms(o, ref) <= GAUSSIAN_REL_RMS
 
@@ -106,7 +100,7 @@ def test_head_dim_and_smoothing(D, smooth_k):
     from ditprof.kernels.reference import attention_reference
 
     q, k, v = _inputs(2, 3, 200, 150, D, seed=5)
-    o, lse = fp8_attention(q, k, v, return_lse=True, smooth_k=smooth_k)
+    o, lse = fp8_attention(q, k, v, return_lse=True, options=Fp8Options(kernel="fp8-sm120", smooth_k=smooth_k))
     ref, ref_lse = attention_reference(q, k, v, return_lse=True)
     emu, emu_lse = fp8_attention_emulated(q, k, v, smooth_k=smooth_k, return_lse=True)
     print(f"\nD={D} smooth_k={smooth_k}: rel-RMS vs float64 {_rel_rms(o, ref):.4%}, vs emulation {_rel_rms(o, emu):.4%}")
@@ -118,14 +112,14 @@ def test_head_dim_and_smoothing(D, smooth_k):
 
 @pytest.mark.gpu
 def test_compile_cache_second_call_compiles_nothing():
-    from ditprof.kernels import interface, launch
+    from ditprof.kernels import interface
 
     q, k, v = _inputs(1, 2, 130, 70, 128, seed=3)
-    interface.fp8_attention(q, k, v)
-    before = launch.COMPILE_STATS["compiles"]
+    interface.fp8_attention(q, k, v, options=SM120)
+    before = interface.COMPILE_STATS["compiles"]
     q2, k2, v2 = _inputs(2, 3, 257, 33, 128, seed=4)
-    interface.fp8_attention(q2, k2, v2)
-    assert launch.COMPILE_STATS["compiles"] == before
+    interface.fp8_attention(q2, k2, v2, options=SM120)
+    assert interface.COMPILE_STATS["compiles"] == before
 
 
 @pytest.mark.gpu
@@ -144,8 +138,8 @@ def test_bad_inputs_gpu():
     bad = q.clone()
     bad[0, 0, 0, 0] = float("nan")
     with pytest.raises(DitprofError, match="^q contains NaN or Inf$"):
-        fp8_attention(bad, k, v)  # no sync per call: raised by a later call or here at the latest
-        from ditprof.kernels.launch import finish_finite_checks
+        fp8_attention(bad, k, v, options=SM120)  # no sync per call: raised by a later call or here at the latest
+        from ditprof.kernels.interface import finish_finite_checks
 
         finish_finite_checks()
 
@@ -167,7 +161,7 @@ def test_long_keys_biased_v():
     from ditprof.kernels.reference import attention_reference
 
     q, k, v = biased_v_inputs(1, 2, 512, 32768, 128)
-    o, lse, _ = _run_poisoned(q, k, v)
+    o, lse = _run_poisoned(q, k, v)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     err = _rel_rms(o, attention_reference(q, k, v))
     assert err < 1e-2, err

@@ -1,6 +1,6 @@
 """Key-padding masks in the FP8 kernels on a GPU, both kernels (``fp8-sm120``, emulated on Hopper, and ``fp8-sm90``):
 
-- per-batch key counts read on the device (``fp8_attention_kernel(..., key_lens=)``): batch item b attends to its
+- per-batch key counts read on the device (``launch_record.fp8_call(..., key_lens)``): batch item b attends to its
   first ``key_lens[b]`` keys, the keys after them are ordinary random data that must be ignored;
 - the op with a bool ``key_mask`` that is not a prefix (a random subset of keys per batch item);
 - a CUDA graph captured once and replayed after the lengths changed in place (they are read on the device).
@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 
+from ditprof.kernels.fp8_config import Fp8Options
 from fp8_gpu_cases import GAUSSIAN_REL_RMS, gaussian_inputs, poisoned_outputs, rel_rms
 
 pytestmark = pytest.mark.gpu
@@ -80,7 +81,7 @@ def _check_items(o, q, k, v, keys_of, scale, lengths_note, lse=None):
 @pytest.mark.parametrize("case", ["fixed", "random"])
 def test_key_lens_vs_float64(kernel, D, case):
     _cuda(kernel)
-    from ditprof.kernels.interface import fp8_attention_kernel
+    from ditprof.kernels.launch_record import fp8_call
 
     seed = {"fixed": 11, "random": 12}[case] + D
     q, k, v = gaussian_inputs(B, H, SQ, SK, D, seed=seed)
@@ -94,7 +95,7 @@ def test_key_lens_vs_float64(kernel, D, case):
     scale = 1.0 / math.sqrt(D)
     return_lse = case == "fixed"  # fp8-sm120 is compiled with and without its LSE store: both variants
     with poisoned_outputs(((B, SQ, H, D), q.dtype), ((B, H, SQ), torch.float32)) as hits:
-        res = fp8_attention_kernel(q, k, v, scale=None, kernel=kernel, key_lens=lens, return_lse=return_lse)
+        res = fp8_call(q, k, v, scale, lens, return_lse=return_lse, options=Fp8Options(kernel=kernel))
         torch.cuda.synchronize()
     o, lse = res if return_lse else (res, None)
     assert hits["n"] >= 1, "the output allocation was not poisoned (update fp8_gpu_cases.poisoned_outputs)"
@@ -107,23 +108,24 @@ def test_key_lens_vs_float64(kernel, D, case):
 def test_key_lens_zero_and_over_length(kernel):
     """An item with no key does not hang or disturb the others (its rows may be NaN); a length over Sk is Sk."""
     _cuda(kernel)
-    from ditprof.kernels.interface import fp8_attention_kernel
+    from ditprof.kernels.launch_record import fp8_call
 
     q, k, v = gaussian_inputs(B, H, SQ, SK, 128, seed=21)
     lengths = [0, SK + 1000, 33]
     with poisoned_outputs(((B, SQ, H, 128), q.dtype)):
-        o = fp8_attention_kernel(q, k, v, kernel=kernel, key_lens=torch.tensor(lengths, dtype=torch.int32,
-                                                                                device="cuda"))
+        o = fp8_call(q, k, v, 1.0 / math.sqrt(128), torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+                     options=Fp8Options(kernel=kernel))
         torch.cuda.synchronize()
     _check_items(o, q, k, v, lambda b: torch.arange(min(max(lengths[b], 0), SK), device="cuda"),
                  1.0 / math.sqrt(128), f"{kernel}, lengths {lengths}")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_op_non_prefix_key_mask_vs_float64(kernel, monkeypatch):
+def test_op_non_prefix_key_mask_vs_float64(kernel):
     _cuda(kernel)
-    monkeypatch.setenv("DITPROF_FP8_KERNEL", kernel)  # the op picks its kernel by arch unless forced
-    from ditprof.kernels import op  # noqa: F401 -- registers torch.ops.ditprof.fp8_attention
+    from ditprof.kernels.op import options_key  # importing op registers torch.ops.ditprof.fp8_attention
+
+    forced = options_key(Fp8Options(kernel=kernel))  # the op picks its kernel by arch unless forced
 
     q, k, v = gaussian_inputs(B, H, SQ, SK, 128, seed=31)
     g = torch.Generator(device="cuda").manual_seed(32)
@@ -132,28 +134,29 @@ def test_op_non_prefix_key_mask_vs_float64(kernel, monkeypatch):
     keep[:, 0] = False  # not a prefix, whatever the draw
     scale = 0.1
     with poisoned_outputs(((B, SQ, H, 128), q.dtype)) as hits:
-        o = torch.ops.ditprof.fp8_attention(q, k, v, scale, keep)
+        o = torch.ops.ditprof.fp8_attention(q, k, v, scale, keep, forced)
         torch.cuda.synchronize()
     assert hits["n"] >= 1, "the output allocation was not poisoned (update fp8_gpu_cases.poisoned_outputs)"
     _check_items(o, q, k, v, lambda b: keep[b].nonzero().flatten(), scale, f"{kernel}, mask (op)")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_key_lens_read_on_the_device_in_a_cuda_graph(kernel, monkeypatch):
+def test_key_lens_read_on_the_device_in_a_cuda_graph(kernel):
     """Captured once; the mask changes in place between replays and each replay follows it (nothing about the
     key counts is baked into the graph). The static output is poisoned before each replay."""
     _cuda(kernel)
-    monkeypatch.setenv("DITPROF_FP8_KERNEL", kernel)
-    from ditprof.kernels import op  # noqa: F401
+    from ditprof.kernels.op import options_key
+
+    forced = options_key(Fp8Options(kernel=kernel))
 
     q, k, v = gaussian_inputs(B, H, SQ, SK, 128, seed=41)
     keep = torch.arange(SK, device="cuda")[None, :] < torch.tensor(LENGTHS, device="cuda")[:, None]
     scale = 1.0 / math.sqrt(128)
-    torch.ops.ditprof.fp8_attention(q, k, v, scale, keep)  # compile, build the launch record
+    torch.ops.ditprof.fp8_attention(q, k, v, scale, keep, forced)  # compile, build the launch record
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = torch.ops.ditprof.fp8_attention(q, k, v, scale, keep)
+        out = torch.ops.ditprof.fp8_attention(q, k, v, scale, keep, forced)
     for lengths in (LENGTHS, [97, 480, 1], [33, 320, 321]):
         keep.copy_(torch.arange(SK, device="cuda")[None, :] < torch.tensor(lengths, device="cuda")[:, None])
         out.fill_(float("nan"))

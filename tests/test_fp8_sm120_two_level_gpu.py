@@ -8,22 +8,23 @@ and the outputs are compared with float64 and the emulation: biased V over 32768
 import pytest
 import torch
 
+from ditprof.kernels.fp8_config import Fp8Options
 from fp8_gpu_cases import GAUSSIAN_REL_RMS, biased_v_inputs, gaussian_inputs, rel_rms
 
 pytestmark = pytest.mark.gpu
+SM120 = Fp8Options(kernel="fp8-sm120")  # forced on whatever GPU runs the tests
 
 
 @pytest.fixture(autouse=True)
 def _native_schedule(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from ditprof.kernels import fp8_fwd_sm120, launch
+    from ditprof.kernels import fp8_fwd_sm120, launch_record
 
-    monkeypatch.setenv("DITPROF_FP8_KERNEL", "fp8-sm120")
     monkeypatch.setattr(fp8_fwd_sm120, "default_early_v", lambda arch: True)
-    launch.clear_cache()  # compile the forced schedule, not a cached default one
+    launch_record.clear_cache()  # compile the forced schedule, not a cached default one
     yield
-    launch.clear_cache()
+    launch_record.clear_cache()
 
 
 def test_biased_v_long_keys():
@@ -32,7 +33,7 @@ def test_biased_v_long_keys():
     from ditprof.kernels.reference import attention_reference
 
     q, k, v = biased_v_inputs(1, 2, 512, 32768, 128)
-    o = fp8_attention(q, k, v)
+    o = fp8_attention(q, k, v, options=SM120)
     err = rel_rms(o, attention_reference(q, k, v))
     print(f"\nbiased V, 32768 keys: rel-RMS vs float64 {err:.4%}")
     assert err < 1e-2, err
@@ -46,7 +47,7 @@ def test_gaussian_with_lse(D):
     from ditprof.kernels.reference import attention_reference
 
     q, k, v = gaussian_inputs(2, 3, 300, 1000, D, seed=3)  # 1000 keys: the last strip holds 8
-    o, lse = fp8_attention(q, k, v, return_lse=True)
+    o, lse = fp8_attention(q, k, v, return_lse=True, options=SM120)
     ref = attention_reference(q, k, v)
     emu, emu_lse = fp8_attention_emulated(q, k, v, return_lse=True)
     print(f"\nD={D}: rel-RMS vs float64 {rel_rms(o, ref):.4%}, vs emulation {rel_rms(o, emu):.4%}")
@@ -63,7 +64,7 @@ def test_key_mask():
     q, k, v = gaussian_inputs(3, 4, 200, 480, 128, seed=4)
     lengths = [480, 301, 97]  # all keys; a partial last strip; one valid key in the last strip
     key_mask = torch.arange(480, device="cuda")[None, :] < torch.tensor(lengths, device="cuda")[:, None]
-    o = fp8_attention(q, k, v, key_mask=key_mask)
+    o = fp8_attention(q, k, v, key_mask=key_mask, options=SM120)
     emu = fp8_attention_emulated(q, k, v, key_mask=key_mask)
     for b in range(3):
         assert torch.isfinite(o[b]).all(), b

@@ -68,13 +68,16 @@ def _outputs(B, H, sq, D, dtype):
 
 
 def _run_shipped(q, k, v, scale):
-    from ditprof.kernels.launch import DTYPE_NAMES, compiled, launch_compiled, spec_for
+    from ditprof.kernels.compile_cache import DTYPE_NAMES, KernelSpec, compiled
+    from ditprof.kernels.kernel_args import launch_compiled, tvm_ffi_launch_enabled
 
     B, sq, H, D = q.shape
     sk = k.shape[1]
     _, b = _prep(q, k, v, skip_q=False)
     o, lse = _outputs(B, H, sq, D, q.dtype)
-    spec = spec_for("fp8-sm90", "sm_90a", D, DTYPE_NAMES[q.dtype], True, qk_int8=True)
+    # the shipped INT8 build with the prep's Q (fp8-sm90 always writes its LSE and launches through TVM-FFI
+    # where it can)
+    spec = KernelSpec("fp8-sm90", "sm_90a", D, DTYPE_NAMES[q.dtype], True, False, tvm_ffi_launch_enabled(), True)
     launch_compiled(spec, compiled(spec), b["q8"], b["k8"], b["v8t"], b["scales"], b["q_scales"], None, o, lse,
                     B, H, sq, sk, scale, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
@@ -82,7 +85,9 @@ def _run_shipped(q, k, v, scale):
 
 
 def _run_variant(q, k, v, scale, tvm_ffi=None):
-    from ditprof.kernels.launch import DTYPE_NAMES, KernelSpec, compiled, launch_compiled, rotation_t
+    from ditprof.kernels.compile_cache import DTYPE_NAMES, KernelSpec, compiled
+    from ditprof.kernels.kernel_args import launch_compiled
+    from ditprof.kernels.launch_record import rotation_t
 
     B, sq, H, D = q.shape
     sk = k.shape[1]
@@ -134,7 +139,7 @@ def test_qrot_fp16_and_jit_launch(dtype):
 
     q, k, v = _inputs("gaussian", 1, 4, 777, 1500, 128, dtype, seed=7)
     scale = 0.1
-    from ditprof.kernels.launch import tvm_ffi_launch_enabled
+    from ditprof.kernels.kernel_args import tvm_ffi_launch_enabled
 
     for tvm_ffi in (False, True) if tvm_ffi_launch_enabled() else (False,):
         o, lse, _ = _run_variant(q, k, v, scale, tvm_ffi=tvm_ffi)

@@ -8,7 +8,7 @@ import pytest
 
 from ditprof import cli
 from ditprof.errors import DitprofError
-from ditprof.harness import atomic
+from ditprof.harness.run import atomic
 
 
 def test_a_users_report_json_is_refused_before_any_work(tmp_path):

@@ -115,21 +115,9 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from ditprof.kernels.cute_arch import cute_dsl_arch
 from ditprof.kernels.fp8_fwd_sm90 import set_accumulate, store_o_row, tma_views
 from ditprof.kernels.key_order import key_order_for_positions
-
-# how run_sm90 launched last ("tvm_ffi" or "jit") and why TVM-FFI failed, if it did: the JIT path then takes over for
-# the rest of the process
-LAUNCH_INFO: dict = {"tvm_ffi_error": None, "last_launch": None}
-
-
-def tvm_ffi_launch_enabled(requested: bool = True) -> bool:
-    """TVM-FFI launches where ``requested``, apache-tvm-ffi is importable and no TVM-FFI call has failed yet."""
-    if not requested or LAUNCH_INFO["tvm_ffi_error"] is not None:
-        return False
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
+# the shipped launcher's TVM-FFI switch and record: a TVM-FFI failure here turns it off for the shipped launches of
+# this process too (LAUNCH_INFO["tvm_ffi_error"] keeps the reason)
+from ditprof.kernels.kernel_args import LAUNCH_INFO, tvm_ffi_launch_enabled
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
