@@ -37,6 +37,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+QUIET_S = 2.0  # off a terminal, loading and checkpoint writing stay silent when done sooner
+
+
 def progress_console(enabled: bool = True):
     """The console progress of loading and writing goes to: stderr (stdout may carry ``--json``); None: silent."""
     if not enabled:
@@ -46,9 +49,10 @@ def progress_console(enabled: bool = True):
     return Console(stderr=True)
 
 
-def make_progress(console, unit: str | None = None) -> Any:
+def make_progress(console, unit: str | None = None, quiet_s: float = 0.0) -> Any:
     """A ``rich.progress.Progress`` (transient) on a terminal, else a ``LineProgress`` with the same methods
-    (silent for ``console=None``). ``unit="bytes"``: the bar counts bytes."""
+    (silent for ``console=None``). ``unit="bytes"``: the bar counts bytes. ``quiet_s``: off a terminal, a task
+    prints nothing until it has run that long (a step that is usually quick stays silent when it is)."""
     if console is not None and console.is_terminal:
         from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn,
                                    TextColumn, TimeElapsedColumn, TimeRemainingColumn)
@@ -57,15 +61,16 @@ def make_progress(console, unit: str | None = None) -> Any:
                                                                                   TimeElapsedColumn())
         return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), *count, console=console,
                         transient=True)
-    return LineProgress(console)
+    return LineProgress(console, quiet_s=quiet_s)
 
 
 class LineProgress:
     """The subset of rich's Progress the commands use, as plain lines. ``add_task(..., unit="bytes")`` counts in
     bytes; ``start=`` dates a task from an earlier moment (a phase whose first report comes at its end)."""
 
-    def __init__(self, console, clock=time.monotonic, heartbeat: bool = True):
+    def __init__(self, console, clock=time.monotonic, heartbeat: bool = True, quiet_s: float = 0.0):
         self.console, self.clock = console, clock
+        self.quiet_s = quiet_s
         self.t0 = clock()
         self.tasks: dict[int, dict] = {}
         self._lock = threading.Lock()
@@ -102,6 +107,8 @@ class LineProgress:
 
     def _line(self, task: dict, force: bool) -> None:
         now = self.clock()
+        if now - task["start"] < self.quiet_s:
+            return
         if not force and now - task["printed"] < EVERY_S:
             return
         task["printed"] = now

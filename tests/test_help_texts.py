@@ -23,3 +23,18 @@ def test_kernels_accuracy_help_names_the_families_it_runs():
     shapes = _help("kernels", "accuracy")
     for device in ("cpu", "cuda"):
         assert f"{','.join(map(str, accuracy.DEFAULT_SHAPE[device]))} on {device}" in shapes
+
+
+def test_backends_says_no_for_cuda_without_cuda():
+    import torch
+
+    from ditprof.harness.swaps import backends
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("this machine has CUDA")
+    for name in ("sdpa", "fp8-emulated", "sdpa-math"):
+        ok, reason = backends.availability(name, "cuda")
+        assert not ok and "CUDA is not available" in reason
+    assert backends.availability("sdpa", "cpu")[0]

@@ -110,3 +110,23 @@ def test_bytes_unit_lines():
     clock.t += 12
     prog.advance(t, 2**30)
     assert buf.getvalue().splitlines()[-1] == "[  12.0 s] writing flux checkpoint 1 GiB/3 GiB, ETA 24.0 s"
+
+
+def test_quiet_task_prints_nothing_when_quick_and_beats_when_slow():
+    lines = []
+
+    class Sink:
+        def print(self, text, **_):
+            lines.append(text)
+
+    now = [0.0]
+    p = P.LineProgress(Sink(), clock=lambda: now[0], heartbeat=False, quiet_s=2.0)
+    quick = p.add_task("quick step", total=3)
+    now[0] = 1.0
+    p.update(quick, completed=3)
+    assert lines == []
+    slow = p.add_task("slow step", total=4)
+    now[0] = 1.0 + P.EVERY_S + 0.5
+    p.update(slow, completed=1)
+    p.tick()
+    assert lines and all("slow step" in line for line in lines)

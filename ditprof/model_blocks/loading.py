@@ -151,9 +151,9 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda: None
-        from ditprof.progress import make_progress, progress_console
+        from ditprof.progress import QUIET_S, make_progress, progress_console
 
-        self._p = make_progress(progress_console(True))
+        self._p = make_progress(progress_console(True), quiet_s=QUIET_S)
         self._p.__enter__()
         task = self._p.add_task(self.label, total=self.total)
         return lambda: self._p.advance(task)

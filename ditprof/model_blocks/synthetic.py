@@ -200,14 +200,14 @@ def _reason(exc: OSError, folder: Path) -> str:
 
 
 def _write(preset, plan, folder: Path, seed, dtype, digest, blocks, kind, progress) -> None:
-    from ditprof.progress import make_progress, progress_console
+    from ditprof.progress import QUIET_S, make_progress, progress_console
 
     family = get_family(preset.family)
     n = len(plan)
     total_bytes = 0
     weight_map: dict[str, str] = {}
     sizes = sum(_numel(s) for shard in plan for _, s in shard)
-    with make_progress(progress_console(progress), unit="bytes") as bar:
+    with make_progress(progress_console(progress), unit="bytes", quiet_s=QUIET_S) as bar:
         task = bar.add_task(f"writing {preset.name} checkpoint", total=sizes * torch.finfo(dtype).bits // 8,
                             unit="bytes")
         for i, shard in enumerate(plan, start=1):
