@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
-from pathlib import Path
 
 import torch
+
+from fingerprint_io import write_and_compare  # benchmarks/ (the script's own folder)
 
 # (B, Sq, Sk, H, D)
 SHAPES = [(1, 77, 130, 2, 64), (2, 200, 150, 3, 128)]
@@ -91,14 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", default=None, help="a JSON of an earlier run: exit 1 where an output differs")
     args = ap.parse_args(argv)
     out = fingerprints()
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.compare:
-        before = json.loads(Path(args.compare).read_text())
-        diff = [n for n in sorted(set(out) | set(before)) if before.get(n) != out.get(n)]
-        print(f"emulation identical for all {len(out)} cases" if not diff
-              else f"emulation differs: {', '.join(diff)}")
-        return 1 if diff else 0
-    return 0
+    return write_and_compare(out, args.json, args.compare, f"emulation identical for all {len(out)} cases",
+                             "emulation differs")
 
 
 if __name__ == "__main__":

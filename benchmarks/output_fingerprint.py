@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import json
 import sys
-from pathlib import Path
 
 import torch
+
+from fingerprint_io import write_and_compare  # benchmarks/ (the script's own folder)
 
 SHAPES = {"h3": (1, 30272, 56, 128), "flux": (1, 4608, 24, 128), "ltx": (1, 7392, 32, 64), "small": (2, 1000, 4, 128)}
 
@@ -107,13 +107,8 @@ def main(argv=None) -> int:
         out[f"block-{preset}"] = {"sha256": digest(outs[0]), "repeat_same": digest(outs[0]) == digest(outs[1]),
                                   "finite": bool(torch.isfinite(outs[0]).all())}
         print(f"block-{preset:16s} {out[f'block-{preset}']['sha256'][:16]}", flush=True)
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.compare:
-        before = json.loads(Path(args.compare).read_text())
-        diff = [n for n in out if before.get(n, {}).get("sha256") != out[n]["sha256"]]
-        print("outputs identical in every case" if not diff else f"outputs differ: {', '.join(diff)}")
-        return 1 if diff else 0
-    return 0
+    return write_and_compare(out, args.json, args.compare, "outputs identical in every case", "outputs differ",
+                             field=lambda entry: entry.get("sha256"), both_sides=False)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import json
 import re
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
+
+from fingerprint_io import write_and_compare  # benchmarks/ (the script's own folder)
 
 # (name, dtype, head_dim, qk_int8, overrides of the launch configuration): the shipped configuration at both head
 # dims and Q/K formats, plus the INT8 variants a GPU launch picks by grid size (16-row rotated stats tiles, a
@@ -96,13 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", default=None, help="a JSON of an earlier run: exit 1 where a kernel differs")
     args = ap.parse_args(argv)
     out = fingerprints()
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.compare:
-        before = json.loads(Path(args.compare).read_text())
-        diff = [n for n in sorted(set(out) | set(before)) if before.get(n) != out.get(n)]
-        print("prep PTX and SASS identical for every kernel" if not diff else f"prep differs: {', '.join(diff)}")
-        return 1 if diff else 0
-    return 0
+    return write_and_compare(out, args.json, args.compare, "prep PTX and SASS identical for every kernel",
+                             "prep differs")
 
 
 if __name__ == "__main__":

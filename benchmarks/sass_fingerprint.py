@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 import tempfile
 from pathlib import Path
+
+from fingerprint_io import write_and_compare  # benchmarks/ (the script's own folder)
 
 # (kernel, arch, head_dim, qk_format, grid, key_lens, q_in_kernel): the builds the launch paths can pick
 BUILDS = [
@@ -60,13 +61,8 @@ def main(argv=None) -> int:
         out[build_name(b)] = fingerprint(b, Path(args.sass_dir) if args.sass_dir else None)
         print(f"{build_name(b):45s} {out[build_name(b)]['sha256'][:16]}  regs {out[build_name(b)]['registers']}",
               flush=True)
-    Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.compare:
-        before = json.loads(Path(args.compare).read_text())
-        diff = [n for n in out if before.get(n, {}).get("sha256") != out[n]["sha256"]]
-        print("SASS identical for every build" if not diff else f"SASS differs: {', '.join(diff)}")
-        return 1 if diff else 0
-    return 0
+    return write_and_compare(out, args.json, args.compare, "SASS identical for every build", "SASS differs",
+                             field=lambda entry: entry.get("sha256"), both_sides=False)
 
 
 if __name__ == "__main__":
