@@ -36,5 +36,9 @@ def test_backends_says_no_for_cuda_without_cuda():
         pytest.skip("this machine has CUDA")
     for name in ("sdpa", "fp8-emulated", "sdpa-math"):
         ok, reason = backends.availability(name, "cuda")
-        assert not ok and "CUDA is not available" in reason
+        assert not ok and "CUDA is not available" in reason, reason
     assert backends.availability("sdpa", "cpu")[0]
+    from ditprof.kernels import registry
+
+    for name in ("sdpa", "fp8-emulated"):  # the kernels' own list (`ditprof kernels list`) says the same
+        assert not registry.available(name, "cuda")[0]

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ditprof.kernels.registry import LaunchStats, register
+from ditprof.kernels.registry import LaunchStats, anywhere, register
 
 # GPUs our FP8 mma.sync kernel compiles for: native QMMA on sm_89/sm_120/sm_121, emulated (correct) on sm_90.
 FP8_KERNEL_CAPABILITIES = ((8, 9), (9, 0), (12, 0), (12, 1))
@@ -51,10 +51,6 @@ def _needs_cuda(device: torch.device) -> tuple[bool, str]:
     return not reason, reason
 
 
-def _anywhere(_device: torch.device) -> tuple[bool, str]:
-    return True, ""
-
-
 # ------------------------------------------------------------------------------------------ torch SDPA
 
 def _sdpa_bshd(q, k, v, scale, attn_mask=None):
@@ -64,7 +60,7 @@ def _sdpa_bshd(q, k, v, scale, attn_mask=None):
     return o.transpose(1, 2)
 
 
-@register("sdpa", description="torch scaled_dot_product_attention, torch picks the kernel", available=_anywhere)
+@register("sdpa", description="torch scaled_dot_product_attention, torch picks the kernel", available=anywhere)
 def sdpa(q, k, v, *, scale=None, attn_mask=None):
     return _sdpa_bshd(q, k, v, scale, attn_mask)
 
@@ -104,7 +100,7 @@ _forced_sdpa("sdpa-cudnn", "CUDNN_ATTENTION", "torch SDPA forced to cuDNN attent
 _forced_sdpa("sdpa-flash", "FLASH_ATTENTION", "torch SDPA forced to FlashAttention-2", _flash_available)
 _forced_sdpa("sdpa-efficient", "EFFICIENT_ATTENTION", "torch SDPA forced to memory-efficient attention",
              _needs_cuda)
-_forced_sdpa("sdpa-math", "MATH", "torch SDPA forced to the math (unfused) path", _anywhere)
+_forced_sdpa("sdpa-math", "MATH", "torch SDPA forced to the math (unfused) path", anywhere)
 
 
 # ------------------------------------------------------------------------------------------ FA4

@@ -94,7 +94,10 @@ def resolve_device(device: Device = None) -> torch.device:
         raise DitprofError(f"not a torch device: {device!r} ({exc})") from None
 
 
-def _always(_device: torch.device) -> tuple[bool, str]:
+def anywhere(device: torch.device) -> tuple[bool, str]:
+    """A backend that runs wherever torch does: on a CUDA device only where this machine has one."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return False, "CUDA is not available (torch.cuda.is_available() is False)"
     return True, ""
 
 
@@ -107,7 +110,7 @@ def register(name: str, *, description: str = "", available: Optional[Availabili
 
     def decorate(fn: Callable) -> Callable:
         _BACKENDS[name] = Backend(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                  available or _always, numerics_only, qk_format, launch_stats, options)
+                                  available or anywhere, numerics_only, qk_format, launch_stats, options)
         return fn
 
     return decorate
@@ -183,6 +186,7 @@ __all__ = [
     "Backend",
     "LaunchStats",
     "all_backends",
+    "anywhere",
     "available",
     "availability_summary",
     "get",
