@@ -15,6 +15,18 @@ def add_compile_flag(group) -> None:
                             "kernels that fuse ops of several categories (default: eager)")
 
 
+def add_linears_flag(p: argparse.ArgumentParser, compare: bool) -> None:
+    """``--linears GRANULARITY`` (profile, compare): the block's linears in FP8 through torchao."""
+    from ditprof.kernels.fp8_linear import GRANULARITIES, TORCHAO_PIN
+
+    where = "in the swapped run (with its attention backend)" if compare else "in the measured block"
+    p.add_argument_group("linears").add_argument(
+        "--linears", choices=GRANULARITIES, metavar="|".join(GRANULARITIES),
+        help=f"run the block's linears in FP8 {where}: torchao's dynamic float8 ({TORCHAO_PIN}) with rowwise or "
+             f"tensorwise scales on a GPU with FP8 tensor cores (sm_89+), its numerics emulated elsewhere (numerics "
+             f"only); the family keeps its modulation projections in bf16, the report lists every kept linear")
+
+
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (ditprof presets); default h3 on CUDA, h3-mini on CPU")
@@ -33,6 +45,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
                               "sdpa-flash; fp8-emulated on CPU)")
     else:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
+    add_linears_flag(p, compare)
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")
     run.add_argument("--tokens", type=int, metavar="N",

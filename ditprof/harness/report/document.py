@@ -66,7 +66,7 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
     from ditprof.kernels import registry
 
     base, sw = section(baseline), section(swapped)
-    emulated = bool(sw) and registry.is_numerics_only(sw["attention_backend"])
+    emulated = bool(sw) and bool(sw.get("numerics_only") or registry.is_numerics_only(sw["attention_backend"]))
     return {
         "schema": SCHEMA,
         "command": command,

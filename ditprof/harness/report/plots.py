@@ -30,7 +30,7 @@ def _fmt_ms(ms: float) -> str:
 
 def split_figure(runs: list[dict], title: str, unit_note: str = "", note: str = ""):
     """The ``split.png`` figure (tests inspect its artists). ``note``: a line under the title (the speedup)."""
-    labels = [f"{r['label']}\n{r['attention_backend']}" for r in runs]
+    labels = [f"{r['label']}\n{r.get('configuration') or r['attention_backend']}" for r in runs]
     fig, ax = plt.subplots(figsize=(3.2 + 1.6 * len(runs), 4.8), dpi=110)
     bottoms = [0.0] * len(runs)
     for cat in REPORTED_CATEGORIES:
@@ -77,9 +77,9 @@ def speedup_note(report: dict) -> str:
         return ""
     block = nz.get("block") or {}
     if block.get("verdict") == "numerics only":
-        return f"{s['attention_backend']} emulates numerics: its time is not a speed result"
+        return f"{s.get('configuration') or s['attention_backend']} emulates numerics: its time is not a speed result"
     x = b["block_ms"]["median"] / s["block_ms"]["median"]
-    text = f"block {x:.2f}x {'faster' if x >= 1 else 'slower'} with {s['attention_backend']}"
+    text = f"block {x:.2f}x {'faster' if x >= 1 else 'slower'} with {s.get('configuration') or s['attention_backend']}"
     if block.get("verdict") == "within noise":
         text += " (within noise)"
     gb, gs = b.get("graph_block_ms"), s.get("graph_block_ms")

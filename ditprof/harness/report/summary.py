@@ -51,6 +51,30 @@ def backend_cell(report: dict, sec: dict) -> str:
     return f"{name} (Q/K {fmt}{grid})" if fmt else name
 
 
+def linears_cell(sec: dict | None) -> str:
+    """A run's linears: ``bf16``, or the FP8 granularity with how many (and what share of the weights) run in FP8."""
+    lin = (sec or {}).get("linears")
+    if not lin:
+        return "bf16" if sec else ""
+    n, total = len(lin["swapped"]), len(lin["swapped"]) + len(lin["kept"])
+    return (f"fp8 {lin['granularity']}{' (emulated)' if lin['numerics_only'] else ''}: {n} of {total} "
+            f"({lin['swapped_weight_share']:.0%} of linear weights)")
+
+
+def linears_lines(report: dict) -> list[str]:
+    """report.md's FP8 linears section: how they ran, which are in FP8, which stayed bf16 and why (none without)."""
+    out = []
+    for sec in (report["baseline"], report["swapped"]):
+        lin = (sec or {}).get("linears")
+        if not lin:
+            continue
+        out += [f"## FP8 linears — {sec['label']}", "", f"{lin['path']}; {lin['granularity']} scales.", "",
+                f"- in FP8 ({len(lin['swapped'])}): " + (", ".join(f"`{n}`" for n in lin["swapped"]) or "none")]
+        out += [f"- kept bf16: `{n}` — {why}" for n, why in lin["kept"].items()]
+        out.append("")
+    return out
+
+
 def fp8_launch_lines(report: dict) -> list[str]:
     """report.md's table of our FP8 kernel's call configurations per run (none without ``fp8_launches``)."""
     launches = [(sec["label"], la) for sec in (report["baseline"], report["swapped"]) if sec
@@ -105,6 +129,8 @@ def _block_rows(report: dict) -> list[Row]:
     clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
     rows = [
         ("attention backend", backend_cell(report, b), backend_cell(report, s) if s else "", ""),
+        *([("linears", linears_cell(b), linears_cell(s), "")] if any((x or {}).get("linears") for x in (b, s))
+          else []),
         ("execution", execution_of(b), execution_of(s) if s else "", ""),
         (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
          _judged(s, b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
@@ -286,6 +312,13 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
     console.print(top)
     if report.get("swap_skipped"):
         console.print(f"swap not run: {report['swap_skipped']}")
+    for sec in (report["baseline"], report["swapped"]):
+        lin = (sec or {}).get("linears")
+        if lin and lin["kept"]:
+            none = "no linear of this block runs in FP8; " if not lin["swapped"] else ""
+            console.print(f"{none}linears kept bf16 ({sec['label']}): "
+                          + "; ".join(f"{n} ({why})" for n, why in lin["kept"].items()),
+                          highlight=False, soft_wrap=True)
     console.print(f"outputs: {out_dir}")
 
 
@@ -357,11 +390,12 @@ def markdown(report: dict) -> str:
               "TensorBoard (torch-tb-profiler: `tensorboard --logdir tb`, one run per measurement) at `tb/`, and "
               "HolisticTraceAnalysis at one run's folder (`TraceAnalysis(trace_dir=\"tb/baseline\")`; an `--sp` "
               "run's folder holds one trace per rank).", ""]
+    lines += linears_lines(report)
     lines += fp8_launch_lines(report)
     for sec in (report["baseline"], report["swapped"]):
         if not sec:
             continue
-        lines += [f"## Heaviest ops — {sec['label']} ({sec['attention_backend']})", "", "| op | category | ms |",
+        lines += [f"## Heaviest ops — {sec['label']} ({sec.get('configuration') or sec['attention_backend']})", "", "| op | category | ms |",
                   "|---|---|---:|"]
         lines += [f"| `{r['op']}` | {r['category']} | {r['ms']:.4f} |" for r in sec["top_ops"]]
         lines.append("")

@@ -55,6 +55,8 @@ def measure_swapped(block: torch.nn.Module, swaps: Sequence[Swap], call: Callabl
     for inst in installed:
         run.extra.update(inst.record())
     run.extra["swaps"] = [s.describe() for s in swaps]
+    run.extra["configuration"] = swaps_label(swaps)
+    run.extra["numerics_only"] = any(s.numerics_only for s in swaps)
     return run
 
 

@@ -30,6 +30,8 @@ from ditprof.harness.run.session import BackendRun
 from ditprof.harness.swaps import backends
 from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.swaps.base import Swap
+from ditprof.harness.swaps.linears import LinearsSwap
+from ditprof.kernels.fp8_linear import Fp8LinearConfig, fp8_tensor_cores
 from ditprof.harness.swaps.base import label as swaps_label
 from ditprof.kernels.registry import Backend
 
@@ -73,6 +75,7 @@ class RunSpec:
     # compare: rounds of eager block calls with the baseline and the swap taken in turns after both phases
     # (session.time_interleaved); 0: none
     interleave: int = 0
+    linears: str | None = None  # --linears GRANULARITY: the block's linears in FP8 (harness.swaps.linears)
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -121,6 +124,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
     if limit is not None and limit <= 0:
         raise DitprofError(f"--time-limit must be > 0 minutes (got {limit})")
     out = default_out(args.out, source)
+    _check_linears(args, device)
     return RunSpec(
         command=command, source=source, source_kind=source_kind, block=args.block or 0,
         kind=getattr(args, "kind", None), device=device,
@@ -135,7 +139,17 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),
         json_out=bool(getattr(args, "json", False)), compile=compile_as,
         interleave=_interleave_rounds(args, command, device, swap_name, compile_as),
+        linears=getattr(args, "linears", None),
     )
+
+
+def _check_linears(args: Any, device: torch.device) -> None:
+    """``--linears``: a one-line error before any work where it cannot run (no torchao on an FP8 GPU; --sp)."""
+    if not getattr(args, "linears", None):
+        return
+    if getattr(args, "sp", None) is not None:
+        raise DitprofError("--linears with --sp is not supported yet: measure FP8 linears on one GPU")
+    LinearsSwap(Fp8LinearConfig(args.linears), device)
 
 
 def _interleave_rounds(args: Any, command: str, device: torch.device, swap_name: str | None,
@@ -152,7 +166,8 @@ def _interleave_rounds(args: Any, command: str, device: torch.device, swap_name:
         if n:
             raise DitprofError("--interleave takes turns between a baseline and a swap: it is for ditprof compare")
         return 0
-    if compile_as or (swap_name and registry.is_numerics_only(swap_name)):
+    if compile_as or (swap_name and registry.is_numerics_only(swap_name)) or \
+            (getattr(args, "linears", None) and not fp8_tensor_cores(device)):
         return 0
     if n is None:
         return (args.iters if args.iters is not None else 10) if device.type == "cuda" else 0
@@ -175,6 +190,14 @@ def attention_swap(spec: RunSpec, loaded: Any, b: Backend) -> AttentionSwap:
         b = for_compile(b)
     return AttentionSwap(b, uses_dispatcher=getattr(getattr(loaded, "family", None), "uses_dispatcher", None),
                          head_dim=getattr(loaded, "head_dim", None))
+
+
+def linears_swap(spec: RunSpec, loaded: Any) -> list[Swap]:
+    """``--linears``: the block's linears in FP8, the family's modulation projections kept (none without it)."""
+    if not spec.linears:
+        return []
+    family = getattr(loaded, "family", None)
+    return [LinearsSwap(Fp8LinearConfig(spec.linears), spec.device, keep=getattr(family, "fp8_keep_linears", ()))]
 
 
 def _compiler(spec: RunSpec, inputs: Any, label: str, name: str, progress: Progress | None, console: Console,
@@ -260,6 +283,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
     with memory_budget(spec.gpu_memory, spec.device) as budget:
         console.print(f"[bold]ditprof {spec.command}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
                       f"{spec.device}, baseline {base_b.name}" + (f", swap {swap_b.name}" if swap_b else "")
+                      + (f", linears in FP8 ({spec.linears})" if spec.linears else "")
                       + f", {compile_mode.execution(spec.compile)}")
         plan = make_plan(spec)
         plan.note = spec.size_note
@@ -279,13 +303,15 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
         with atomic.staged_dir(out) as stage:
             progress = make_progress(console)
             with progress:
-                base = [attention_swap(spec, loaded, base_b)]
+                linears = linears_swap(spec, loaded)
+                base = [attention_swap(spec, loaded, base_b)] + (linears if spec.command == "profile" else [])
                 base_run = _measure(spec, loaded, inputs, "baseline", base, stage, progress, resident, console)
                 if fail_after == "baseline":
                     raise DitprofError("forced failure after the baseline run (test)")
                 swap_run, inter = None, None
                 skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
-                swapped = ([attention_swap(spec, loaded, swap_b)] if swap_b else []) + list(extra_swaps)
+                swapped = ([attention_swap(spec, loaded, swap_b)] if swap_b else []) + \
+                    (linears if spec.command == "compare" else []) + list(extra_swaps)
                 if swapped and not skipped:
                     swap_run = _measure(spec, loaded, inputs, "swapped", swapped, stage, progress, resident,
                                         console)

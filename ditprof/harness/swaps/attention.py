@@ -45,6 +45,7 @@ class AttentionSwap(Swap):
     def __init__(self, backend: Backend, *, uses_dispatcher: bool | None = None, head_dim: int | None = None):
         self.backend = backend
         self.name = backend.name
+        self.numerics_only = bool(backend.numerics_only)
         self.uses_dispatcher = uses_dispatcher
         self.head_dim = head_dim
 

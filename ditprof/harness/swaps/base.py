@@ -8,7 +8,7 @@
 The measurement (``harness.run.measure``) knows nothing of what a swap does: it installs the list, calls
 ``start_measuring()`` on each installation before the measured calls, and merges their ``record()``\\ s into the
 run's report section. Today's swap is the attention backend (``AttentionSwap``); a swap of the linears to FP8 or
-of a fused attention prologue is one more class with ``install``.
+of a fused attention prologue is one more class with ``install`` (``swaps.linears.LinearsSwap``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Swap:
     ``fp8``); ``describe()``: one line for people; ``install(block)`` changes the block and returns what undoes it."""
 
     name: str = "swap"
+    numerics_only: bool = False  # an emulation: its numbers are the point, its time is not a speed
 
     def describe(self) -> str:
         return self.name

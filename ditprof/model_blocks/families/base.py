@@ -109,6 +109,11 @@ class _Unused(torch.nn.Module):
         return None
 
 
+# why a modulation projection stays bf16 under FP8 linears: it maps the timestep embedding (one row per sample),
+# so FP8 saves nothing, and its output scales and shifts every activation of the block
+MODULATION = "modulation of the timestep embedding (one row per sample: no FP8 gain, it scales every activation)"
+
+
 class BlockFamily:
     """Base adapter. Subclasses fill the class attributes and the input builder."""
 
@@ -122,6 +127,9 @@ class BlockFamily:
     default_size: tuple[int, int, int] = (480, 832, 81)  # (height, width, frames)
     max_axis_tokens: int | None = None  # longest grid axis the model's RoPE table covers
     pipeline_timestep: float = 500.0  # the timestep the pipeline hands the model mid-denoising, in its units
+    # linears that stay bf16 when the block's linears run in FP8: (fnmatch pattern over the block's module names,
+    # why); harness.swaps.linears adds torchao's own limits (sizes, fp32-kept weights)
+    fp8_keep_linears: tuple[tuple[str, str], ...] = ()
 
     # ----- model / block classes -------------------------------------------------------------
     @property

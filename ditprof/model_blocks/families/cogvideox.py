@@ -11,7 +11,7 @@ from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBloc
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 
 def get_resize_crop_region_for_grid(src, tgt_width, tgt_height):
@@ -29,6 +29,7 @@ def get_resize_crop_region_for_grid(src, tgt_width, tgt_height):
 class CogVideoXFamily(BlockFamily):
     name = "cogvideox"
     class_names = ("CogVideoXTransformer3DModel",)
+    fp8_keep_linears = tuple((p, MODULATION) for p in ("norm1.linear", "norm2.linear"))
     kinds = (BlockKind("main", "transformer_blocks", "num_layers"),)
     uses_dispatcher = False
     default_text_tokens = 226  # max_text_seq_length

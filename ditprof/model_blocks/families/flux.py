@@ -10,12 +10,13 @@ from diffusers.models.transformers.transformer_flux import (
     FluxTransformerBlock,
 )
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 
 class FluxFamily(BlockFamily):
     name = "flux"
     class_names = ("FluxTransformer2DModel",)
+    fp8_keep_linears = tuple((p, MODULATION) for p in ("norm1.linear", "norm1_context.linear", "norm.linear"))
     kinds = (
         BlockKind("double", "transformer_blocks", "num_layers"),
         BlockKind("single", "single_transformer_blocks", "num_single_layers"),

@@ -12,12 +12,13 @@ from diffusers.models.transformers.transformer_hunyuan_video import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, shape_only
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, shape_only
 
 
 class HunyuanVideoFamily(BlockFamily):
     name = "hunyuan-video"
     class_names = ("HunyuanVideoTransformer3DModel",)
+    fp8_keep_linears = tuple((p, MODULATION) for p in ("norm1.linear", "norm1_context.linear", "norm.linear"))
     kinds = (
         BlockKind("double", "transformer_blocks", "num_layers"),
         BlockKind("single", "single_transformer_blocks", "num_single_layers"),

@@ -17,7 +17,7 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import (
     HunyuanVideo15TransformerBlock,
 )
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, randn, shape_only
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, randn, shape_only
 
 # HunyuanVideo15Pipeline: tokenizer_max_length, tokenizer_2_max_length, vision_num_semantic_tokens
 PROMPT_ROWS, GLYPH_ROWS, IMAGE_ROWS = 1000, 256, 729
@@ -26,6 +26,7 @@ PROMPT_ROWS, GLYPH_ROWS, IMAGE_ROWS = 1000, 256, 729
 class HunyuanVideo15Family(BlockFamily):
     name = "hunyuan-video-1.5"
     class_names = ("HunyuanVideo15Transformer3DModel",)
+    fp8_keep_linears = tuple((p, MODULATION) for p in ("norm1.linear", "norm1_context.linear"))
     kinds = (BlockKind("main", "transformer_blocks", "num_layers"),)
     default_text_tokens = 128  # valid prompt tokens (the pipeline pads them to 1000 rows)
     vae_stride = (4, 16, 16)

@@ -26,7 +26,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 # The pipeline's geometry constants (its ModularPipeline properties with no VAE loaded).
 VAE_SPATIAL = 16  # MiniMaxH3ModularPipeline.vae_spatial_compression_ratio
@@ -119,6 +119,7 @@ def rows_layout(rows: int, text: int, audio_channels: int = 2, aspect: float = 1
 class MiniMaxH3Family(BlockFamily):
     name = "minimax-h3"
     class_names = ("MiniMaxH3Transformer3DModel",)
+    fp8_keep_linears = tuple((p, MODULATION) for p in ("adaln_proj.linear",))
     kinds = (
         BlockKind("main", "transformer_blocks", "num_layers"),
         BlockKind("refiner", "token_refiner.refiner_blocks", "num_refiner_layers"),

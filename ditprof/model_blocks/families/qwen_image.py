@@ -12,12 +12,13 @@ from diffusers.models.transformers.transformer_qwenimage import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
 
 
 class QwenImageFamily(BlockFamily):
     name = "qwen-image"
     class_names = ("QwenImageTransformer2DModel",)
+    fp8_keep_linears = tuple((p, MODULATION) for p in ("img_mod.1", "txt_mod.1"))
     kinds = (BlockKind("main", "transformer_blocks", "num_layers"),)
     # A single prompt is not padded by the pipeline: its length is the prompt's (Qwen2.5-VL tokens after the
     # template); 128 stands for a typical prompt, --text-tokens style sizes come from the preset.

@@ -1,0 +1,117 @@
+"""``LinearsSwap``: the block's ``nn.Linear``\\ s run in FP8 -- torchao's dynamic float8 on a GPU with FP8 tensor
+cores, its numerics emulated elsewhere (``kernels.fp8_linear``; labelled numerics only, never a silent bf16).
+
+Which linears are swapped is the family's word (``BlockFamily.fp8_keep_linears``: modulation projections of the
+timestep embedding stay bf16) and torchao's (sizes not multiples of 16, weights the model keeps in fp32); every
+kept linear is listed in the report with its reason. Each swapped linear is replaced in its parent by a new module
+built from it; the original modules are put back by ``undo``, untouched.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Sequence
+
+import torch
+
+from ditprof.errors import DitprofError
+from ditprof.harness.swaps.base import Installed, Swap
+from ditprof.kernels import fp8_linear
+from ditprof.kernels.fp8_linear import Fp8LinearConfig
+
+
+class LinearsInstalled(Installed):
+    """The replaced linears of one block: (parent, attribute, original module) each, and the record."""
+
+    def __init__(self, replaced: list[tuple[torch.nn.Module, str, torch.nn.Module]], section: dict):
+        self.replaced = replaced
+        self.section = section
+
+    def undo(self) -> None:
+        for parent, attr, original in reversed(self.replaced):
+            setattr(parent, attr, original)
+        self.replaced = []
+
+    def record(self) -> dict:
+        return {"linears": self.section}
+
+
+def _parent(block: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    owner, _, attr = name.rpartition(".")
+    return (block.get_submodule(owner) if owner else block), attr
+
+
+class LinearsSwap(Swap):
+    """Every linear of the block that may run in FP8 does (``config``: the scale granularity). ``keep``: the
+    family's (pattern over module names, why) pairs for linears that stay bf16; ``device``: where the block runs
+    (FP8 tensor cores: torchao; else the emulation)."""
+
+    def __init__(self, config: Fp8LinearConfig, device: torch.device, *,
+                 keep: Sequence[tuple[str, str]] = ()):
+        self.config = config
+        self.name = config.name
+        self.keep = tuple(keep)
+        self.device = torch.device(device)
+        self.emulated = not fp8_linear.fp8_tensor_cores(self.device)
+        self.numerics_only = self.emulated
+        if not self.emulated and fp8_linear.torchao_version() is None:
+            raise DitprofError(f"--linears {config.granularity} on {self._device_name()} needs "
+                               f"{fp8_linear.TORCHAO_PIN}: pip install 'ditprof[fp8-linears]'")
+
+    def _device_name(self) -> str:
+        if self.device.type != "cuda":
+            return self.device.type
+        major, minor = torch.cuda.get_device_capability(self.device)
+        return f"{torch.cuda.get_device_name(self.device)} (sm_{major}{minor})"
+
+    def path(self) -> str:
+        """How the swapped linears run, as the report says it."""
+        if self.emulated:
+            return (f"emulation of torchao's float8 numerics (numerics only: {self._device_name()} has no FP8 "
+                    f"tensor cores)")
+        return f"torchao {fp8_linear.torchao_version()} Float8DynamicActivationFloat8WeightConfig"
+
+    def describe(self) -> str:
+        return f"linears in FP8, {self.config.granularity} scales ({self.path()})"
+
+    def kept_reason(self, name: str, linear: torch.nn.Linear) -> str | None:
+        for pattern, why in self.keep:
+            if fnmatch.fnmatchcase(name, pattern):
+                return why
+        return fp8_linear.unsupported_reason(linear)
+
+    def _replacement(self, linear: torch.nn.Linear) -> torch.nn.Module:
+        if self.emulated:
+            return fp8_linear.EmulatedFp8Linear(linear, self.config)
+        return fp8_linear.torchao_linear(linear, self.config)
+
+    def install(self, block: torch.nn.Module) -> LinearsInstalled:
+        linears = [(n, m) for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
+        replaced: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+        swapped, kept, params = [], {}, 0
+        installed = LinearsInstalled(replaced, {})
+        try:
+            for name, linear in linears:
+                why = self.kept_reason(name, linear)
+                if why:
+                    kept[name] = why
+                    continue
+                parent, attr = _parent(block, name)
+                new = self._replacement(linear)
+                setattr(parent, attr, new)
+                replaced.append((parent, attr, linear))
+                swapped.append(name)
+                params += linear.weight.numel()
+        except BaseException:
+            installed.undo()
+            raise
+        total = sum(m.weight.numel() for _, m in linears)
+        installed.section = {
+            "config": self.config.name, "granularity": self.config.granularity, "path": self.path(),
+            "numerics_only": self.numerics_only, "swapped": swapped, "kept": kept,
+            "swapped_weight_share": params / total if total else 0.0,
+        }
+        return installed
+
+
+__all__ = ["LinearsInstalled", "LinearsSwap"]
