@@ -1,6 +1,6 @@
 """What the GPU tests of the fp8-sm90 grid variants (persistent, split-KV) share: the sm_90 skip, fresh Gaussian
-inputs and their shared prep, NaN-poisoned outputs, the shipped kernel (``bench_helpers.shipped_spec``) on a prep (optionally on a key slice) and the
-float64 check per batch item. (The experimental ``conftest.py`` puts this folder and ``tests/`` on ``sys.path``.)"""
+inputs and their shared prep, NaN-poisoned outputs, the shipped kernel (``bench_helpers.shipped_spec``) on a prep
+(optionally on a key slice) and the float64 check per batch item. (The experimental ``conftest.py`` puts this folder and ``tests/`` on ``sys.path``.)"""
 
 from __future__ import annotations
 
