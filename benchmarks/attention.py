@@ -229,10 +229,12 @@ def make_entries(q, k, v, scale):
 
     def ours_format(fmt):
         def make():
-            from ditprof.kernels.interface import fp8_attention_kernel
+            from ditprof.kernels.interface import Fp8Options, fp8_attention
+
+            opts = Fp8Options(qk_format=fmt)
 
             def fn():
-                return fp8_attention_kernel(q, k, v, layout="BSHD", scale=scale, qk_format=fmt)
+                return fp8_attention(q, k, v, layout="BSHD", scale=scale, options=opts)
 
             fn()
             return fn
@@ -242,7 +244,8 @@ def make_entries(q, k, v, scale):
     def ours(kernel=None):
         def make():
             try:
-                from ditprof.kernels.interface import fp8_attention, kernel_name_for_arch, arch_for_capability
+                from ditprof.kernels.interface import (Fp8Options, arch_for_capability, fp8_attention,
+                                                       kernel_name_for_arch)
             except Exception as exc:
                 raise Skip(f"ditprof.kernels.interface.fp8_attention not importable ({type(exc).__name__}: {exc})")
             try:
@@ -250,8 +253,10 @@ def make_entries(q, k, v, scale):
             except Exception as exc:
                 raise Skip(str(exc))
 
+            opts = Fp8Options(kernel=kernel or "auto")
+
             def fn():
-                return fp8_attention(q, k, v, layout="BSHD", scale=scale, kernel=kernel)
+                return fp8_attention(q, k, v, layout="BSHD", scale=scale, options=opts)
 
             fn()  # compiles (cached afterwards)
             return fn
@@ -278,10 +283,10 @@ def make_entries(q, k, v, scale):
         "fp8-sm120": (ours("fp8-sm120"), "attention", "ditprof mma.sync kernel (native on sm_89/sm_120, "
                                                        "emulated on sm_90), prep included"),
         "prep-triton-int8": (prep_triton_int8, "prep", "fp8_prepare(qk_int8=True): rotated INT8 Q/K prep"),
-        "fp8-e4m3": (ours_format("e4m3"), "attention", "ditprof kernel by arch, e4m3 Q/K (fp8_attention_kernel), "
-                                                       "prep included"),
+        "fp8-e4m3": (ours_format("e4m3"), "attention", "ditprof kernel by arch, e4m3 Q/K "
+                                                       "(Fp8Options(qk_format='e4m3')), prep included"),
         "fp8-int8": (ours_format("int8"), "attention", "ditprof kernel by arch, rotated INT8 Q/K "
-                                                       "(fp8_attention_kernel), prep included"),
+                                                       "(Fp8Options(qk_format='int8')), prep included"),
     }
 
 

@@ -3,9 +3,9 @@
 Small blocks are host-bound in eager mode (docs/RESULTS.md, "eager vs CUDA-graph replay"). This times, on a tiny
 shape so that the GPU never holds the host back, the host cost of one call of: torch SDPA, our ``fp8_attention``
 through each entry (the op, its Python entry, ``interface.fp8_attention``), the launch record alone, the prep's
-three direct launches alone, the op with a key mask, the general path (prep + ``launch_prepared``) and the op with
-its launches made directly (``DITPROF_FP8_GRAPHS=0``: the rows above replay one CUDA graph per call, the same
-arguments repeating). Then a cProfile of the op.
+three direct launches alone, the op with a key mask, the front door returning the LSE and the op with its launches
+made directly (``Fp8Options(graphs=False)``: the rows above replay one CUDA graph per call, the same arguments
+repeating). Then a cProfile of the op.
 Prints a table, writes JSON (+ the cProfile text) next to it.
 
     python benchmarks/host_overhead.py --json host_overhead.json
@@ -17,7 +17,6 @@ import argparse
 import cProfile
 import datetime as dt
 import io
-import os
 import json
 import platform
 import pstats
@@ -55,10 +54,13 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ditprof.kernels import launch as L
-    from ditprof.kernels.interface import fp8_attention, fp8_attention_kernel, launch_prepared
+    from ditprof.kernels import launch_record as L
+    from ditprof.kernels.finite_checks import finish_finite_checks
+    from ditprof.kernels.fp8_config import Fp8Options
+    from ditprof.kernels.interface import fp8_attention
+    from ditprof.kernels.kernel_args import LAUNCH_INFO
     from ditprof.kernels.op import fp8_attention as op_entry
-    from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.op import options_key
     from ditprof.kernels.qk_format import qk_format
 
     if not torch.cuda.is_available():
@@ -71,19 +73,18 @@ def main() -> int:
     keep = torch.rand(B, S, device="cuda", generator=g) < 0.8
     fp8_attention(q, k, v)  # compile + warm caches
     op_entry(q, k, v, key_mask=keep)
-    prep = fp8_prepare(q, k, v, smooth_k=True, check_finite="defer")
-    prep.check_finite()
+    fp8_attention(q, k, v, return_lse=True)
     out = torch.empty_like(q)
-    L.finish_finite_checks()
+    finish_finite_checks()
 
-    # the launch record and the general path give the same bits (same prep numerics, same cubin)
-    fast, general = L.fp8_attention_cuda(q, k, v, scale), fp8_attention_kernel(q, k, v, scale=scale)
+    # the launch record alone and the front door give the same bits (one record, one cubin)
+    fast, front = L.fp8_call(q, k, v, scale), fp8_attention(q, k, v, scale=scale)
     torch.cuda.synchronize()
     rec = L.record_for(q, k, v, False)
     launch = dict(kernel=rec.spec.kernel, tvm_ffi=rec.spec.tvm_ffi, streamk=rec.streamk,
-                  last_launch=L.LAUNCH_INFO["last_launch"],
+                  last_launch=LAUNCH_INFO["last_launch"],
                   direct_triton=all(s.compiled is not None for s in rec.plan.launches),
-                  workspace_reused=rec.reuse, bitwise_equal=bool(torch.equal(fast, general)),
+                  workspace_reused=rec.reuse, bitwise_equal=bool(torch.equal(fast, front)),
                   finite=bool(torch.isfinite(fast).all()))
     print("launch:", launch, flush=True)
     plan, ws = rec.plan, rec._workspace()
@@ -94,38 +95,31 @@ def main() -> int:
         "torch.ops.ditprof.fp8_attention (the op)": lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None),
         "op.fp8_attention (Python entry)": lambda: op_entry(q, k, v),
         "interface.fp8_attention": lambda: fp8_attention(q, k, v),
-        "launch record alone (no op dispatch)": lambda: L.fp8_attention_cuda(q, k, v, scale),
+        "launch record alone (no op dispatch)": lambda: L.fp8_call(q, k, v, scale),
         f"prep plan: {len(plan.launches)} direct Triton launches": lambda: plan.launch(q, k, v, ws, stream),
         "kernel launch alone (TVM-FFI call, ints)" if rec.streamk is None else
-        "kernel + merge launches alone (stream-K grid)": lambda: rec._launch_kernel(ws, q, out, None, scale, stream),
-        "record lookup (launch.record_for)": lambda: L.record_for(q, k, v, False),
+        "kernel + merge launches alone (stream-K grid)": lambda: rec._launch_kernel(ws, q, out, None, None, scale,
+                                                                                  stream),
+        "record lookup (launch_record.record_for)": lambda: L.record_for(q, k, v, False),
         "output allocation (torch.empty)": lambda: torch.empty(rec.out_shape, dtype=rec.dtype, device=rec.device),
         "the op with a key mask (compaction + key lengths)": lambda: op_entry(q, k, v, key_mask=keep),
-        "general path (fp8_attention_kernel: prep + launch_prepared)":
-            lambda: fp8_attention_kernel(q, k, v, scale=scale),
-        "launch_prepared alone": lambda: launch_prepared(prep, out, "BSHD", scale),
+        "interface.fp8_attention(return_lse=True) (its own record, no op)":
+            lambda: fp8_attention(q, k, v, return_lse=True),
     }
     res = {name: per_call_us(fn, args.calls) for name, fn in rows.items()}
 
-    def op_under(name: str, value: str) -> float:
-        """The op's host cost with an environment setting that is part of the launch record's key (its own
-        record, built by the first call)."""
-        saved = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
-            return per_call_us(lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None), args.calls)
-        finally:
-            if saved is None:
-                os.environ.pop(name)
-            else:
-                os.environ[name] = saved
+    def op_under(options: Fp8Options) -> float:
+        """The op's host cost under ``options`` (part of the launch record's key: its own record, built by the
+        first call)."""
+        key = options_key(options)
+        torch.ops.ditprof.fp8_attention(q, k, v, scale, None, key)
+        return per_call_us(lambda: torch.ops.ditprof.fp8_attention(q, k, v, scale, None, key), args.calls)
 
     # every launch made directly (no graph replay), then the other Q/K format's op
-    res["torch.ops.ditprof.fp8_attention, launched directly (DITPROF_FP8_GRAPHS=0)"] = op_under(
-        "DITPROF_FP8_GRAPHS", "0")
+    res["torch.ops.ditprof.fp8_attention, launched directly (Fp8Options(graphs=False))"] = op_under(
+        Fp8Options(graphs=False))
     other = "e4m3" if qk_format(head_dim=D) == "int8" else "int8"
-    res[f"torch.ops.ditprof.fp8_attention, Q/K {other}"] = op_under("DITPROF_FP8_QK", other)
+    res[f"torch.ops.ditprof.fp8_attention, Q/K {other}"] = op_under(Fp8Options(qk_format=other))
     launch["graphs"] = rec.graphs.summary() if rec.graphs is not None else None
     # what a capture costs once per repeating argument set: a fresh record's second call captures and replays
     L._RECORDS.clear()  # launch records only: the compiled kernels stay cached
@@ -144,7 +138,7 @@ def main() -> int:
     for _ in range(args.calls):
         torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
     prof.disable()
-    L.finish_finite_checks()
+    finish_finite_checks()
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)

@@ -2,7 +2,8 @@
 once and replayed, with the direct launches' bits on fresh data written in place (plain and stream-K grids, INT8
 and e4m3 Q/K, head_dim 128 and 64), every output element written (NaN-poisoned allocations), float64 close; a new
 scale or address is not a replay; NaN written into a replayed input is still reported; the caller's own graph
-capture still works; the profiler still puts the replayed kernels under the attention range.
+capture still works; the profiler still puts the replayed kernels under the attention range. What a call runs is
+the ``Fp8Options`` passed to the op (``graphs=False``: the direct launches).
 
     python -m pytest -q -s -m gpu tests/test_fp8_launch_graphs_gpu.py
 """
@@ -16,6 +17,7 @@ import torch
 from fp8_gpu_cases import gaussian_inputs, poisoned_outputs, rel_rms
 
 import ditprof.kernels.op  # noqa: F401 -- registers torch.ops.ditprof.fp8_attention
+from ditprof.kernels.fp8_config import Fp8Options
 
 pytestmark = pytest.mark.gpu
 
@@ -37,52 +39,52 @@ def _need_cuda():
 
 @pytest.fixture
 def setting(monkeypatch):
-    """Set the SM count, the Q/K format and the graph switch; launch records made under them are dropped after."""
-    from ditprof.kernels import launch
+    """Set the SM count the stream-K plan sees; returns the ``Fp8Options`` of the Q/K format and the graph
+    switch (``graphs=False``: the direct launches). Launch records made meanwhile are dropped after."""
+    from ditprof.kernels import launch_choice, launch_record
+    from ditprof.kernels.finite_checks import finish_finite_checks
 
-    def apply(n_sms=None, fmt=None, graphs=None):
+    def apply(n_sms=None, fmt=None, graphs=True, **fields):
         if n_sms is not None:
-            monkeypatch.setattr(launch, "sm_count", lambda index: n_sms)
-        for name, val in (("DITPROF_FP8_QK", fmt), ("DITPROF_FP8_GRAPHS", graphs)):
-            if val is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, val)
+            monkeypatch.setattr(launch_choice, "sm_count", lambda index: n_sms)
+        return Fp8Options(qk_format=fmt, graphs=graphs, **fields)
 
-    launch._RECORDS.clear()
+    launch_record._RECORDS.clear()
     yield apply
-    launch.finish_finite_checks()
-    launch._RECORDS.clear()
+    finish_finite_checks()
+    launch_record._RECORDS.clear()
 
 
-def _call(q, k, v, scale):
-    return torch.ops.ditprof.fp8_attention(q, k, v, scale, None)
+def _call(q, k, v, scale, options: Fp8Options):
+    from ditprof.kernels.op import options_key
+
+    return torch.ops.ditprof.fp8_attention(q, k, v, scale, None, options_key(options))
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_replays_give_the_direct_launches_bits_on_new_data(case, setting):
     _need_cuda()
-    from ditprof.kernels import launch
+    from ditprof.kernels import launch_record
     from ditprof.kernels.reference import attention_reference
 
     (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
     scale = 1.0 / math.sqrt(D)
     data = [gaussian_inputs(B, H, Sq, Sk, D, seed=900 + 10 * case + i) for i in range(5)]
-    setting(n_sms, fmt, graphs="0")
-    want = [_call(*qkv, scale) for qkv in data]
-    direct = launch.record_for(*data[0], False)
+    no_graphs = setting(n_sms, fmt, graphs=False)
+    want = [_call(*qkv, scale, no_graphs) for qkv in data]
+    direct = launch_record.record_for(*data[0], False, no_graphs)
     assert direct.graphs is None
     if n_sms is not None:
         assert direct.streamk is not None, "the case must run on the stream-K grid"
 
-    setting(n_sms, fmt, graphs=None)
+    opts = setting(n_sms, fmt)
     q, k, v = (torch.empty_like(x) for x in data[0])  # fixed addresses, new data each call
     ptrs = []
     for i, qkv in enumerate(data):
         for dst, src in zip((q, k, v), qkv):
             dst.copy_(src)
         with poisoned_outputs(((B, Sq, H, D), torch.bfloat16)) as hits:
-            o = _call(q, k, v, scale)
+            o = _call(q, k, v, scale, opts)
         torch.cuda.synchronize()
         assert hits["n"] == 1
         assert o.isfinite().all(), f"call {i}: elements left unwritten"
@@ -92,69 +94,70 @@ def test_replays_give_the_direct_launches_bits_on_new_data(case, setting):
             err = rel_rms(o, attention_reference(q, k, v, scale))
             assert err < FLOAT64_REL_RMS, err
         del o
-    rec = launch.record_for(q, k, v, False)
+    rec = launch_record.record_for(q, k, v, False, opts)
     assert rec.graphs is not None
     assert len(set(ptrs)) == 1, "the output's address moved: the test needs it to repeat"
     got = rec.graphs.summary()
     assert (got["direct_calls"], got["captures"], got["replays"], got["capture_failure"]) == (1, 1, 3, None), got
-    assert any(s["graph_replays"] == 3 and s["calls"] == 5 for s in launch.launch_summaries())
+    assert any(s["graph_replays"] == 3 and s["calls"] == 5 for s in launch_record.launch_summaries())
 
 
 def test_a_new_scale_or_address_is_not_a_replay(setting):
     _need_cuda()
-    from ditprof.kernels import launch
+    from ditprof.kernels import launch_record
 
     q, k, v = gaussian_inputs(1, 2, 256, 384, 128, seed=950)
-    setting(graphs="0")
-    want1, want2 = _call(q, k, v, 0.09), _call(q, k, v, 0.05)
+    no_graphs = setting(graphs=False)
+    want1, want2 = _call(q, k, v, 0.09, no_graphs), _call(q, k, v, 0.05, no_graphs)
     q2 = q.clone()
-    setting(graphs=None)
+    opts = setting()
     for _ in range(3):  # direct, capture, replay (each output freed: the next one takes its address)
-        o = _call(q, k, v, 0.09)
+        o = _call(q, k, v, 0.09, opts)
         assert torch.equal(o, want1)
         del o
-    o = _call(q, k, v, 0.05)  # same addresses, another scale
+    o = _call(q, k, v, 0.05, opts)  # same addresses, another scale
     assert torch.equal(o, want2)
     del o
-    o = _call(q2, k, v, 0.09)  # another address, same data
+    o = _call(q2, k, v, 0.09, opts)  # another address, same data
     assert torch.equal(o, want1)
-    got = launch.record_for(q, k, v, False).graphs.summary()
+    got = launch_record.record_for(q, k, v, False, opts).graphs.summary()
     assert (got["captures"], got["replays"], got["direct_calls"]) == (1, 1, 3), got
 
 
 def test_nan_written_into_a_replayed_input_is_reported(setting):
     _need_cuda()
     from ditprof.errors import DitprofError
-    from ditprof.kernels import launch
+    from ditprof.kernels.finite_checks import CHECK_EVERY, RING_DEPTH, finish_finite_checks, pending_queue
+    from ditprof.kernels.launch_record import record_for
 
-    setting(graphs=None)
+    opts = setting()
     q, k, v = gaussian_inputs(1, 2, 256, 256, 128, seed=960)
     for _ in range(4):
-        _call(q, k, v, 0.1)
-    launch.finish_finite_checks()
-    assert launch.record_for(q, k, v, False).graphs.hits >= 2
+        _call(q, k, v, 0.1, opts)
+    finish_finite_checks()
+    assert record_for(q, k, v, False, opts).graphs.hits >= 2
     k[0, 3, 1, 5] = float("nan")
     with pytest.raises(DitprofError, match="^k contains NaN or Inf$"):
-        for _ in range(launch.CHECK_EVERY + 1):
-            _call(q, k, v, 0.1)
-        launch.finish_finite_checks()
-    for _ in range(launch.RING_DEPTH + 1):  # the flagged reads still queued raise too, one per read
+        for _ in range(CHECK_EVERY + 1):
+            _call(q, k, v, 0.1, opts)
+        finish_finite_checks()
+    for _ in range(RING_DEPTH + 1):  # the flagged reads still queued raise too, one per read
         try:
-            launch.finish_finite_checks()
+            finish_finite_checks()
             break
         except DitprofError:
             pass
-    assert not launch.pending_queue()
+    assert not pending_queue()
 
 
 def test_the_callers_own_capture_still_works(setting):
     _need_cuda()
     from ditprof.harness.run import session as S
 
-    setting(graphs=None)
+    opts = setting()
     q, k, v = gaussian_inputs(2, 3, 300, 300, 128, seed=970)
-    eager = [_call(q, k, v, 0.08) for _ in range(3)][-1].cpu()  # the record holds a graph of its own now
-    samples, note, out = S.time_block_graph(lambda: _call(q, k, v, 0.08), torch.device("cuda"), 3)
+    eager = [_call(q, k, v, 0.08, opts) for _ in range(3)][-1].cpu()  # the record holds a graph of its own now
+    samples, note, out = S.time_block_graph(lambda: _call(q, k, v, 0.08, opts), torch.device("cuda"), 3)
     assert samples is not None, note
     assert torch.equal(out, eager)
 
@@ -164,24 +167,24 @@ def test_the_profiler_puts_replayed_kernels_under_attention(setting, tmp_path):
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from ditprof.harness.trace.categories import load_trace, split_trace
-    from ditprof.kernels import launch
+    from ditprof.kernels.launch_record import record_for
 
-    setting(graphs=None)
+    opts = setting()
     q, k, v = gaussian_inputs(1, 4, 1024, 1024, 128, seed=980)
     x = torch.empty_like(q)
     for _ in range(3):  # direct, capture, replay
         torch.mul(q, 1.5, out=x)
-        _call(x, k, v, 0.08)
+        _call(x, k, v, 0.08, opts)
     torch.cuda.synchronize()
-    hits = launch.record_for(q, k, v, False).graphs.hits
+    hits = record_for(q, k, v, False, opts).graphs.hits
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             with record_function("ditprof::block"):
                 torch.mul(q, 1.5, out=x)  # an elementwise kernel beside the attention
                 with record_function("ditprof::attention"):
-                    _call(x, k, v, 0.08)
+                    _call(x, k, v, 0.08, opts)
         torch.cuda.synchronize()
-    assert launch.record_for(q, k, v, False).graphs.hits == hits + 3
+    assert record_for(q, k, v, False, opts).graphs.hits == hits + 3
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
     split = split_trace(load_trace(path), mode="cuda")
@@ -195,16 +198,16 @@ def test_the_prep_branching_v_gives_the_chains_bits(case, setting):
     """``PrepPlan.launch(branch=...)`` (what a captured call does: V's quantize on a side stream beside the Q/K
     one), run directly here: every output byte the one-stream chain's, none left unwritten."""
     _need_cuda()
-    from ditprof.kernels import launch
+    from ditprof.kernels.launch_record import branch_stream, record_for
 
     (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
-    setting(n_sms, fmt)
+    opts = setting(n_sms, fmt)
     q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=990 + case)
-    rec = launch.record_for(q, k, v, False)
+    rec = record_for(q, k, v, False, opts)
     assert len(rec.plan.quants) == 2, "an INT8 plan with V's own quantize launch"
     stream = torch.cuda.current_stream()
     got = {}
-    for name, branch in (("chain", None), ("branch", launch.branch_stream(q.device))):
+    for name, branch in (("chain", None), ("branch", branch_stream(q.device))):
         ws = rec._workspace()
         # with Q in the kernel, q8 is a placeholder and q_scales the shared rotation matrix: not outputs
         outs = [n for n in ("q8", "k8", "v8t", "scales", "q_scales")
@@ -221,25 +224,28 @@ def test_the_prep_branching_v_gives_the_chains_bits(case, setting):
 @pytest.mark.parametrize("case", [0, 2, 4])
 def test_records_without_a_reused_workspace_branch_directly(case, setting, monkeypatch):
     """A problem too large to reuse a workspace (forced here) has no graphs and branches its prep's V quantize on
-    every direct call: the general path's bits (prep + ``launch_prepared``), every output element written."""
+    every direct call: the bits of a record with a reused workspace launched directly (``graphs=False``: the
+    prep in one chain), every output element written."""
     _need_cuda()
-    from ditprof.kernels import launch
-    from ditprof.kernels.interface import fp8_attention_kernel
+    from ditprof.kernels import launch_record
 
     (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
-    setting(n_sms, fmt)
-    monkeypatch.setattr(launch, "WORKSPACE_REUSE_BYTES", 0)
+    opts = setting(n_sms, fmt)
     q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=995 + case)
     scale = 1.0 / math.sqrt(D)
-    want = fp8_attention_kernel(q, k, v, scale=scale)
+    direct = setting(n_sms, fmt, graphs=False)
+    want = _call(q, k, v, scale, direct)
+    assert launch_record.record_for(q, k, v, False, direct).reuse
+    launch_record._RECORDS.clear()  # the records below are built under the forced limit
+    monkeypatch.setattr(launch_record, "WORKSPACE_REUSE_BYTES", 0)
     for _ in range(3):
         with poisoned_outputs(((B, Sq, H, D), torch.bfloat16)):
-            o = _call(q, k, v, scale)
+            o = _call(q, k, v, scale, opts)
         torch.cuda.synchronize()
         assert o.isfinite().all() and torch.equal(o, want)
         del o
-    rec = launch.record_for(q, k, v, False)
-    assert not rec.reuse and rec.graphs is None
+    rec = launch_record.record_for(q, k, v, False, opts)
+    assert not rec.reuse and rec.graphs is None and rec.branch
 
 
 SLEEP_CYCLES = 40_000_000  # ~20 ms at ~2 GHz: far longer than the prep's launches at this size
@@ -254,17 +260,15 @@ def test_a_branched_prep_is_ordered_on_any_stream(on_default_stream, late, setti
     late: a branch that does not wait reads scales not yet written), "branch" (V's codes land late: a kernel that
     does not wait reads the NaN-poisoned V codes). Fresh q/k/v every call; the chain's bits every time."""
     _need_cuda()
-    from ditprof.kernels import launch
+    from ditprof.kernels import launch_record
 
     (B, H, Sq, Sk, D), n_sms, fmt = CASES[0]
-    setting(n_sms, fmt)
-    monkeypatch.setattr(launch, "WORKSPACE_REUSE_BYTES", 0)
+    opts = setting(n_sms, fmt)
+    monkeypatch.setattr(launch_record, "WORKSPACE_REUSE_BYTES", 0)
     base = gaussian_inputs(B, H, Sq, Sk, D, seed=997)
     scale = 1.0 / math.sqrt(D)
-    monkeypatch.setenv("DITPROF_FP8_BRANCH", "0")
-    want = _call(*base, scale)
-    monkeypatch.delenv("DITPROF_FP8_BRANCH")
-    rec = launch.record_for(*base, False)
+    want = _call(*base, scale, setting(n_sms, fmt, branch=False))  # the prep in one chain
+    rec = launch_record.record_for(*base, False, opts)
     assert not rec.reuse and rec.branch and len(rec.plan.quants) == 2
     stream = torch.cuda.current_stream() if on_default_stream else torch.cuda.Stream()
     if not on_default_stream:
@@ -274,11 +278,11 @@ def test_a_branched_prep_is_ordered_on_any_stream(on_default_stream, late, setti
     with torch.cuda.stream(stream):
         for _ in range(3):
             q, k, v = (x * 1.0 for x in base)  # new allocations, as a block's processor hands them over
-            held = launch.branch_stream(q.device) if late == "branch" else stream
+            held = launch_record.branch_stream(q.device) if late == "branch" else stream
             with torch.cuda.stream(held):
                 torch.cuda._sleep(SLEEP_CYCLES)
             with poisoned_outputs(((B, Sq, H, D), torch.bfloat16), v8t) as hits:
-                outs.append(_call(q, k, v, scale))
+                outs.append(_call(q, k, v, scale, opts))
             assert hits["n"] == 2, "the output and the V codes were poisoned"
             del q, k, v
     torch.cuda.synchronize()
@@ -293,26 +297,25 @@ def test_fresh_allocations_every_call_as_a_block_makes_them(case, setting):
     of each call, nothing synchronized in between. The caching allocator hands addresses back, so calls are
     captured and replayed; every output must have the direct launches' bits."""
     _need_cuda()
-    from ditprof.kernels import launch
+    from ditprof.kernels.launch_record import record_for
 
     (B, H, Sq, Sk, D), n_sms, fmt = CASES[case]
-    setting(n_sms, fmt, graphs="0")
     base = gaussian_inputs(B, H, Sq, Sk, D, seed=1001 + case)
     scale = 1.0 / math.sqrt(D)
-    want = _call(*base, scale)
-    setting(n_sms, fmt)
+    want = _call(*base, scale, setting(n_sms, fmt, graphs=False))
+    opts = setting(n_sms, fmt)
     outs = torch.full((6, *want.shape), float("nan"), dtype=want.dtype, device="cuda")
     for i in range(6):
         q, k, v = (x * 1.0 for x in base)
         torch.cuda._sleep(SLEEP_CYCLES // 4)
-        o = _call(q, k, v, scale)
+        o = _call(q, k, v, scale, opts)
         outs[i].copy_(o)  # on the stream; the output itself is freed, so its address comes back too
         del q, k, v, o
         junk = torch.empty(3 * base[0].numel(), dtype=base[0].dtype, device="cuda")  # takes the freed blocks
         junk.fill_(float("nan"))
         del junk
     torch.cuda.synchronize()
-    rec = launch.record_for(*base, False)
+    rec = record_for(*base, False, opts)
     assert rec.reuse and rec.graphs is not None and rec.graphs.hits >= 1, rec.graphs.summary()
     for o in outs:
         assert o.isfinite().all() and torch.equal(o, want)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "experimental"))
-from sm90_gpu_cases import check_float64, gaussian_case, nan_outputs, need_sm90, run_shipped  # noqa: E402
+from sm90_gpu_cases import (check_float64, gaussian_case, nan_outputs, need_sm90, run_shipped,  # noqa: E402
+                            shipped_spec)
 
 pytestmark = pytest.mark.gpu
 
@@ -29,14 +30,14 @@ CASES = [(1, 3, 1000, 1000, 128), (2, 2, 777, 1200, 128), (1, 2, 4608, 4608, 128
 def test_prep_q_build_equals_the_lds_preset(case):
     need_sm90()
     from ditprof.kernels import fp8_fwd_sm90 as K
-    from ditprof.kernels.launch import launch_compiled, spec_for
+    from ditprof.kernels.kernel_args import launch_compiled
 
     shape = CASES[case]
     q, k, v, _, prep, scale = gaussian_case(shape, seed=400 + case, qk_int8=True)
     o_ref, lse_ref = run_shipped(prep, scale)  # the shipped build: the wgmma preset
     B, H, Sq, Sk, D = shape
     assert K.config_for("sm_90a", D).mma_preset
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, key_lens=False, qk_int8=True)
+    spec = shipped_spec(D, key_lens=False, qk_int8=True)
     lds = dataclasses.replace(K.config_for("sm_90a", D), mma_preset=False)
     fn = K.compile_sm90(D, "bfloat16", fake=False, tvm_ffi=spec.tvm_ffi, config=lds, qk_int8=True)
     o, lse = nan_outputs(B, Sq, H, D)
@@ -57,10 +58,11 @@ def test_launch_records_equal_the_lds_preset(grid, dtype):
     need_sm90()
     from mma_preset_bench import lds_record
 
-    from ditprof.kernels import launch
+    from ditprof.kernels import launch_record
+    from ditprof.kernels.finite_checks import finish_finite_checks
     from ditprof.kernels.fp8_config import Fp8Options
 
-    launch._RECORDS.clear()
+    launch_record._RECORDS.clear()
     B, S, H, D = (1, 4608, 24, 128) if grid == "streamk" else (1, 5000, 6, 128)
     g = torch.Generator(device="cuda").manual_seed(S + H)
     q, k, v = (torch.randn((B, S, H, D), device="cuda", dtype=dtype, generator=g) for _ in range(3))
@@ -72,8 +74,8 @@ def test_launch_records_equal_the_lds_preset(grid, dtype):
         scale = 1.0 / math.sqrt(D)
         out_ref = shipped(q, k, v, scale)
         out = other(q, k, v, scale)
-        launch.finish_finite_checks()
+        finish_finite_checks()
         assert other.fn is fn
         assert out_ref.isfinite().all() and torch.equal(out, out_ref)
     finally:
-        launch._RECORDS.clear()
+        launch_record._RECORDS.clear()

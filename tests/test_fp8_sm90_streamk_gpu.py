@@ -3,8 +3,9 @@ and e4m3 Q/K, head_dim 128 and 64; SM counts forced small so that small shapes h
 (segments crossing tile boundaries, a tail tile one CTA runs whole, cross-attention), and the Flux shape on the
 device's own SM count. Outputs NaN-poisoned (every element written); the rows of whole work tiles equal the plain
 grid's bit for bit; the tail rows close to the plain grid's (P re-quantized per piece); everything against float64;
-the op's launch record takes the same plan and gives the same bits as the general path, eager, replayed from a CUDA
-graph, and through cute's JIT launch (no TVM-FFI) with fp16.
+the op's launch record (no LSE) takes the same plan and gives the same bits as the record returning the LSE, eager,
+replayed from a CUDA graph, and through cute's JIT launch (``Fp8Options(tvm_ffi=False)``) with fp16. The plain grid
+to compare with is ``Fp8Options(streamk=False, q_in_kernel=False)`` (the prep's Q, as on the stream-K grid).
 
     python -m pytest -q -s -m gpu tests/test_fp8_sm90_streamk_gpu.py
 """
@@ -16,6 +17,8 @@ import math
 import pytest
 import torch
 from fp8_gpu_cases import gaussian_inputs, poisoned_outputs, rel_rms
+
+from ditprof.kernels.fp8_config import Fp8Options
 
 pytestmark = pytest.mark.gpu
 
@@ -54,44 +57,53 @@ def _whole_rows(shape, n_full):
 
 @pytest.fixture
 def forced(monkeypatch):
-    """Set the SM count the plan sees and the Q/K format; launch records made under them are dropped after."""
-    from ditprof.kernels import launch
+    """Set the SM count the plan sees; returns (stream-K options, plain-grid options) of the Q/K format (and any
+    other ``Fp8Options`` fields). Launch records made under them are dropped after."""
+    from ditprof.kernels import launch_choice, launch_record
 
-    def apply(n_sms, fmt):
+    def apply(n_sms, fmt, **fields):
         if n_sms is not None:
-            monkeypatch.setattr(launch, "sm_count", lambda index: n_sms)
-        monkeypatch.setenv("DITPROF_FP8_QK", fmt)
-        launch._RECORDS.clear()
+            monkeypatch.setattr(launch_choice, "sm_count", lambda index: n_sms)
+        launch_record._RECORDS.clear()
+        return (Fp8Options(qk_format=fmt, **fields),
+                Fp8Options(qk_format=fmt, streamk=False, q_in_kernel=False, **fields))
 
     yield apply
-    launch._RECORDS.clear()
+    launch_record._RECORDS.clear()
+
+
+def _plan(shape, options, device_index):
+    """The stream-K plan ``choose_launch`` picks for a (B, H, Sq, Sk, D) bf16 call under ``options`` (None: plain)."""
+    from ditprof.kernels.launch_choice import choose_launch
+
+    return choose_launch("sm_90a", shape, "bfloat16", options, key_lens=False, write_lse=True, q_in_kernel_ok=True,
+                         device_index=device_index).streamk
 
 
 @pytest.mark.parametrize("fmt", ["int8", "e4m3"])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_streamk_vs_plain_grid_and_float64(case, fmt, forced, monkeypatch):
+def test_streamk_vs_plain_grid_and_float64(case, fmt, forced):
     _need_sm90()
-    from ditprof.kernels import launch
-    from ditprof.kernels.interface import launch_prepared
-    from ditprof.kernels.prep import fp8_prepare
+    from ditprof.kernels.finite_checks import finish_finite_checks
+    from ditprof.kernels.launch_record import fp8_call, record_for
     from ditprof.kernels.reference import attention_reference
 
     shape, n_sms = CASES[case]
-    forced(n_sms, fmt)
+    streamk, plain = forced(n_sms, fmt)
     B, H, Sq, Sk, D = shape
     q, k, v = gaussian_inputs(B, H, Sq, Sk, D, seed=500 + case)
     scale = 1.0 / math.sqrt(D)
-    plan = launch.streamk_for("fp8-sm90", "sm_90a", B, H, Sq, Sk, D, False, q.device.index)
+    plan = _plan(shape, streamk, q.device.index)
     assert plan is not None and plan[1] > 0 and plan[2] > plan[1], plan
-    prep = fp8_prepare(q, k, v, smooth_k=True, qk_int8=fmt == "int8")
-    o, lse = _nan((B, Sq, H, D), torch.bfloat16), _nan((B, H, Sq), torch.float32)
-    launch_prepared(prep, o, "BSHD", scale, lse)
-    monkeypatch.setenv("DITPROF_FP8_STREAMK", "0")
-    assert launch.streamk_for("fp8-sm90", "sm_90a", B, H, Sq, Sk, D, False, q.device.index) is None
-    o_ref, lse_ref = _nan((B, Sq, H, D), torch.bfloat16), _nan((B, H, Sq), torch.float32)
-    launch_prepared(prep, o_ref, "BSHD", scale, lse_ref)
-    monkeypatch.delenv("DITPROF_FP8_STREAMK")
+    assert _plan(shape, plain, q.device.index) is None
+    outs = (((B, Sq, H, D), torch.bfloat16), ((B, H, Sq), torch.float32))
+    with poisoned_outputs(*outs) as hits:  # the LSE comes back with the smoothing shift added
+        o, lse = fp8_call(q, k, v, scale, return_lse=True, options=streamk)
+        o_ref, lse_ref = fp8_call(q, k, v, scale, return_lse=True, options=plain)
+    finish_finite_checks()
     torch.cuda.synchronize()
+    assert hits["n"] >= 4
+    assert record_for(q, k, v, False, plain, return_lse=True).streamk is None
     assert o.isfinite().all() and lse.isfinite().all()  # every element written (kernel + merge)
     whole = _whole_rows(shape, plan[0])
     assert torch.equal(o[whole], o_ref[whole])
@@ -101,19 +113,18 @@ def test_streamk_vs_plain_grid_and_float64(case, fmt, forced, monkeypatch):
     lse_gap = (lse - lse_ref).abs().max().item()
     ref, ref_lse = attention_reference(q, k, v, scale, return_lse=True)
     err = rel_rms(o, ref)
-    shift = scale * torch.einsum("bshd,bhd->bhs", q.double(), prep.k_mean.double())
-    lse_err = (lse.double() + shift - ref_lse).abs().max().item()
+    lse_err = (lse.double() - ref_lse).abs().max().item()
     print(f"{shape} {fmt} plan {plan}: tail rows vs plain {gap:.3%}, LSE max {lse_gap:.1e}; vs float64 {err:.3%}, "
           f"LSE {lse_err:.1e}")
     assert gap < 0.05, gap
     assert err <= FLOAT64_REL_RMS, err
     assert lse_err < 0.1, lse_err
-    # the op's launch record: the same plan, the same bits (O only), from NaN-poisoned outputs
-    rec = launch.record_for(q, k, v, False)
+    # the op's launch record (no LSE): the same plan, the same bits (O only), from NaN-poisoned outputs
+    rec = record_for(q, k, v, False, streamk)
     assert rec.streamk == plan and rec.spec.streamk
-    with poisoned_outputs(((B, Sq, H, D), torch.bfloat16)) as hits:
-        out = launch.fp8_attention_cuda(q, k, v, scale)
-    launch.finish_finite_checks()
+    with poisoned_outputs(outs[0]) as hits:
+        out = fp8_call(q, k, v, scale, options=streamk)
+    finish_finite_checks()
     torch.cuda.synchronize()
     assert hits["n"] >= 1
     assert torch.equal(out, o)
@@ -122,60 +133,62 @@ def test_streamk_vs_plain_grid_and_float64(case, fmt, forced, monkeypatch):
 def test_streamk_record_replays_in_a_cuda_graph(forced):
     """A stream-K call (kernel + merge, per-call workspace under capture) captured and replayed on new inputs."""
     _need_sm90()
-    from ditprof.kernels import launch
+    from ditprof.kernels.finite_checks import finish_finite_checks
+    from ditprof.kernels.launch_record import fp8_call, record_for
 
-    forced(None, "int8")
+    opts, _ = forced(None, "int8")
     B, H, S, D = 1, 24, 4608, 128
     q, k, v = gaussian_inputs(B, H, S, S, D, seed=41)
     scale = D ** -0.5
-    assert launch.record_for(q, k, v, False).streamk is not None
-    eager = launch.fp8_attention_cuda(q, k, v, scale)
+    assert record_for(q, k, v, False, opts).streamk is not None
+    eager = fp8_call(q, k, v, scale, options=opts)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        launch.fp8_attention_cuda(q, k, v, scale)  # warm on the capture stream
+        fp8_call(q, k, v, scale, options=opts)  # warm on the capture stream
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = launch.fp8_attention_cuda(q, k, v, scale)
+        out = fp8_call(q, k, v, scale, options=opts)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
     q2, k2, v2 = gaussian_inputs(B, H, S, S, D, seed=42)
-    want = launch.fp8_attention_cuda(q2, k2, v2, scale)
+    want = fp8_call(q2, k2, v2, scale, options=opts)
     q.copy_(q2), k.copy_(k2), v.copy_(v2)
     graph.replay()
-    launch.finish_finite_checks()
+    finish_finite_checks()
     torch.cuda.synchronize()
     assert torch.equal(out, want) and not torch.equal(out, eager)
 
 
-def test_streamk_through_the_jit_launch_with_fp16(forced, monkeypatch):
-    """Without TVM-FFI (``DITPROF_TVM_FFI=0``: cute's JIT executor launches the stream-K build) and with fp16
-    inputs: the general path and the op's record give the same bits, whole-tile rows equal the plain grid's."""
+def test_streamk_through_the_jit_launch_with_fp16(forced):
+    """Without TVM-FFI (``Fp8Options(tvm_ffi=False)``: cute's JIT executor launches the stream-K build) and with
+    fp16 inputs: the record returning the LSE and the op's record give the same bits, whole-tile rows equal the
+    plain grid's."""
     _need_sm90()
-    from ditprof.kernels import launch
-    from ditprof.kernels.interface import fp8_attention_kernel
+    from ditprof.kernels.finite_checks import finish_finite_checks
+    from ditprof.kernels.kernel_args import LAUNCH_INFO
+    from ditprof.kernels.launch_record import fp8_call, record_for
 
-    forced(5, "int8")
-    monkeypatch.setenv("DITPROF_TVM_FFI", "0")
+    opts, plain_opts = forced(5, "int8", tvm_ffi=False)
     shape = (2, 3, 700, 700, 128)
     B, H, Sq, Sk, D = shape
     q, k, v = gaussian_inputs(B, H, Sq, Sk, D, dtype=torch.float16, seed=77)
     scale = D ** -0.5
-    rec = launch.record_for(q, k, v, False)
+    rec = record_for(q, k, v, False, opts)
     assert rec.streamk is not None and rec.spec.streamk and not rec.spec.tvm_ffi
-    general = fp8_attention_kernel(q, k, v, scale=scale)
+    general, _ = fp8_call(q, k, v, scale, return_lse=True, options=opts)
     with poisoned_outputs(((B, Sq, H, D), torch.float16)):
-        out = launch.fp8_attention_cuda(q, k, v, scale)
-    monkeypatch.setenv("DITPROF_FP8_STREAMK", "0")
-    plain = fp8_attention_kernel(q, k, v, scale=scale)
-    launch.finish_finite_checks()
+        out = fp8_call(q, k, v, scale, options=opts)
+    plain = fp8_call(q, k, v, scale, options=plain_opts)
+    finish_finite_checks()
     torch.cuda.synchronize()
+    assert not record_for(q, k, v, False, plain_opts).spec.tvm_ffi
     assert out.dtype == torch.float16 and out.isfinite().all()
     assert torch.equal(out, general)
     whole = _whole_rows(shape, rec.streamk[0])
     assert torch.equal(out[whole], plain[whole])
     assert rel_rms(out[~whole], plain[~whole]) < 0.05
-    assert launch.LAUNCH_INFO["last_launch"] == "jit"
+    assert LAUNCH_INFO["last_launch"] == "jit"

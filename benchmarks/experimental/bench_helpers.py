@@ -43,15 +43,27 @@ def empty_outputs(B: int, S: int, H: int, D: int):
             torch.empty((B, H, S), dtype=torch.float32, device="cuda"))
 
 
+def shipped_spec(head_dim: int, key_lens: bool = False, qk_int8: bool = False):
+    """The ``KernelSpec`` the launch choice gives fp8-sm90 (bf16) on the plain grid with the prep's Q
+    (``Fp8Options(streamk=False, q_in_kernel=False)``): its LSE always written, TVM-FFI where it can."""
+    from ditprof.kernels.fp8_config import Fp8Options
+    from ditprof.kernels.launch_choice import choose_launch
+
+    opts = Fp8Options(qk_format="int8" if qk_int8 else "e4m3", streamk=False, q_in_kernel=False)
+    return choose_launch("sm_90a", (1, 1, 1, 1, head_dim), "bfloat16", opts, key_lens=key_lens, write_lse=True,
+                         q_in_kernel_ok=False).spec
+
+
 def shipped_launch(prep, B: int, H: int, S: int, D: int, scale: float, qk_int8: bool = False):
     """``launch(o, lse)``: the shipped fp8-sm90 kernel on ``prep`` (self-attention, no key lengths) on the current
     stream, through ``launch_compiled`` (which may fall back from TVM-FFI to the JIT path: the launcher it returns
     is kept for the next call)."""
     import torch
 
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
+    from ditprof.kernels.compile_cache import compiled
+    from ditprof.kernels.kernel_args import launch_compiled
 
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, qk_int8=qk_int8)
+    spec = shipped_spec(D, qk_int8=qk_int8)
     launcher = {"spec": spec, "fn": compiled(spec)}
 
     def launch(o, lse):

@@ -25,16 +25,16 @@ def lds_record(q, k, v, options=None):
     first resolved to named explicitly (a distinct record of the same configuration) and running the build with
     ``mma_preset=False``; None for the second where the shipped build has no wgmma preset."""
     from ditprof.kernels import fp8_fwd_sm90 as K
-    from ditprof.kernels import launch
     from ditprof.kernels.fp8_config import Fp8Options
+    from ditprof.kernels.launch_record import record_for
     from ditprof.kernels.fp8_fwd_sm90_streamk import compile_streamk
 
     options = options or Fp8Options()
     if options.qk_format is not None:
         raise ValueError("lds_record names the Q/K format itself: pass options with qk_format=None")
-    shipped = launch.record_for(q, k, v, False, options=options)
+    shipped = record_for(q, k, v, False, options=options)
     fmt = "int8" if shipped.spec.qk_int8 else "e4m3"
-    other = launch.record_for(q, k, v, False, options=dataclasses.replace(options, qk_format=fmt))
+    other = record_for(q, k, v, False, options=dataclasses.replace(options, qk_format=fmt))
     spec = other.spec
     shipped_config = K.config_for(spec.arch, spec.head_dim)
     if other is shipped or not spec.qk_int8 or not shipped_config.mma_preset:
@@ -53,7 +53,7 @@ def measure(name: str, rounds: int) -> dict:
     import torch
     from bench_helpers import calls_ab, gaussian_qkv
 
-    from ditprof.kernels import launch
+    from ditprof.kernels.kernel_args import LAUNCH_INFO
 
     B, S, H, D = SHAPES[name]
     q, k, v = gaussian_qkv(B, S, H, D, seed=5)
@@ -67,7 +67,7 @@ def measure(name: str, rounds: int) -> dict:
     row.update(calls_ab({"mma_preset": lambda: shipped(q, k, v, scale), "lds_preset": lambda: lds(q, k, v, scale)},
                         rounds))
     if lds.fn is not lds_fn:  # a failed TVM-FFI call falls back to the shipped kernel: not this build
-        raise RuntimeError(f"the LDS-preset record fell back to another kernel: {launch.LAUNCH_INFO}")
+        raise RuntimeError(f"the LDS-preset record fell back to another kernel: {LAUNCH_INFO}")
     del q, k, v
     torch.cuda.empty_cache()
     return row

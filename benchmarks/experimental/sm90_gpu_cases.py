@@ -1,6 +1,6 @@
 """What the GPU tests of the fp8-sm90 grid variants (persistent, split-KV) share: the sm_90 skip, fresh Gaussian
-inputs and their shared prep, NaN-poisoned outputs, the shipped kernel on a prep (optionally on a key slice) and the
-float64 check per batch item. (The experimental ``conftest.py`` puts this folder and ``tests/`` on ``sys.path``.)"""
+inputs and their shared prep, NaN-poisoned outputs, the shipped kernel (``bench_helpers.shipped_spec``) on a prep
+(optionally on a key slice) and the float64 check per batch item. (The experimental ``conftest.py`` puts this folder and ``tests/`` on ``sys.path``.)"""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from bench_helpers import shipped_spec
 from fp8_gpu_cases import gaussian_inputs, rel_rms
 
 # the float64 check is a sanity bound here (the variants must equal the shipped kernel bit for bit, the split-KV
@@ -42,12 +43,12 @@ def nan_outputs(B, sq, H, D):
 def run_shipped(prep, scale, key_lens=None, k8=None, v8t=None, sk=None):
     """The shipped kernel on ``prep`` into NaN-poisoned outputs (optionally on a key slice: k8 / v8t / sk given);
     INT8 Q/K when the prep has Q scales."""
-    from ditprof.kernels.launch import compiled, launch_compiled, spec_for
+    from ditprof.kernels.compile_cache import compiled
+    from ditprof.kernels.kernel_args import launch_compiled
 
     B, H, _, D = prep.q8.shape
     o, lse = nan_outputs(B, prep.sq, H, D)
-    spec = spec_for("fp8-sm90", "sm_90a", D, "bfloat16", True, key_lens=key_lens is not None,
-                    qk_int8=prep.q_scales is not None)
+    spec = shipped_spec(D, key_lens=key_lens is not None, qk_int8=prep.q_scales is not None)
     launch_compiled(spec, compiled(spec), prep.q8, prep.k8 if k8 is None else k8,
                     prep.v8t if v8t is None else v8t, prep.scales, prep.q_scales, key_lens, o, lse, B, H, prep.sq,
                     prep.sk if sk is None else sk, scale, torch.cuda.current_stream().cuda_stream)

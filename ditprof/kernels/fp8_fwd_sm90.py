@@ -1182,7 +1182,7 @@ def compile_sm90(head_dim: int, dtype_out, *, fake: bool, arch: str = "sm_90a", 
 
     ``config``: ``config_for(arch, head_dim)`` unless given. ``fake=True``: no GPU needed (stream faked); pass e.g.
     ``options_extra="--keep-cubin --dump-dir DIR"``. ``fake=False``: compile for launching on the current device.
-    ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers; ``kernels.launch`` does).
+    ``tvm_ffi``: compile with --enable-tvm-ffi (call with ints for the pointers; ``kernels.kernel_args`` does).
     ``key_lens``: the kernel reads per-batch key counts (Int32, the argument after the scales) on the device:
     batch item b attends to its first key_lens[b] keys (key-padding masks; CUDA-graph capturable).
     ``qk_int8``: q8 and k8 are int8 (the prep's rotated INT8 Q/K): S = Q8 K8^T on the s8 wgmma, each query row

@@ -19,7 +19,7 @@ accumulated atomically):
    amax|K - mean| = max_c max(maxK_c - mean_c, mean_c - minK_c) (exactly the amax of the rounded fp32 differences,
    because rounding is monotonic); a non-finite K sum (K holds a NaN or Inf) makes amax_k NaN;
    descales = amax / 448 (1.0 where amax == 0), IEEE division; a non-finite descale also sets a sticky flag for
-   q, k or v (``flags``, int32 x 3: what ``kernels.launch`` reads instead of every call's descales).
+   q, k or v (``flags``, int32 x 3: what ``kernels.finite_checks`` reads instead of every call's descales).
 2. ``_quant_kernel``  grid (Q tiles + K tiles + V tiles, B*H), one branch per operand, each branch body a jit
    helper (the compiled path type-checks variables across if/else; the interpreter does not):
    X8 = e4m3(clamp(X / descale, +-448)), round to nearest even (V: e4m3(clamp(V * RN(1 / descale), +-448)), see
@@ -778,7 +778,7 @@ _QUANT_ARGS = ("q_ptr", "k_ptr", "v_ptr", "q8_ptr", "k8_ptr", "v8t_ptr", "mean_p
 class PrepPlan:
     """The prep's launches (two; three with INT8 Q/K) for one configuration (input shapes, strides, dtype,
     smoothing, launch configuration ``config``): grids, sizes and launch options computed once, so that a caller
-    that keeps the plan (``kernels.launch``) pays only the launches per call. ``prepare_triton`` builds one per
+    that keeps the plan (``kernels.launch_record``) pays only the launches per call. ``prepare_triton`` builds one per
     call."""
 
     def __init__(self, q, k, v, smooth_k: bool, *, key_lens: bool = False, qk_int8: bool = False,

@@ -37,8 +37,8 @@ def default_qk_format(head_dim: Optional[int] = None) -> str:
 
 
 def qk_format(requested: Optional[str] = None, head_dim: Optional[int] = None) -> str:
-    """``requested``, else the process's (``DITPROF_FP8_QK``, read once), else the default for ``head_dim``; a
-    one-line error for an unknown name."""
+    """``requested``, else the process's (``DITPROF_FP8_QK``, through ``fp8_config.default_options``), else the
+    default for ``head_dim``; a one-line error for an unknown name."""
     name = requested or default_options().qk_format or default_qk_format(head_dim)
     if name not in QK_FORMATS:
         raise DitprofError(f"unknown fp8 Q/K format {name!r}; known: {', '.join(QK_FORMATS)}")

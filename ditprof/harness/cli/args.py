@@ -3,6 +3,7 @@ work: one source, one way to give the size, counts that are counts. One-line ``D
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import re
 from pathlib import Path
@@ -11,10 +12,20 @@ from typing import Any
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.fp8_config import Fp8Options, default_options
 from ditprof.model_blocks.source import resolve_as
 
 DEFAULT_CUDA_PRESET = "h3"
 DEFAULT_CPU_PRESET = "h3-mini"
+
+
+def fp8_options_of(args: Any) -> Fp8Options | None:
+    """The run's ``Fp8Options`` from ``--no-fp8-graphs`` / ``--no-tvm-ffi`` (the process's options with those
+    fields turned off); None without either flag: the process's options, ``default_options()``."""
+    graphs, tvm_ffi = bool(getattr(args, "fp8_graphs", True)), bool(getattr(args, "tvm_ffi", True))
+    if graphs and tvm_ffi:
+        return None
+    return dataclasses.replace(default_options(), graphs=graphs, tvm_ffi=tvm_ffi)
 
 
 def source_of(args: Any, device: torch.device) -> tuple[str, str]:

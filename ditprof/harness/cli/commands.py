@@ -25,6 +25,15 @@ def add_linears_flag(p: argparse.ArgumentParser, compare: bool) -> None:
         help=f"run the block's linears in FP8 {where}: torchao's dynamic float8 ({TORCHAO_PIN}) with rowwise or "
              f"tensorwise scales on a GPU with FP8 tensor cores (sm_89+), its numerics emulated elsewhere (numerics "
              f"only); the family keeps its modulation projections in bf16, the report lists every kept linear")
+def add_fp8_flags(group) -> None:
+    """``--no-fp8-graphs`` and ``--no-tvm-ffi`` (profile, compare, validate): the run's ``Fp8Options``
+    (``args.fp8_options_of``); backends that take no FP8 options (sdpa, ...) ignore them."""
+    group.add_argument("--no-fp8-graphs", dest="fp8_graphs", action="store_false",
+                       help="fp8 backend: launch every call directly (by default a call repeating an earlier one's "
+                            "arguments replays that call's launches, the prep's and the kernel's, as one CUDA graph)")
+    group.add_argument("--no-tvm-ffi", dest="tvm_ffi", action="store_false",
+                       help="fp8 backend: launch the kernel through the CuTe DSL's own JIT launcher (by default "
+                            "through TVM-FFI where apache-tvm-ffi is importable: less host time per launch)")
 
 
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
@@ -46,6 +55,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     else:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
     add_linears_flag(p, compare)
+    add_fp8_flags(att)
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")
     run.add_argument("--tokens", type=int, metavar="N",

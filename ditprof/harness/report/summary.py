@@ -82,8 +82,8 @@ def fp8_launch_lines(report: dict) -> list[str]:
     if not launches:
         return []
     lines = ["## FP8 kernel launches", "", "One row per call configuration of our kernel during the timed and "
-             "profiled calls (`kernels.launch`): the stream-K grid spreads the last, partial round of work tiles "
-             "over all SMs (n_full whole tiles, then n_tail tiles' key tiles over the tail CTAs); a call whose "
+             "profiled calls (`kernels.launch_record`): the stream-K grid spreads the last, partial round of work "
+             "tiles over all SMs (n_full whole tiles, then n_tail tiles' key tiles over the tail CTAs); a call whose "
              "arguments repeat an earlier one's replays its launches as one CUDA graph (graph replays).", "",
              "| run | q (B, S, H, D) | keys | kernel | Q/K | grid | launch | calls |",
              "|---|---|---:|---|---|---|---|---:|"]

@@ -18,6 +18,9 @@ import torch
 from ditprof.kernels.registry import Backend
 
 OPAQUE_OP = "ditprof_compile::opaque_attention"
+# the op's ``backend`` argument -> the backend it runs, for one that is not the registry's own (a backend with
+# FP8 options, ``Backend.with_options``): the op's schema takes a string, not the object
+_GIVEN: dict = {}
 
 
 @torch.library.custom_op(OPAQUE_OP, mutates_args=())
@@ -28,7 +31,8 @@ def opaque_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
     kw = {"scale": scale} if key_mask is None else {"scale": scale, "key_mask": key_mask}
     # contiguous: the fake below promises a fresh contiguous tensor, which inductor plans the next ops' strides by
-    return registry.get(backend).fn(q, k, v, **kw).contiguous()
+    b = _GIVEN.get(backend) or registry.get(backend)
+    return b.fn(q, k, v, **kw).contiguous()
 
 
 @opaque_attention.register_fake
@@ -37,14 +41,19 @@ def _fake(q, k, v, scale, key_mask, backend):
 
 
 def for_compile(b: Backend) -> Backend:
-    """The backend as the compiled block should see it: numerics emulations behind the opaque op, others as they
-    are."""
+    """The backend as the compiled block should see it: numerics emulations behind the opaque op (which runs the
+    backend as given, with its FP8 options if any), others as they are (``fp8`` is a custom op already)."""
     if not b.numerics_only:
         return b
+    from ditprof.kernels import registry
+
     name = b.name
+    if b != registry.get(name):  # the backend as given (its options), not the registry's
+        name = next((k for k, v in _GIVEN.items() if v == b), None) or f"{b.name}#{len(_GIVEN)}"
+        _GIVEN[name] = b
 
     def opaque(q, k, v, *, scale=None, key_mask=None):
         return torch.ops.ditprof_compile.opaque_attention(q, k, v, scale, key_mask, name)
 
-    opaque.__name__ = f"opaque_{name.replace('-', '_')}"
+    opaque.__name__ = f"opaque_{b.name.replace('-', '_')}"
     return dataclasses.replace(b, fn=opaque)

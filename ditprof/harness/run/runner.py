@@ -33,10 +33,12 @@ from ditprof.harness.swaps.base import Swap
 from ditprof.harness.swaps.linears import LinearsSwap
 from ditprof.kernels.fp8_linear import Fp8LinearConfig, fp8_tensor_cores
 from ditprof.harness.swaps.base import label as swaps_label
+from ditprof.kernels.fp8_config import Fp8Options
 from ditprof.kernels.registry import Backend
 
 from ditprof.harness.cli.args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
-from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
+from ditprof.harness.cli.args import (check_counts, check_gpu_memory, check_size, default_out, fp8_options_of,
+                                      source_of)
 
 
 @dataclass
@@ -76,6 +78,8 @@ class RunSpec:
     # (session.time_interleaved); 0: none
     interleave: int = 0
     linears: str | None = None  # --linears GRANULARITY: the block's linears in FP8 (harness.swaps.linears)
+    # what the FP8 backends run with (--no-fp8-graphs, --no-tvm-ffi; backends.resolve); None: the process's
+    fp8_options: Fp8Options | None = None
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -140,6 +144,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         json_out=bool(getattr(args, "json", False)), compile=compile_as,
         interleave=_interleave_rounds(args, command, device, swap_name, compile_as),
         linears=getattr(args, "linears", None),
+        fp8_options=fp8_options_of(args),
     )
 
 
@@ -270,8 +275,8 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
     attention, the swapped run the swap backend's plus ``extra_swaps`` (composed after it; for compare without
     ``spec.swap``, these alone). ``fail_after`` (tests) raises at that point."""
     console = console or Console(stderr=False)
-    base_b = backends.resolve(spec.baseline, spec.device)
-    swap_b = backends.resolve(spec.swap, spec.device) if spec.swap else None
+    base_b = backends.resolve(spec.baseline, spec.device, spec.fp8_options)
+    swap_b = backends.resolve(spec.swap, spec.device, spec.fp8_options) if spec.swap else None
     out = atomic.check_writable(spec.out)
     try:
         from ditprof.model_blocks import get_preset, load_block, make_inputs
@@ -345,6 +350,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         "device": str(spec.device), "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed,
         "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget, "argv": sys.argv[1:],
         "execution": compile_mode.execution(spec.compile), **document.size_settings(inputs),
+        "fp8_options": backends.options_used(spec.fp8_options, (spec.baseline, spec.swap)),
     }
     return document.build(
         command=spec.command, model=model, environment=environment(spec.device, model.get("head_dim")),

@@ -100,9 +100,9 @@ def _precheck(spec) -> None:
     check_degree(P, device=spec.device)
     if spec.sp_cross not in CROSS_MODES:
         raise DitprofError(f"sp cross-attention mode {spec.sp_cross!r}: use one of {', '.join(CROSS_MODES)}")
-    backends.resolve(spec.baseline, spec.device)
+    backends.resolve(spec.baseline, spec.device, spec.fp8_options)
     if spec.swap:
-        backends.resolve(spec.swap, spec.device)
+        backends.resolve(spec.swap, spec.device, spec.fp8_options)
     shape = _preset_shape(spec)
     if shape is not None:
         fam, kind, heads, tokens = shape

@@ -174,8 +174,8 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
         torch.set_num_threads(threads)
     backend = distributed.pg_backend(device.type) if group_ready else distributed.init(rank, world, device,
                                                                                         init_method)
-    base_b = backends.resolve(spec.baseline, device)
-    swap_b = backends.resolve(spec.swap, device) if spec.swap else None
+    base_b = backends.resolve(spec.baseline, device, spec.fp8_options)
+    swap_b = backends.resolve(spec.swap, device, spec.fp8_options) if spec.swap else None
     console = Console() if rank == 0 else None
     with memory_budget(spec.gpu_memory, device) as budget:
         loaded = load_block(spec.source, spec.block, kind=spec.kind, device=device, dtype=spec.dtype,
@@ -245,7 +245,7 @@ def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, 
     settings = {
         "device": spec.device.type, "rank_devices": [r["device"] for r in base["ranks"]], "warmup": spec.warmup,
         "iters": spec.iters, "seed": spec.seed, "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget,
-        "argv": sys.argv[1:],
+        "argv": sys.argv[1:], "fp8_options": backends.options_used(spec.fp8_options, (spec.baseline, spec.swap)),
     }
     heads = int(model["heads"])
     sp = {

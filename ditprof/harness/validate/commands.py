@@ -34,7 +34,8 @@ def _console(json_out: bool):
 
 def cmd_validate(args) -> int:
     from ditprof.harness.run import atomic
-    from ditprof.harness.cli.args import check_counts, check_gpu_memory, check_size, default_out, source_of
+    from ditprof.harness.cli.args import (check_counts, check_gpu_memory, check_size, default_out, fp8_options_of,
+                                          source_of)
     from ditprof.harness.run.compile_mode import check_args as compile_mode_of
     from ditprof.harness.run.runner import resolve_device
     from ditprof.harness.validate.report import summary_table, to_json, write
@@ -60,7 +61,7 @@ def cmd_validate(args) -> int:
         height=args.height, width=args.width, frames=args.frames, gpu_memory=args.gpu_memory, steps=args.steps,
         cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
         seed=args.seed, whole_step=not args.no_whole_step,
-        stream=True if args.stream else None, compile=compile_as,
+        stream=True if args.stream else None, compile=compile_as, fp8_options=fp8_options_of(args),
     )
     console = _console(args.json)
     rep = validate(spec, console)
@@ -280,6 +281,9 @@ def register(subparsers) -> None:
     src.add_argument("--blocks", type=int, metavar="N",
                      help="blocks to chain (default: all the model's on CUDA, 4 on CPU)")
     src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
+    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags
+
+    add_fp8_flags(src)
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     run.add_argument("--tokens", type=int, metavar="N",
@@ -291,8 +295,6 @@ def register(subparsers) -> None:
     run.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
                      help="device memory budget, e.g. 16GiB: blocks that do not fit are streamed from host memory")
     run.add_argument("--stream", action="store_true", help="stream blocks from host memory even if they fit")
-    from ditprof.harness.cli.commands import add_compile_flag
-
     add_compile_flag(run)
     run.add_argument("--seed", type=int, default=0, help="weight and input seed (default 0)")
     run.add_argument("--warmup", type=int, metavar="N", help="one-block warm-up calls (default 2 CUDA, 1 CPU)")

@@ -48,6 +48,7 @@ from ditprof.harness.validate.chain import Chain, Streamer, run_chain
 from ditprof.harness.validate.memory_plan import MemoryPlan, plan_memory
 from ditprof.harness.validate.report import SCHEMA
 from ditprof.harness.validate.source import Source, check_blocks, open_source
+from ditprof.kernels.fp8_config import Fp8Options
 from ditprof.model_blocks.presets import block_size
 
 GOAL_PCT = 3.0  # |error| goal of the extrapolation (issue 6)
@@ -78,6 +79,8 @@ class ValidateSpec:
     whole_step: bool = True
     stream: bool | None = None  # None: decide from memory; True/False: force (tests, debugging)
     compile: str | None = None  # --compile MODE: every block torch.compiled (harness.compile_mode); None: eager
+    # what an FP8 backend runs with (--no-fp8-graphs, --no-tvm-ffi; backends.resolve); None: the process's
+    fp8_options: Fp8Options | None = None
 
 
 def _stats(samples: list[float]) -> dict:
@@ -302,7 +305,7 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
     from rich.console import Console
 
     console = console or Console(stderr=True)
-    b = backends.resolve(spec.attention, spec.device)
+    b = backends.resolve(spec.attention, spec.device, spec.fp8_options)
     src = open_source(spec.source, spec.source_kind, spec.kind)
     n, warmup, iters, chain_iters = _counts(spec, src)
     input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
@@ -346,7 +349,8 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
         "settings": {"device": str(spec.device), "warmup": warmup, "iters": iters, "chain_iters": chain_iters,
                      "seed": spec.seed, "gpu_memory": spec.gpu_memory, "steps": spec.steps, "cfg": spec.cfg,
                      "build_s": res["build_s"], "argv": sys.argv[1:],
-                     "execution": compile_mode.execution(spec.compile)},
+                     "execution": compile_mode.execution(spec.compile),
+                     "fp8_options": backends.options_used(spec.fp8_options, (spec.attention,))},
         "compile": res["compile"],  # --compile: the first block's compile and the chain's warm-up; None: eager
         "environment": environment(spec.device, src.family.heads(src.config)[1]),
         "whole_step": None,
