@@ -374,7 +374,7 @@ def limit_lines(report: dict) -> list[str]:
     rows = limit_rows(report)
     if not rows:
         return []
-    lines = ["## How close to the limit", "", LIMITS_TEXT, "", f"{limits_note(report).capitalize()}.", "",
+    lines = ["## How close to the limit", "", LIMITS_TEXT, "", limits_note(report)[:1].upper() + limits_note(report)[1:] + ".", "",
              "| " + " | ".join(LIMIT_HEADER) + " |", "|---|---|---:|---:|---:|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return lines + [""]
