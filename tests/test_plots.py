@@ -61,3 +61,28 @@ def test_sp_plot_title_names_the_rank(tmp_path):
     single = dict(rep)
     single.pop("sp")
     assert "rank" not in plot_title(single)
+
+
+def test_limits_panel_shows_each_categorys_share_of_peak():
+    split = {"attention": 4.0, "gemm": 3.0, "norm": 1.0, "elementwise": 1.0, "other": 0.5}
+
+    def lim(share, kind="datasheet"):
+        return {"share_of_peak": share, "peak_kind": kind}
+
+    base = dict(_run("baseline", "sdpa", split, 9.9),
+                limits={"attention": lim(0.42), "gemm": lim(0.61), "norm": lim(0.30), "elementwise": lim(0.25)})
+    sw = dict(_run("swapped", "fp8-emulated", split, 9.0),
+              limits={"attention": lim(None), "gemm": lim(0.60), "norm": lim(0.31), "elementwise": lim(0.26)})
+    fig = plots.split_figure([base, sw], "t")
+    assert len(fig.axes) >= 2 and len(fig.axes[0].texts) == 2  # the split's value labels stay as they were
+    panel = fig.axes[1]
+    heights = sorted(round(p.get_height(), 6) for p in panel.patches)
+    want = sorted(round((e["share_of_peak"] or 0.0) * 100, 6) for r in (base, sw) for e in r["limits"].values())
+    assert heights == want
+    assert [t.get_text() for t in panel.get_xticklabels()] == ["attention", "gemm", "norm", "elementwise"]
+    assert "n/a" in [t.get_text() for t in panel.texts]  # the emulation's attention: no share
+    assert "% of peak" in panel.get_ylabel()
+    matplotlib.pyplot.close(fig)
+    plain = plots.split_figure([_run("baseline", "sdpa", split, 9.9)], "t")
+    assert len(plain.axes) == 1  # no limits (an --sp report): the split alone
+    matplotlib.pyplot.close(plain)

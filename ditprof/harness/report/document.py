@@ -36,6 +36,7 @@ def run_section(run: BackendRun) -> dict:
         "split_iterations_used": sp.iterations_used,  # slower than 1.5x the median call: left out
         "split_links": sp.resolved,
         "top_ops": sp.top_ops,
+        "split_bytes": run.split_bytes,  # norm / elementwise bytes per call from the recorded shapes
         "peak_memory_bytes": run.peak_memory_bytes,
         "peak_memory_source": run.peak_memory_source,
         "trace": run.trace_file,

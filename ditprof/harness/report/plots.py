@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # noqa: E402 - headless, set before pyplot
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from ditprof.harness.trace.categories import REPORTED_CATEGORIES  # noqa: E402
 
@@ -28,10 +29,48 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms:.3g} ms"
 
 
+LIMIT_CATEGORIES = ("attention", "gemm", "norm", "elementwise")
+
+
+def _limits_panel(ax, runs: list[dict]) -> None:
+    """Share of peak per category (report.limits), one bar per run; "n/a" where there is none (a numerics
+    emulation, bytes unknown)."""
+    cats = [c for c in LIMIT_CATEGORIES if any(c in (r.get("limits") or {}) for r in runs)]
+    width = 0.8 / len(runs)
+    top = 0.0
+    for j, r in enumerate(runs):
+        xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(cats))]
+        entries = [(r.get("limits") or {}).get(c) or {} for c in cats]
+        heights = [(e.get("share_of_peak") or 0.0) * 100 for e in entries]
+        ax.bar(xs, heights, width * 0.9, color=[COLORS[c] for c in cats], alpha=1.0 if j == 0 else 0.5,
+               edgecolor="black", linewidth=0.5)
+        for x, h, e in zip(xs, heights, entries):
+            share = e.get("share_of_peak")
+            ax.text(x, h, "n/a" if share is None else (f"{h:.0f}%" if h >= 10 else f"{h:.2g}%"), ha="center",
+                    va="bottom", fontsize=7)
+        top = max([top] + heights)
+    ax.set_xticks(range(len(cats)), cats, fontsize=8)
+    ax.set_ylim(0, max(top, 1.0) * 1.35)
+    measured = any(e.get("peak_kind") == "measured" for r in runs for e in (r.get("limits") or {}).values())
+    ax.set_ylabel("% of peak" + (" or measured rate" if measured else ""), fontsize=8)
+    ax.set_title("how close to the limit (FLOP/s or bytes/s vs " + ("the device's peak" if not measured
+                 else "peak / the plan's measured rate") + ")", fontsize=8)
+    # the bars take their category's colour: the legend tells the runs apart by shade alone
+    handles = [Patch(facecolor="0.45", alpha=1.0 if j == 0 else 0.5, edgecolor="black", linewidth=0.5,
+                     label=f"{r['label']} ({r.get('configuration') or r['attention_backend']})") for j, r in enumerate(runs)]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
 def split_figure(runs: list[dict], title: str, unit_note: str = "", note: str = ""):
-    """The ``split.png`` figure (tests inspect its artists). ``note``: a line under the title (the speedup)."""
+    """The ``split.png`` figure (tests inspect its artists): the stacked split (axes[0]) and, where the runs have
+    ``limits``, their share of peak per category under it (axes[1]). ``note``: a line under the title."""
     labels = [f"{r['label']}\n{r.get('configuration') or r['attention_backend']}" for r in runs]
-    fig, ax = plt.subplots(figsize=(3.2 + 1.6 * len(runs), 4.8), dpi=110)
+    with_limits = any(r.get("limits") for r in runs)
+    if with_limits:
+        fig, (ax, lim_ax) = plt.subplots(2, 1, figsize=(3.2 + 1.6 * len(runs), 7.0), dpi=110,
+                                         gridspec_kw={"height_ratios": [3.0, 1.4]})
+    else:
+        fig, ax = plt.subplots(figsize=(3.2 + 1.6 * len(runs), 4.8), dpi=110)
     bottoms = [0.0] * len(runs)
     for cat in REPORTED_CATEGORIES:
         if not any(cat in r["split_ms"] for r in runs):
@@ -57,6 +96,8 @@ def split_figure(runs: list[dict], title: str, unit_note: str = "", note: str = 
     ax.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
     handles, names = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], names[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if with_limits:
+        _limits_panel(lim_ax, runs)
     fig.tight_layout()
     return fig
 

@@ -268,6 +268,60 @@ def summary_rows(report: dict) -> list[Row]:
             + _split_rows(report) + _check_rows(report) + _model_rows(report))
 
 
+LIMIT_CATEGORIES = ("attention", "gemm", "norm", "elementwise")
+LIMIT_HEADER = ("run", "category", "rate", "compared with", "% of peak")
+
+
+def _rate(x: float | None, unit: str) -> str:
+    if x is None:
+        return "n/a"
+    if unit == "TFLOP/s" and x < 1:  # CPU rates: GFLOP/s read better than 0.00147 TFLOP/s
+        return f"{x * 1e3:.3g} GFLOP/s"
+    return f"{x:.3g} {unit}"
+
+
+def _peak_cell(e: dict) -> str:
+    if e["peak"] is None:
+        return "n/a"
+    if e["peak_kind"] == "measured":
+        what = "measured matmul rate" if e["work_unit"] == "FLOP" else "measured copy rate"
+    else:
+        what = f"{e['precision'].upper()} peak" if e["precision"] else "memory peak"
+    return f"{what} {_rate(e['peak'], e['unit'])}"
+
+
+def _share_cell(e: dict) -> str:
+    if e["share_of_peak"] is not None:
+        return _pct(e["share_of_peak"])
+    why = e["note"].split(":")[0] if e["note"] else "no rate"
+    return f"n/a ({why})"
+
+
+def limit_rows(report: dict) -> list[tuple[str, str, str, str, str]]:
+    """(run, category, rate, compared with, % of peak) per run and category with ``limits`` (none without)."""
+    rows = []
+    for sec in (report["baseline"], report["swapped"]):
+        for cat in LIMIT_CATEGORIES if sec and sec.get("limits") else ():
+            e = sec["limits"].get(cat)
+            if e:
+                rows.append((sec["label"], cat + (f" ({e['precision']})" if e["precision"] else ""),
+                             _rate(e["rate"], e["unit"]), _peak_cell(e), _share_cell(e)))
+    return rows
+
+
+def limits_note(report: dict) -> str:
+    """Where the peaks come from (the device's datasheet entry or the plan's measured rates), for under the table."""
+    from ditprof.harness.report.limits import peaks_for
+
+    kinds = {e["peak_kind"] for sec in (report["baseline"], report["swapped"]) if sec
+             for e in (sec.get("limits") or {}).values()}
+    peaks = peaks_for((report.get("environment") or {}).get("gpu"))
+    if peaks is None or "datasheet" not in kinds:
+        return "no datasheet peaks for this device: shares are of the plan's measured matmul and copy rates"
+    return (f"peaks: {peaks.name}, dense, from the {peaks.source}"
+            + ("; where it states none, the plan's measured rates" if "measured" in kinds else ""))
+
+
 def model_line(report: dict) -> str:
     m = report["model"]
     tok = f"{m['tokens']} tokens" + (f" + {m['text_tokens']} text" if m.get("text_tokens") else "")
@@ -310,6 +364,15 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
             for row in sec["top_ops"][:5]:
                 top.add_row(sec["label"], row["op"], row["category"], _ms(row["ms"]))
     console.print(top)
+    rows = limit_rows(report)
+    if rows:
+        lim = Table(title="how close to the limit (per block call)", caption=limits_note(report), title_justify="left",
+                    caption_justify="left")
+        for i, name in enumerate(LIMIT_HEADER):
+            lim.add_column(name, justify="right" if i >= 2 else "left")
+        for row in rows:
+            lim.add_row(*row)
+        console.print(lim)
     if report.get("swap_skipped"):
         console.print(f"swap not run: {report['swap_skipped']}")
     for sec in (report["baseline"], report["swapped"]):
@@ -329,6 +392,25 @@ COMPILED_NOTE = (
     "(SDPA, `ditprof::fp8_attention`, `ditprof_compile::opaque_attention`), an inductor kernel by the aten ops it "
     "is named after: one category, that category; several (a norm with its modulation, a GEMM epilogue), "
     "`fused`. The compiled runtime's host time (guards, wrappers) is in the block time, not in the split.")
+
+
+LIMITS_TEXT = ("Attention and GEMM: the plan's FLOPs per block call over the category's time in the split; norm "
+               "and elementwise: the bytes their ops read and write (from the profiled calls' recorded shapes, the "
+               "output estimated from the inputs) over their time. The share is of the device's dense datasheet "
+               "peak in the format the category ran in (an FP8 attention swap and FP8 linears: the FP8 peak), or, "
+               "for a device not in the table, of the plan's measured matmul / copy rate. A numerics emulation's "
+               "time is no speed: no share.")
+
+
+def limit_lines(report: dict) -> list[str]:
+    """report.md's "How close to the limit" table (none without ``limits``)."""
+    rows = limit_rows(report)
+    if not rows:
+        return []
+    lines = ["## How close to the limit", "", LIMITS_TEXT, "", limits_note(report)[:1].upper() + limits_note(report)[1:] + ".", "",
+             "| " + " | ".join(LIMIT_HEADER) + " |", "|---|---|---:|---:|---:|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines + [""]
 
 
 def markdown(report: dict) -> str:
@@ -392,6 +474,7 @@ def markdown(report: dict) -> str:
               "run's folder holds one trace per rank).", ""]
     lines += linears_lines(report)
     lines += fp8_launch_lines(report)
+    lines += limit_lines(report)
     for sec in (report["baseline"], report["swapped"]):
         if not sec:
             continue

@@ -42,6 +42,7 @@ class RunPlan:
     note: str = ""
     swap_name: str | None = None
     swap_attention_flops_per_s: float | None = None  # a numerics emulation's own rate (far below SDPA's)
+    copy_bytes_per_s: float | None = None  # measured device copy rate (read + write): report.limits' fallback
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +61,8 @@ class RunPlan:
             f"{self.matmul_flops_per_s / 1e12:.3g}, SDPA {self.attention_flops_per_s / 1e12:.3g}"
             + (f", {self.swap_name} {self.swap_attention_flops_per_s / 1e12:.3g}"
                if self.swap_attention_flops_per_s else "")
-            + f" TFLOP/s), {self.calls} calls: ~{human_duration(self.run_s_estimate)}",
+            + " TFLOP/s" + (f", copy {self.copy_bytes_per_s / 1e9:.3g} GB/s" if self.copy_bytes_per_s else "")
+            + f"), {self.calls} calls: ~{human_duration(self.run_s_estimate)}",
         ] + ([f"plan: {self.note}"] if self.note else [])
 
 
@@ -88,6 +90,23 @@ def measured_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, flo
     q = torch.randn(1, 8, s, 128, device=device).to(dtype)
     attn = 4 * 8 * s * s * 128 / _best_time(lambda: F.scaled_dot_product_attention(q, q, q), device, 3)
     return mm, attn
+
+
+def measured_copy_rate(device: torch.device) -> float:
+    """Bytes/s a device-to-device copy moves (read + write), best of a few: the memory rate a run's norm and
+    elementwise ops are compared with where the device's datasheet peak is not known (CPU: ~10 ms)."""
+    n = (32 if device.type == "cuda" else 4) * 2 ** 20  # float32 elements: 128 MiB / 16 MiB, well past the caches
+    a = torch.empty(n, device=device).fill_(1.0)
+    b = torch.empty_like(a)
+    reps = 8 if device.type == "cuda" else 1  # a few copies per timing: one H100 copy is ~80 us
+
+    def copies():
+        for _ in range(reps):
+            b.copy_(a)
+
+    rate = 2 * a.numel() * a.element_size() * reps / _best_time(copies, device, 4)
+    del a, b
+    return rate
 
 
 def emulated_attention_rate(name: str | None, device: torch.device, dtype: torch.dtype) -> float | None:
@@ -131,6 +150,7 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     budget, budget_src = _budget(spec)
     mm, attn = rates or measured_rates(spec.device, spec.dtype)
     swap_attn = None if rates else emulated_attention_rate(spec.swap, spec.device, spec.dtype)
+    copy = None if rates else measured_copy_rate(spec.device)
     block_s = (est["gemm_flops"] / mm + est["attention_flops"] / attn) * OTHER_OPS_FACTOR
     swap_block_s = block_s if swap_attn is None else (
         (est["gemm_flops"] / mm + est["attention_flops"] / swap_attn) * OTHER_OPS_FACTOR)
@@ -152,7 +172,7 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
                    activation_bytes=est["activation_bytes"], peak_bytes=peak, budget_bytes=budget,
                    budget_source=budget_src, matmul_flops_per_s=mm, attention_flops_per_s=attn, block_ms_estimate=block_s * 1e3,
                    calls=calls, run_s_estimate=run_s, swap_name=spec.swap if swap_attn else None,
-                   swap_attention_flops_per_s=swap_attn)
+                   swap_attention_flops_per_s=swap_attn, copy_bytes_per_s=copy)
 
 
 def check_plan(plan: RunPlan, *, time_limit_min: float, yes: bool) -> None:

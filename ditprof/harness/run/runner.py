@@ -15,7 +15,7 @@ from rich.progress import Progress
 from ditprof.errors import DitprofError
 from ditprof import dispatch
 from ditprof.progress import make_progress
-from ditprof.harness.report import document
+from ditprof.harness.report import document, limits
 from ditprof.harness.report import summary as report
 from ditprof.harness.run import atomic, compile_mode
 from ditprof.harness.run.environment import environment
@@ -324,6 +324,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
             rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
             rep["interleaved"] = inter
             rep["plan"] = plan.as_dict()
+            limits.add_limits(rep)  # rates and shares of peak per category: needs the plan's FLOPs and rates
             if skipped:
                 rep["swap_skipped"] = skipped
                 console.print(f"[yellow]swap not run[/]: {skipped}")

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ditprof.harness.trace.categories import BLOCK_RANGE, Split, load_trace, split_trace
+from ditprof.harness.trace.op_bytes import category_bytes
 from ditprof.harness.run.finite import NonFiniteOutput
 
 
@@ -52,6 +53,8 @@ class BackendRun:
     graph_note: str = ""
     output: torch.Tensor | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
+    # norm / elementwise bytes per block call from the profiled calls' recorded shapes (trace.op_bytes)
+    split_bytes: dict[str, Any] | None = None
 
     @property
     def block_ms(self) -> dict[str, float]:
@@ -261,7 +264,7 @@ def _profiled_window(call: Callable[[], torch.Tensor], device: torch.device, ite
         schedule=torch.profiler.schedule(wait=0, warmup=1, active=iters, repeat=1),
         on_trace_ready=handler,
         profile_memory=device.type == "cpu",  # CUDA peak comes from the caching allocator instead
-        record_shapes=False,
+        record_shapes=True,  # the bytes of the norm / elementwise ops (trace.op_bytes); a few % of host time
     )
     with _without_kineto_chatter(), prof:
         for i in range(iters + 1):
@@ -317,6 +320,7 @@ def measure(
 
     trace = load_trace(tb_file)
     split = split_trace(trace, mode="cuda" if device.type == "cuda" else "cpu")
+    moved = category_bytes(trace, list_itemsize=output.element_size())
     trace_name = f"{label}.trace.json.gz"
     with open(tb_file, "rb") as src, gzip.open(workdir / trace_name, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
@@ -328,5 +332,5 @@ def measure(
         label=label, backend=backend, device=str(device), timing_source=source, samples_ms=samples,
         split=split, profiled_block_ms=profiled, peak_memory_bytes=peak, peak_memory_source=peak_source,
         trace_file=trace_name, tb_file=str(tb_file.relative_to(workdir)), output=output,
-        graph_samples_ms=graph_samples, graph_note=graph_note,
+        graph_samples_ms=graph_samples, graph_note=graph_note, split_bytes=moved.to_dict(),
     )
