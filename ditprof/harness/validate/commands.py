@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ditprof.errors import DitprofError
+from ditprof.report_stdout import stdout_to_stderr
 
 ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
 CPU_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "qwen-image", "flux.1-dev", "hunyuan-video", "ltx-video",
@@ -67,8 +68,9 @@ def cmd_validate(args) -> int:
         stream=True if args.stream else None, compile=compile_as,
     )
     console = _console(args.json)
-    rep = validate(spec, console)
-    write(rep, out)
+    with stdout_to_stderr(args.json):
+        rep = validate(spec, console)
+        write(rep, out)
     if args.json:
         sys.stdout.write(to_json(rep))
     else:
@@ -271,8 +273,9 @@ def cmd_accuracy_table(args) -> int:
     if not_run:
         console.print(f"accuracy-table on {device.type}: leaves out {', '.join(not_run)} of the CUDA default, "
                       f"{CPU_LEFT_OUT_WHY}", markup=False, highlight=False, soft_wrap=True)
-    rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed, console=console,
-                         qk_outliers=args.qk_outliers, presets_not_run=not_run)
+    with stdout_to_stderr(args.json):
+        rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed,
+                             console=console, qk_outliers=args.qk_outliers, presets_not_run=not_run)
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / "accuracy-table.md", accuracy_markdown(rep))
         atomic.write_text(stage / "accuracy-table.json", json.dumps(rep, indent=2, default=_json_default) + "\n")
