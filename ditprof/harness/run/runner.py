@@ -226,13 +226,13 @@ def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base: Sequence[Swap], 
     if not spec.interleave:
         return None
     phase = Phases(progress, "interleaved")
-    phase("baseline / swapped in turns", 0, 1)
+    what, n = "baseline / swapped in turns, rounds", spec.interleave
+    phase(what, 0, n)
     with torch.inference_mode():
         rounds = time_interleaved({
             "baseline": (lambda: measured_block(loaded.module, base), lambda: inputs.run(loaded.module)),
             "swapped": (lambda: measured_block(loaded.module, swapped), lambda: inputs.run(loaded.module)),
-        }, spec.device, spec.interleave)
-    phase("baseline / swapped in turns", 1, 1)
+        }, spec.device, n, on_round=lambda r: phase(what, r, n))
     flat = {k: [x for r in v for x in r] for k, v in rounds.items()}
     return {"rounds": spec.interleave, "calls_per_round": INTERLEAVED_CALLS_PER_ROUND,
             "method": "eager block calls, baseline and swapped in turns (the order reversed every round), one untimed "
