@@ -66,7 +66,8 @@ def make_progress(console, unit: str | None = None, quiet_s: float = 0.0) -> Any
 
 class LineProgress:
     """The subset of rich's Progress the commands use, as plain lines. ``add_task(..., unit="bytes")`` counts in
-    bytes; ``start=`` dates a task from an earlier moment (a phase whose first report comes at its end)."""
+    bytes; ``start=`` dates a task from an earlier moment and ``completed=`` starts it part done (a phase whose
+    first report comes at its end: one line, "done in")."""
 
     def __init__(self, console, clock=time.monotonic, heartbeat: bool = True, quiet_s: float = 0.0):
         self.console, self.clock = console, clock
@@ -126,11 +127,11 @@ class LineProgress:
             self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def add_task(self, description: str, total: float | None = None, start: float | None = None,
-                 unit: str | None = None, **_: Any) -> int:
+                 unit: str | None = None, completed: float = 0, **_: Any) -> int:
         with self._lock:
             tid = len(self.tasks)
             now = self.clock()
-            self.tasks[tid] = {"description": description, "total": total or 0, "completed": 0,
+            self.tasks[tid] = {"description": description, "total": total or 0, "completed": completed,
                                "start": now if start is None else start, "printed": now, "unit": unit}
             self._line(self.tasks[tid], force=True)
         return tid

@@ -100,3 +100,49 @@ def test_qk_outlier_norms_per_head_and_across_heads():
             assert int((per_head[0] == QK_OUTLIER_FACTOR).sum()) == 4 and int((per_head[0] == 1).sum()) == 8
         else:
             assert torch.equal(p, before[name])
+
+
+def _help_of(command: str) -> str:
+    import argparse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command].format_help()
+
+
+def test_help_lists_the_default_preset_tuples():
+    """The --presets help is built from the tuples the run uses: the CPU list, then the CUDA extras (issue 41)."""
+    import re
+
+    from ditprof.harness.validate import commands
+
+    flat = re.sub(r"\s+", "", _help_of("accuracy-table"))  # argparse wraps lines, also at hyphens
+    m = re.search(r"defaultonCPU:(.*?);onCUDAalso(.*?),notonCPU:", flat)
+    assert m, flat
+    cpu, extras = m.group(1).split(","), m.group(2).split(",")
+    assert tuple(cpu) == commands.CPU_ACCURACY_PRESETS
+    assert tuple(cpu + extras) == commands.CUDA_ACCURACY_PRESETS
+    assert re.sub(r"\s+", "", commands.CPU_LEFT_OUT_WHY) in flat
+    tokens = ",".join(map(str, commands.CPU_ACCURACY_TOKENS)) + "onCPU"
+    assert tokens in flat and ",".join(map(str, commands.CUDA_ACCURACY_TOKENS)) + "onCUDA" in flat
+
+
+def test_cpu_default_names_the_presets_it_leaves_out(tmp_path, capsys, monkeypatch):
+    """A CPU run of the default list prints one line naming the CUDA-only presets and records them in the JSON."""
+    from ditprof.harness.validate import commands
+
+    monkeypatch.setattr(commands, "CPU_ACCURACY_PRESETS", ("wan-tiny",))
+    monkeypatch.setattr(commands, "CUDA_ACCURACY_PRESETS", ("wan-tiny", "flux-tiny", "ltx2-tiny"))
+    assert main(["accuracy-table", "--tokens", "48", "--device", "cpu", "--out", str(tmp_path / "a"),
+                 "--json"]) == 0
+    cap = capsys.readouterr()
+    rep = json.loads(cap.out)
+    assert rep["presets"] == ["wan-tiny"] and {r["preset"] for r in rep["rows"]} == {"wan-tiny"}
+    assert rep["presets_not_run"] == {"flux-tiny": commands.CPU_LEFT_OUT_WHY, "ltx2-tiny": commands.CPU_LEFT_OUT_WHY}
+    notes = [ln for ln in cap.err.splitlines() if "leaves out" in ln]
+    assert len(notes) == 1 and "flux-tiny, ltx2-tiny" in notes[0] and notes[0].endswith("--presets runs them"), cap.err
+    # a named list runs as given: nothing left out, no note
+    assert main(["accuracy-table", "--presets", "wan-tiny", "--tokens", "48", "--device", "cpu",
+                 "--out", str(tmp_path / "b"), "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["presets_not_run"] == {} and "leaves out" not in cap.err

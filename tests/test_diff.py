@@ -71,3 +71,37 @@ def test_diff_bad_input_is_one_line(two_runs, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
         assert not out.exists()
+
+
+def test_terminal_table_names_each_ops_category():
+    """One op name in two categories (an aten::copy_ inside attention and outside) gives two distinguishable rows,
+    as in diff.md (issue 41)."""
+    import io
+
+    from rich.console import Console
+
+    from ditprof.harness.trace.diff import terminal_table
+
+    band = {"median": 2.0, "min": 2.0, "max": 2.0}
+    d = {"a": {"name": "A"}, "b": {"name": "B"},
+         "block_ms": {"a": band, "b": {**band, "median": 1.5}, "verdict": None},
+         "categories": [{"category": c, "a_ms": 1.0, "b_ms": 0.75, "delta_ms": -0.25}
+                        for c in ("attention", "elementwise")],
+         "ops": [{"op": "aten::copy_", "category": c, "a_ms": 0.5, "b_ms": 0.25, "delta_ms": -0.25}
+                 for c in ("attention", "elementwise")]}
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(terminal_table(d))
+    rows = [ln for ln in buf.getvalue().splitlines() if "aten::copy_" in ln]
+    cells = [[c.strip() for c in ln.split("│")[1:3]] for ln in rows]
+    assert cells == [["aten::copy_", "attention"], ["aten::copy_", "elementwise"]]
+    header = next(ln for ln in buf.getvalue().splitlines() if "A ms" in ln)
+    assert "category" in header
+
+
+def test_diff_cli_table_has_the_category_column(two_runs, capsys):
+    assert main(["diff", str(two_runs / "cmp") + ":baseline", str(two_runs / "prof"),
+                 "--out", str(two_runs / "d3")]) == 0
+    d = json.loads((two_runs / "d3" / "diff.json").read_text())
+    printed = capsys.readouterr().out
+    for r in d["ops"][:8]:  # every op row of the table carries its category next to its name
+        assert any(r["op"][:60] in ln and f"│ {r['category']}" in ln for ln in printed.splitlines()), r

@@ -51,8 +51,15 @@ def test_extrapolate():
     assert ex["amdahl_predicted_speedup"] == pytest.approx(1 / 0.75)
     assert ex["amdahl_predicted_swapped_block_ms"] == pytest.approx(7.5)
     assert ex["measured_swapped_block_ms"] == 8.0
+    assert ex["speedup_note"] is None
     only = extrapolate(n_blocks=30, baseline_block_ms=base)
     assert only["baseline_ms"] == 300.0 and only["swapped_ms"] is None and only["speedup"] is None
+    emu = extrapolate(n_blocks=40, baseline_block_ms=base, swapped_block_ms=sw, baseline_attention_share=0.5,
+                      baseline_attention_ms=5.0, swapped_attention_ms=2.5, numerics_only=True)
+    assert emu["swapped_ms"] == pytest.approx(320.0) and emu["measured_swapped_block_ms"] == 8.0  # times kept
+    assert [emu[k] for k in ("speedup", "attention_speedup", "amdahl_predicted_speedup",
+                             "amdahl_predicted_swapped_block_ms")] == [None] * 4
+    assert emu["speedup_note"].startswith("numerics only:")
 
 
 # --------------------------------------------------------------------------- memory budget

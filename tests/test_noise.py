@@ -67,6 +67,11 @@ def test_report_rows_say_within_noise_numerics_only_and_negative_overhead(monkey
     rows = {r[0]: r for r in report.summary_rows(emu)}
     assert rows["block (host clock) median [min–max]"][3] == "numerics only"
     assert rows["model time (2 blocks)"][3] == "numerics only" and emu["noise"]["numerics_only"]
+    # the report's own form: the ratios None with the note; the rows still say "numerics only" and do not crash
+    emu["extrapolation"].update(speedup=None, attention_speedup=None, amdahl_predicted_speedup=None,
+                                speedup_note="numerics only: emulated")
+    rows = {r[0]: r for r in report.summary_rows(emu)}
+    assert rows["model time (2 blocks)"][3] == "numerics only" and not any(k.startswith("Amdahl") for k in rows)
     clean = _report(_section([10.0, 10.1, 10.2]), _section([5.0, 5.1, 5.2]))
     assert {r[0]: r for r in report.summary_rows(clean)}["block (host clock) median [min–max]"][3] == "1.98x"
     assert clean["noise"]["warning"] is None

@@ -349,3 +349,14 @@ def test_joint_wrapper_world_one(tmp_path):
             assert torch.equal(SP.joint_ulysses_backend(inner, 1, 0, 5, first)(q, k, v), inner(q, k, v))
     finally:
         dist.destroy_process_group()
+
+
+def test_sp_json_stdout_is_the_report_alone(tmp_path, capfd):
+    """--sp --json: rank 0's progress lines go to stderr with everything else; stdout parses as the report."""
+    assert cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--sp", "2", "--iters", "1",
+                     "--warmup", "1", "--json", "--out", str(tmp_path / "run")]) == 0
+    cap = capfd.readouterr()
+    assert cap.out.startswith("{"), cap.out[:120]
+    rep = json.loads(cap.out)
+    assert rep["sp"]["degree"] == 2 and rep["extrapolation"]["speedup"] is None  # fp8-emulated: numerics only
+    assert "rank 0 of 2: timing" in cap.err

@@ -58,9 +58,11 @@ def register(subparsers) -> None:
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     from ditprof.kernels import accuracy
+    from ditprof.report_stdout import stdout_to_stderr
 
     shape = accuracy.parse_shape(args.shape) if args.shape else None
-    results, notes = accuracy.run_accuracy(shape, args.kv_len, args.seed, args.device, args.smooth_k)
+    with stdout_to_stderr(args.json):  # --json: kernel compilers' output stays off stdout
+        results, notes = accuracy.run_accuracy(shape, args.kv_len, args.seed, args.device, args.smooth_k)
     for note in notes:
         print(f"ditprof: {note}", file=sys.stderr)
     if args.json:

@@ -150,7 +150,6 @@ def _diff(args) -> int:
     from pathlib import Path
 
     from rich.console import Console
-    from rich.table import Table
 
     from ditprof.errors import DitprofError
     from ditprof.harness.run import atomic
@@ -167,18 +166,9 @@ def _diff(args) -> int:
         atomic.write_text(stage / "diff.md", D.markdown(d))
         atomic.write_text(stage / "diff.json", _json.dumps(d, indent=1) + "\n")
     console = Console(stderr=args.json)
-    v = d["block_ms"]["verdict"]
-    table = Table(title=f"ditprof diff  A: {d['a']['name']}\n              B: {d['b']['name']}", title_justify="left")
-    for col in ("category / op", "A ms", "B ms", "B − A ms"):
-        table.add_column(col, justify="left" if col.startswith("category") else "right")
-    table.add_row("block (median)", f"{d['block_ms']['a']['median']:.3f}", f"{d['block_ms']['b']['median']:.3f}",
-                  f"{d['block_ms']['b']['median'] - d['block_ms']['a']['median']:+.3f}"
-                  + (f" ({v['verdict']})" if v else ""))
-    for r in d["categories"]:
-        table.add_row(r["category"], f"{r['a_ms']:.3f}", f"{r['b_ms']:.3f}", f"{r['delta_ms']:+.3f}")
-    for r in d["ops"][:8]:
-        table.add_row(f"  {r['op'][:60]}", f"{r['a_ms']:.4f}", f"{r['b_ms']:.4f}", f"{r['delta_ms']:+.4f}")
-    console.print(table)
+    if not console.is_terminal and console.width < 120:  # a log or a pipe: the op names and categories unwrapped
+        console = Console(stderr=args.json, width=120)
+    console.print(D.terminal_table(d))
     for note in d["notes"]:
         console.print(f"note: {note}", highlight=False)
     console.print(f"outputs: {out}")

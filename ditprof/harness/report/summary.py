@@ -248,10 +248,14 @@ def _model_rows(report: dict) -> list[Row]:
     b, s, ex, nz = report["baseline"], report["swapped"], report["extrapolation"], report.get("noise") or {}
     scope = f"{ex['n_blocks']} blocks" + (f" × {ex['steps']} steps" if ex["steps"] > 1 else "") + \
         (" × 2 CFG" if ex["cfg"] else "")
+    if not ex["swapped_band_ms"]:
+        change = ""
+    elif ex.get("speedup_note"):  # the ratios are None: a numerics emulation's time is no speed result
+        change = "numerics only"
+    else:
+        change = _judged(s, ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
     rows = [(f"model time ({scope})", _band(ex["baseline_band_ms"]),
-             _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "",
-             _judged(s, ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
-             if ex["speedup"] else "")]
+             _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "", change)]
     if nz.get("warning"):
         rows.append(("timing noise", nz["warning"], "", ""))
     if ex.get("amdahl_predicted_speedup") and not nz.get("numerics_only"):

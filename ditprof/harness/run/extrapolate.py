@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import math
 
+from ditprof.harness.run.noise import NUMERICS_ONLY_WHY
+
+# the extrapolation's ``speedup_note`` where the ratios are None: what the summary prints in their place
+NUMERICS_ONLY_NOTE = f"numerics only: {NUMERICS_ONLY_WHY}"
 
 def scale_factor(n_blocks: int, steps: int | None = None, cfg: bool = False) -> int:
     if n_blocks < 1:
@@ -39,12 +43,15 @@ def extrapolate(
     swapped_attention_ms: float | None = None,
     steps: int | None = None,
     cfg: bool = False,
+    numerics_only: bool = False,
 ) -> dict:
     """The report's ``extrapolation`` section.
 
     ``baseline_ms``/``swapped_ms`` are medians scaled to the whole model (``*_band`` hold min/max);
     ``speedup`` is measured (baseline/swapped medians); ``amdahl_predicted_speedup`` uses the baseline
-    attention share and the attention-only speedup from the profiler split.
+    attention share and the attention-only speedup from the profiler split. ``numerics_only``: the swap emulates
+    a kernel's numerics, so its times are kept but every ratio derived from them is None and ``speedup_note``
+    says why (as the summary's "numerics only").
     """
     factor = scale_factor(n_blocks, steps, cfg)
     out: dict = {
@@ -61,13 +68,17 @@ def extrapolate(
         "amdahl_predicted_speedup": None,
         "amdahl_predicted_swapped_block_ms": None,
         "measured_swapped_block_ms": None,
+        "speedup_note": None,
     }
     if swapped_block_ms is None:
         return out
     out["swapped_ms"] = swapped_block_ms["median"] * factor
     out["swapped_band_ms"] = band(swapped_block_ms, factor)
-    out["speedup"] = baseline_block_ms["median"] / swapped_block_ms["median"]
     out["measured_swapped_block_ms"] = swapped_block_ms["median"]
+    if numerics_only:
+        out["speedup_note"] = NUMERICS_ONLY_NOTE
+        return out
+    out["speedup"] = baseline_block_ms["median"] / swapped_block_ms["median"]
     if baseline_attention_share is not None and baseline_attention_ms and swapped_attention_ms:
         a = baseline_attention_ms / swapped_attention_ms
         pred = amdahl(baseline_attention_share, a)

@@ -12,6 +12,7 @@ import statistics
 
 SPREAD_LIMIT = 0.25  # (p75 - p25) / median above this: the samples are too noisy to rank
 LOAD_LIMIT = 0.75  # load average per core above this: the CPU is shared with other work
+NUMERICS_ONLY_WHY = "the swapped backend emulates a kernel's numerics in torch: its time is not a speed"
 
 
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
@@ -38,7 +39,7 @@ def change(base: list[float] | None, new: list[float] | None, *, numerics_only: 
            "baseline_iqr_ms": [b25, b75], "new_iqr_ms": [n25, n75]}
     if numerics_only:
         return {**out, "verdict": "numerics only",
-                "why": "the swapped backend emulates a kernel's numerics in torch: its time is not a speed"}
+                "why": NUMERICS_ONLY_WHY}
     noisy = max(out["baseline_spread"], out["new_spread"])
     if noisy > SPREAD_LIMIT:
         return {**out, "verdict": "within noise",

@@ -67,13 +67,16 @@ def model_section(spec: Any, loaded: Any, inputs: Any) -> dict:
 
 
 class Phases:
-    """rich progress for warm-up / timing / profiling of one backend."""
+    """rich progress for warm-up / timing / profiling of one backend: ``phases(name, done, total)``, called as each
+    call of a phase ends (``session.measure``'s ``on_phase``)."""
 
     def __init__(self, progress: Progress | None, label: str):
         self.progress = progress
         self.label = label
         self.tasks: dict[str, Any] = {}
-        self.last = time.monotonic()  # a phase starts where the previous report left off
+        # the line progress's own clock, so that a phase's start and its lines' times are read off one clock
+        self.clock = progress.clock if isinstance(progress, LineProgress) else time.monotonic
+        self.last = self.clock()  # a phase starts where the previous report left off
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         if self.progress is None:
@@ -81,9 +84,10 @@ class Phases:
         if phase not in self.tasks:
             # a phase reported first at its end (one warm-up call) is dated from the previous report
             start = {"start": self.last} if isinstance(self.progress, LineProgress) else {}
-            self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total, **start)
+            self.tasks[phase] = self.progress.add_task(f"{self.label}: {phase}", total=total, completed=done,
+                                                       **start)
         self.progress.update(self.tasks[phase], completed=done, total=total)
-        self.last = time.monotonic()
+        self.last = self.clock()
 
 
 def plot_title(rep: dict) -> str:

@@ -34,6 +34,8 @@ from ditprof.harness.swaps.linears import LinearsSwap
 from ditprof.kernels.fp8_linear import Fp8LinearConfig, fp8_tensor_cores
 from ditprof.harness.swaps.base import label as swaps_label
 from ditprof.kernels.fp8_config import Fp8Options
+from ditprof.kernels import registry
+from ditprof.report_stdout import stdout_to_stderr
 from ditprof.kernels.registry import Backend
 
 from ditprof.harness.cli.args import DEFAULT_CPU_PRESET, DEFAULT_CUDA_PRESET  # noqa: F401 -- re-exported
@@ -252,13 +254,13 @@ def _interleaved(spec: RunSpec, loaded: Any, inputs: Any, base: Sequence[Swap], 
     if not spec.interleave:
         return None
     phase = Phases(progress, "interleaved")
-    phase("baseline / swapped in turns", 0, 1)
+    what, n = "baseline / swapped in turns, rounds", spec.interleave
+    phase(what, 0, n)
     with torch.inference_mode():
         rounds = time_interleaved({
             "baseline": (lambda: measured_block(loaded.module, base), lambda: inputs.run(loaded.module)),
             "swapped": (lambda: measured_block(loaded.module, swapped), lambda: inputs.run(loaded.module)),
-        }, spec.device, spec.interleave)
-    phase("baseline / swapped in turns", 1, 1)
+        }, spec.device, n, on_round=lambda r: phase(what, r, n))
     flat = {k: [x for r in v for x in r] for k, v in rounds.items()}
     return {"rounds": spec.interleave, "calls_per_round": INTERLEAVED_CALLS_PER_ROUND,
             "method": "eager block calls, baseline and swapped in turns (the order reversed every round), one untimed "
@@ -343,7 +345,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         baseline_attention_share=base.split.attention_share,
         baseline_attention_ms=base.split.split_ms["attention"],
         swapped_attention_ms=sw.split.split_ms["attention"] if sw else None,
-        steps=spec.steps, cfg=spec.cfg,
+        steps=spec.steps, cfg=spec.cfg, numerics_only=bool(sw) and registry.is_numerics_only(sw.backend),
     )
     files = ["report.json", "report.md", "split.png", base.trace_file] + ([sw.trace_file] if sw else [])
     files += [base.tb_file] + ([sw.tb_file] if sw else [])
@@ -366,13 +368,14 @@ def run_command(args: Any, command: str, on_done: Callable[[dict, Path], None] |
     console = Console(stderr=spec.json_out)  # --json: stdout carries the report only
     if not console.is_terminal and console.width < 120:
         console = Console(width=120, stderr=spec.json_out)
-    if spec.sp is not None:
-        from ditprof.harness.sp.launch import execute_sp
+    with stdout_to_stderr(spec.json_out):  # --json: nothing but the report on stdout (libraries' writes too)
+        if spec.sp is not None:
+            from ditprof.harness.sp.launch import execute_sp
 
-        rep, out = execute_sp(spec, console)
-    else:
-        rep, out = execute(spec, console)
-    report.print_summary(rep, str(out), console)
+            rep, out = execute_sp(spec, console)
+        else:
+            rep, out = execute(spec, console)
+        report.print_summary(rep, str(out), console)
     if spec.json_out:
         sys.stdout.write(document.to_json(rep))
         sys.stdout.flush()

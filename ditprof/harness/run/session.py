@@ -122,8 +122,10 @@ class Clock:
             m.synchronize()
 
 
-def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tuple[list[float], str]:
-    """Per-call milliseconds, outside the profiler."""
+def time_block(call: Callable[[], Any], device: torch.device, iters: int,
+               on_call: Callable[[int], None] | None = None) -> tuple[list[float], str]:
+    """Per-call milliseconds, outside the profiler. ``on_call(n)`` after each timed call (n calls done so far),
+    outside the timed span: the progress of a phase that can take minutes."""
     samples = []
     if device.type == "cuda":
         for _ in range(iters):
@@ -134,11 +136,15 @@ def time_block(call: Callable[[], Any], device: torch.device, iters: int) -> tup
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end))
+            if on_call:
+                on_call(len(samples))
         return samples, "cuda_events"
     for _ in range(iters):
         t0 = time.perf_counter()
         call()
         samples.append((time.perf_counter() - t0) * 1000.0)
+        if on_call:
+            on_call(len(samples))
     return samples, "host_clock"
 
 
@@ -146,12 +152,14 @@ INTERLEAVED_CALLS_PER_ROUND = 5
 
 
 def time_interleaved(runs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], device: torch.device, rounds: int,
-                     calls: int = INTERLEAVED_CALLS_PER_ROUND) -> dict[str, list[list[float]]]:
+                     calls: int = INTERLEAVED_CALLS_PER_ROUND,
+                     on_round: Callable[[int], None] | None = None) -> dict[str, list[list[float]]]:
     """Eager block calls of several setups taken in turns, so that drift of the host or the clocks during the
     run lands on all of them alike (two phases one after the other put it into their ratio). ``runs``: name ->
     (context factory, call); each turn enters the context, makes one untimed call (the first after a switch),
     times ``calls`` calls as ``time_block`` does and leaves; the order of the turns reverses every round, so no
-    setup always follows the same one. Returns name -> per-round lists of milliseconds."""
+    setup always follows the same one; ``on_round(n)`` after each round. Returns name -> per-round lists of
+    milliseconds."""
     names = list(runs)
     out: dict[str, list[list[float]]] = {n: [] for n in names}
     for r in range(rounds):
@@ -162,6 +170,8 @@ def time_interleaved(runs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]
                 _sync(device)
                 samples, _ = time_block(call, device, calls)
             out[name].append(samples)
+        if on_round:
+            on_round(r + 1)
     return out
 
 
@@ -170,7 +180,8 @@ def time_interleaved(runs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]
 GRAPH_REPLAY_TOLERANCE = 1e-3
 
 
-def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int
+def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int,
+                     on_call: Callable[[int], None] | None = None
                      ) -> tuple[list[float] | None, str, torch.Tensor | None]:
     """Capture ``call`` once into a CUDA graph, then time ``iters`` replays with CUDA events.
 
@@ -178,7 +189,7 @@ def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int
     block call; for small blocks (a few ms) that can be most of the eager time, and it differs between
     attention backends (ours runs Triton + CuTe-DSL launches from Python). Returns (samples, note, output on
     the CPU); samples None when the block cannot be captured (a host sync, a CPU-side branch on GPU data...),
-    with the reason in ``note``: the caller reports it and goes on."""
+    with the reason in ``note``: the caller reports it and goes on. ``on_call``: as ``time_block``'s, per replay."""
     if device.type != "cuda":
         return None, "no CUDA graphs on the CPU", None
     graph = torch.cuda.CUDAGraph()
@@ -199,7 +210,7 @@ def time_block_graph(call: Callable[[], Any], device: torch.device, iters: int
             torch.cuda.synchronize(device)
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return None, f"not capturable: {type(exc).__name__}: {first}", None
-    samples, _ = time_block(graph.replay, device, iters)
+    samples, _ = time_block(graph.replay, device, iters, on_call)
     result = out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else None
     del graph, out
     torch.cuda.empty_cache()  # the graph's private memory pool: gone before the profiled window
@@ -234,7 +245,8 @@ def _graph_timing(call: Callable[[], torch.Tensor], device: torch.device, iters:
                   phase: Callable[[str, int, int], None]) -> tuple[list[float] | None, str]:
     """CUDA-graph replay samples (None where the replay's output is not the eager ``output``) and their note."""
     phase("CUDA graph", 0, iters)
-    graph_samples, graph_note, graph_out = time_block_graph(call, device, iters)
+    graph_samples, graph_note, graph_out = time_block_graph(call, device, iters,
+                                                            lambda n: phase("CUDA graph", n, iters))
     phase("CUDA graph", iters, iters)
     if graph_out is not None and not torch.equal(graph_out, output):
         # same kernels on the same inputs: bit-identical unless a kernel is non-deterministic; a replay
@@ -308,8 +320,7 @@ def measure(
         output = _warm_up(call, device, warmup, f"{label} ({backend})", phase)
 
         phase("timing", 0, iters)
-        samples, source = time_block(call, device, iters)
-        phase("timing", iters, iters)
+        samples, source = time_block(call, device, iters, lambda n: phase("timing", n, iters))  # each call
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
             peak_source = "torch.cuda.max_memory_allocated"

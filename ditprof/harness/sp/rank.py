@@ -23,6 +23,7 @@ from ditprof.harness.sp import distributed
 from ditprof.harness.swaps import backends
 from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.trace.categories import ALL_CATEGORIES, COMMUNICATION
+from ditprof.kernels import registry
 from ditprof.harness.run.environment import environment
 from ditprof.harness.run.extrapolate import extrapolate
 from ditprof.harness.run.memory import memory_budget
@@ -176,7 +177,7 @@ def rank_body(rank: int, world: int, local_rank: int, spec, stage: Path, *, laun
                                                                                         init_method)
     base_b = backends.resolve(spec.baseline, device, spec.fp8_options)
     swap_b = backends.resolve(spec.swap, device, spec.fp8_options) if spec.swap else None
-    console = Console() if rank == 0 else None
+    console = Console(stderr=spec.json_out) if rank == 0 else None  # --json: stdout carries the report only
     with memory_budget(spec.gpu_memory, device) as budget:
         loaded = load_block(spec.source, spec.block, kind=spec.kind, device=device, dtype=spec.dtype,
                             progress=rank == 0)
@@ -236,6 +237,7 @@ def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, 
         baseline_attention_ms=base["split_ms"]["attention"],
         swapped_attention_ms=sw["split_ms"]["attention"] if sw else None,
         steps=spec.steps, cfg=spec.cfg,
+        numerics_only=bool(sw) and registry.is_numerics_only(sw["attention_backend"]),
     )
     ex["uses"] = "slowest rank (largest median block time)"
     files = ["report.json", "report.md", "split.png"]

@@ -162,6 +162,31 @@ def markdown(d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+TABLE_OPS = 8  # op rows of the terminal table (diff.md lists the --top ones)
+
+
+def terminal_table(d: dict, ops: int = TABLE_OPS):
+    """The terminal table: the block, each category, then the ops that changed most -- each op with its category,
+    as diff.md has it (one op name can count in two categories, e.g. an aten::copy_ inside attention)."""
+    from rich.table import Table
+
+    v = d["block_ms"]["verdict"]
+    table = Table(title=f"ditprof diff  A: {d['a']['name']}\n              B: {d['b']['name']}",
+                  title_justify="left")
+    for col in ("row", "category", "A ms", "B ms", "B − A ms"):
+        table.add_column(col, justify="left" if col in ("row", "category") else "right")
+    a_med, b_med = d["block_ms"]["a"]["median"], d["block_ms"]["b"]["median"]
+    table.add_row("block (median)", "", f"{a_med:.3f}", f"{b_med:.3f}",
+                  f"{b_med - a_med:+.3f}" + (f" ({v['verdict']})" if v else ""))
+    for r in d["categories"]:
+        table.add_row("category total", r["category"], f"{r['a_ms']:.3f}", f"{r['b_ms']:.3f}",
+                      f"{r['delta_ms']:+.3f}")
+    for r in d["ops"][:ops]:
+        table.add_row(f"  {r['op'][:60]}", r["category"], f"{r['a_ms']:.4f}", f"{r['b_ms']:.4f}",
+                      f"{r['delta_ms']:+.4f}")
+    return table
+
+
 def png(d: dict) -> bytes:
     import io
 

@@ -11,12 +11,17 @@ import sys
 from typing import Any
 
 from ditprof.errors import DitprofError
+from ditprof.report_stdout import stdout_to_stderr
 
 ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
 CPU_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "qwen-image", "flux.1-dev", "hunyuan-video", "ltx-video",
                         "cogvideox-5b")
 # hunyuan-video-1.5's mask masks positions: the fp8 backends take it as per-batch key subsets
 CUDA_ACCURACY_PRESETS = CPU_ACCURACY_PRESETS + ("flux.2-dev", "ltx-2", "hunyuan-video-1.5")
+# why a CPU run's default leaves the CUDA extras out (the --help text, the run's note and its JSON say it)
+CPU_LEFT_OUT_WHY = ("too slow for a CPU default: flux.2-dev's block has ~0.98 B parameters, ltx-2 runs six "
+                    "attention calls a block with a 1024-row prompt, hunyuan-video-1.5 a 1985-row text stream; "
+                    "--presets runs them")
 CUDA_ACCURACY_TOKENS = (1024, 4096, 16384)
 CPU_ACCURACY_TOKENS = (256, 1024)
 
@@ -64,8 +69,9 @@ def cmd_validate(args) -> int:
         stream=True if args.stream else None, compile=compile_as, fp8_options=fp8_options_of(args),
     )
     console = _console(args.json)
-    rep = validate(spec, console)
-    write(rep, out)
+    with stdout_to_stderr(args.json):
+        rep = validate(spec, console)
+        write(rep, out)
     if args.json:
         sys.stdout.write(to_json(rep))
     else:
@@ -138,12 +144,14 @@ def _preset_rows(preset, tokens: list[int], base, sw: list, device, seed: int, q
 
 
 def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, swaps: list[str], *,
-                   baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False) -> dict:
+                   baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False,
+                   presets_not_run: dict[str, str] | None = None) -> dict:
     """Block-output rel-RMS and cosine of each swap backend vs the baseline on the same inputs.
 
     One row per (preset, token count, backend). A token count a family cannot take is recorded as a row
     with its reason, and the run goes on. ``qk_outliers``: the synthetic QK-norm weights get a few large channels
-    per head (``synthetic.qk_outlier_norms``), as trained DiTs have.
+    per head (``synthetic.qk_outlier_norms``), as trained DiTs have. ``presets_not_run``: the default presets
+    this run left out, with why (recorded as given).
     """
     from contextlib import nullcontext
 
@@ -175,6 +183,7 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
         "baseline": base.name,
         "backends": [s.name for s in sw],
         "presets": presets,
+        "presets_not_run": dict(presets_not_run or {}),
         "tokens": tokens,
         "weights": f"synthetic block 0 of each preset (seed {seed}), bf16, generated on {device.type}"
                    + ("; QK-norm weights with 4 channels per head x 20 (--qk-outliers)" if qk_outliers else ""),
@@ -225,14 +234,30 @@ def accuracy_rich(rep: dict):
     return t
 
 
+def default_presets(device_type: str) -> tuple[list[str], dict[str, str]]:
+    """(the default presets on this device type, {preset the CUDA default has but this run leaves out: why})."""
+    if device_type == "cuda":
+        return list(CUDA_ACCURACY_PRESETS), {}
+    left_out = [p for p in CUDA_ACCURACY_PRESETS if p not in CPU_ACCURACY_PRESETS]
+    return list(CPU_ACCURACY_PRESETS), {p: CPU_LEFT_OUT_WHY for p in left_out}
+
+
+def _presets_help() -> str:
+    extras = [p for p in CUDA_ACCURACY_PRESETS if p not in CPU_ACCURACY_PRESETS]
+    return (f"comma list (default on CPU: {', '.join(CPU_ACCURACY_PRESETS)}; on CUDA also {', '.join(extras)}, "
+            f"not on CPU: {CPU_LEFT_OUT_WHY})")
+
+
 def cmd_accuracy_table(args) -> int:
     from ditprof.harness.run import atomic
     from ditprof.harness.swaps import backends
     from ditprof.harness.run.runner import resolve_device
 
     device = resolve_device(args.device)
-    presets = _parse_list(args.presets, "presets") or list(
-        CUDA_ACCURACY_PRESETS if device.type == "cuda" else CPU_ACCURACY_PRESETS)
+    presets = _parse_list(args.presets, "presets")
+    not_run: dict[str, str] = {}
+    if not presets:
+        presets, not_run = default_presets(device.type)
     tokens = _parse_list(args.tokens, "tokens", int) or list(
         CUDA_ACCURACY_TOKENS if device.type == "cuda" else CPU_ACCURACY_TOKENS)
     if args.backends:
@@ -246,8 +271,12 @@ def cmd_accuracy_table(args) -> int:
     out = default_out(args.out, "accuracy-table")
     atomic.check_writable(out)
     console = _console(args.json)
-    rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed, console=console,
-                         qk_outliers=args.qk_outliers)
+    if not_run:
+        console.print(f"accuracy-table on {device.type}: leaves out {', '.join(not_run)} of the CUDA default, "
+                      f"{CPU_LEFT_OUT_WHY}", markup=False, highlight=False, soft_wrap=True)
+    with stdout_to_stderr(args.json):
+        rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed,
+                             console=console, qk_outliers=args.qk_outliers, presets_not_run=not_run)
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / "accuracy-table.md", accuracy_markdown(rep))
         atomic.write_text(stage / "accuracy-table.json", json.dumps(rep, indent=2, default=_json_default) + "\n")
@@ -314,8 +343,10 @@ def register(subparsers) -> None:
         "accuracy-table", help="swap accuracy per family: block-output rel-RMS and cosine vs sdpa",
         description="For one preset per family, block-output rel-RMS and cosine of fp8-emulated (and fp8 on "
                     "CUDA) vs the baseline on the same inputs, across token counts; writes a table and JSON.")
-    a.add_argument("--presets", help=f"comma list (default: {','.join(CUDA_ACCURACY_PRESETS)})")
-    a.add_argument("--tokens", help="comma list of token counts (default: 1024,4096,16384 on CUDA; 256,1024 on CPU)")
+    a.add_argument("--presets", help=_presets_help())
+    a.add_argument("--tokens", help="comma list of token counts (default: "
+                                    f"{','.join(map(str, CUDA_ACCURACY_TOKENS))} on CUDA; "
+                                    f"{','.join(map(str, CPU_ACCURACY_TOKENS))} on CPU)")
     a.add_argument("--backends", help="comma list of swap backends (default: fp8-emulated, + fp8 on CUDA)")
     a.add_argument("--baseline", default="sdpa", help="reference backend (default sdpa)")
     a.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
