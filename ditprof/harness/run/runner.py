@@ -345,7 +345,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         baseline_attention_share=base.split.attention_share,
         baseline_attention_ms=base.split.split_ms["attention"],
         swapped_attention_ms=sw.split.split_ms["attention"] if sw else None,
-        steps=spec.steps, cfg=spec.cfg, numerics_only=bool(sw) and registry.is_numerics_only(sw.backend),
+        steps=spec.steps, cfg=spec.cfg, numerics_only=bool(sw) and bool(sw.extra.get("numerics_only")),
     )
     files = ["report.json", "report.md", "split.png", base.trace_file] + ([sw.trace_file] if sw else [])
     files += [base.tb_file] + ([sw.tb_file] if sw else [])

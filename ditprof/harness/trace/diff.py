@@ -112,7 +112,7 @@ def diff(a: Side, b: Side, top: int = 15) -> dict:
 
     from ditprof.kernels import registry
 
-    emulated = any(registry.is_numerics_only(s["attention_backend"]) for s in (sa, sb))
+    emulated = any(s.get("numerics_only") or registry.is_numerics_only(s["attention_backend"]) for s in (sa, sb))
     verdict = noise.change(sa.get("samples_ms"), sb.get("samples_ms"), numerics_only=emulated)
     if verdict and verdict["verdict"] in ("faster", "slower"):
         verdict["verdict"] = f"B {verdict['verdict']}"
