@@ -268,3 +268,53 @@ def test_torchao_linear_on_gpu_matches_the_emulation(granularity):
     assert torch.isfinite(out).all()
     assert _rel_rms(out, emu.double()) < 4e-3
     assert _rel_rms(out, ref) < 0.05 and abs(_rel_rms(out, ref) - _rel_rms(emu, ref)) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_each_linear_compiled_gives_torchaos_numbers_and_undoes():
+    """compile_each: the swapped linears are compiled torchao linears whose outputs match the eager torchao ones to
+    rounding (inductor fuses the activation quantization, the e4m3 values are the same), and undo restores the
+    block."""
+    pytest.importorskip("torchao")
+    dev = torch.device("cuda")
+    if not fp8_linear.fp8_tensor_cores(dev):
+        pytest.skip("no FP8 tensor cores")
+    torch.manual_seed(6)
+    block = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).to(
+        dev, torch.bfloat16)
+    x = torch.randn(300, 512, device=dev, dtype=torch.bfloat16)
+    originals = list(block)
+    outs = {}
+    for each in (False, True):
+        swap = LinearsSwap(Fp8LinearConfig("rowwise"), dev, compile_each=each)
+        with torch.no_grad(), swap.applied(block) as inst:
+            rec = inst.record()["linears"]
+            assert rec["swapped"] == ["0", "2"] and ("compiled" in rec["execution"]) == each
+            y = torch.full((300, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+            y.copy_(block(x))
+            outs[each] = y
+        assert all(a is b for a, b in zip(block, originals))
+    assert torch.isfinite(outs[True]).all()
+    assert _rel_rms(outs[True], outs[False].double()) < 4e-3
+
+
+def test_linears_flags_reach_the_swap():
+    """--linears G picks the granularity; eager runs compile each FP8 linear unless --linears-eager; --compile runs
+    never do (the block's compile fuses the quantization itself). On the CPU the swap is the emulation: no compile."""
+    import argparse
+
+    from ditprof.harness.cli import commands
+    from ditprof.harness.run.runner import linears_swap, spec_from_args
+
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers())
+    base = ["compare", "--preset", "flux-tiny", "--device", "cpu", "--linears", "tensorwise"]
+    cases = {(): True, ("--linears-eager",): False, ("--compile",): True}
+    for extra, compile_flag in cases.items():
+        spec = spec_from_args(parser.parse_args(base + list(extra)), "compare")
+        assert spec.linears == "tensorwise" and spec.linears_compile is compile_flag
+        (swap,) = linears_swap(spec, None)
+        assert swap.config.granularity == "tensorwise" and swap.compile_each is False  # emulated on the CPU
+    assert spec_from_args(parser.parse_args(base[:-2]), "compare").linears is None
+    assert linears_swap(spec_from_args(parser.parse_args(base[:-2]), "compare"), None) == []

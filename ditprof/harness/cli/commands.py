@@ -20,11 +20,17 @@ def add_linears_flag(p: argparse.ArgumentParser, compare: bool) -> None:
     from ditprof.kernels.fp8_linear import GRANULARITIES, TORCHAO_PIN
 
     where = "in the swapped run (with its attention backend)" if compare else "in the measured block"
-    p.add_argument_group("linears").add_argument(
+    group = p.add_argument_group("linears")
+    group.add_argument(
         "--linears", choices=GRANULARITIES, metavar="|".join(GRANULARITIES),
         help=f"run the block's linears in FP8 {where}: torchao's dynamic float8 ({TORCHAO_PIN}) with rowwise or "
              f"tensorwise scales on a GPU with FP8 tensor cores (sm_89+), its numerics emulated elsewhere (numerics "
-             f"only); the family keeps its modulation projections in bf16, the report lists every kept linear")
+             f"only); the family keeps its modulation projections in bf16, the report lists every kept linear. "
+             f"In an eager run each FP8 linear is compiled alone (torch.compile), so that inductor fuses torchao's "
+             f"activation quantization into one kernel")
+    group.add_argument("--linears-eager", dest="linears_compile", action="store_false",
+                       help="--linears without the per-linear compile: torchao's eager path, its activation "
+                            "quantization as separate elementwise kernels")
 def add_fp8_flags(group) -> None:
     """``--no-fp8-graphs`` and ``--no-tvm-ffi`` (profile, compare, validate): the run's ``Fp8Options``
     (``args.fp8_options_of``); backends that take no FP8 options (sdpa, ...) ignore them."""

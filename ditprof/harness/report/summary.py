@@ -68,7 +68,7 @@ def linears_lines(report: dict) -> list[str]:
         lin = (sec or {}).get("linears")
         if not lin:
             continue
-        out += [f"## FP8 linears — {sec['label']}", "", f"{lin['path']}; {lin['granularity']} scales.", "",
+        out += [f"## FP8 linears — {sec['label']}", "", f"{lin['path']}; {lin['granularity']} scales; {lin.get('execution', 'as the block runs')}.", "",
                 f"- in FP8 ({len(lin['swapped'])}): " + (", ".join(f"`{n}`" for n in lin["swapped"]) or "none")]
         out += [f"- kept bf16: `{n}` — {why}" for n, why in lin["kept"].items()]
         out.append("")

@@ -80,6 +80,7 @@ class RunSpec:
     # (session.time_interleaved); 0: none
     interleave: int = 0
     linears: str | None = None  # --linears GRANULARITY: the block's linears in FP8 (harness.swaps.linears)
+    linears_compile: bool = True  # eager runs: each FP8 linear compiled alone (--linears-eager: not)
     # what the FP8 backends run with (--no-fp8-graphs, --no-tvm-ffi; backends.resolve); None: the process's
     fp8_options: Fp8Options | None = None
 
@@ -145,7 +146,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         batch=getattr(args, "batch", None) or 1, text_tokens=getattr(args, "text_tokens", None),
         json_out=bool(getattr(args, "json", False)), compile=compile_as,
         interleave=_interleave_rounds(args, command, device, swap_name, compile_as),
-        linears=getattr(args, "linears", None),
+        linears=getattr(args, "linears", None), linears_compile=getattr(args, "linears_compile", True),
         fp8_options=fp8_options_of(args),
     )
 
@@ -204,7 +205,8 @@ def linears_swap(spec: RunSpec, loaded: Any) -> list[Swap]:
     if not spec.linears:
         return []
     family = getattr(loaded, "family", None)
-    return [LinearsSwap(Fp8LinearConfig(spec.linears), spec.device, keep=getattr(family, "fp8_keep_linears", ()))]
+    return [LinearsSwap(Fp8LinearConfig(spec.linears), spec.device, keep=getattr(family, "fp8_keep_linears", ()),
+                        compile_each=spec.linears_compile and not spec.compile)]
 
 
 def _compiler(spec: RunSpec, inputs: Any, label: str, name: str, progress: Progress | None, console: Console,

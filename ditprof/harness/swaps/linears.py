@@ -47,13 +47,17 @@ class LinearsSwap(Swap):
     (FP8 tensor cores: torchao; else the emulation)."""
 
     def __init__(self, config: Fp8LinearConfig, device: torch.device, *,
-                 keep: Sequence[tuple[str, str]] = ()):
+                 keep: Sequence[tuple[str, str]] = (), compile_each: bool = False):
         self.config = config
         self.name = config.name
         self.keep = tuple(keep)
         self.device = torch.device(device)
         self.emulated = not fp8_linear.fp8_tensor_cores(self.device)
         self.numerics_only = self.emulated
+        # an eager block: torchao's activation quantization is half a dozen elementwise kernels per call (abs, amax,
+        # div, clamp, cast) unless inductor fuses them; each swapped linear compiled alone gets that fusion while
+        # the rest of the block stays eager (the emulation is never compiled: it is numerics, not speed)
+        self.compile_each = compile_each and not self.emulated
         if not self.emulated and fp8_linear.torchao_version() is None:
             raise DitprofError(f"--linears {config.granularity} on {self._device_name()} needs "
                                f"{fp8_linear.TORCHAO_PIN}: pip install 'ditprof[fp8-linears]'")
@@ -80,10 +84,19 @@ class LinearsSwap(Swap):
                 return why
         return fp8_linear.unsupported_reason(linear)
 
+    def execution(self) -> str:
+        """How the swapped linears execute, as the report says it."""
+        if self.emulated:
+            return "emulated"
+        if self.compile_each:
+            return "each linear compiled (torch.compile; inductor fuses torchao's activation quantization)"
+        return "as the block runs (eager: torchao's activation quantization unfused; --compile: fused in the block)"
+
     def _replacement(self, linear: torch.nn.Linear) -> torch.nn.Module:
         if self.emulated:
             return fp8_linear.EmulatedFp8Linear(linear, self.config)
-        return fp8_linear.torchao_linear(linear, self.config)
+        fp8 = fp8_linear.torchao_linear(linear, self.config)
+        return torch.compile(fp8, fullgraph=True, dynamic=False) if self.compile_each else fp8
 
     def install(self, block: torch.nn.Module) -> LinearsInstalled:
         linears = [(n, m) for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -108,6 +121,7 @@ class LinearsSwap(Swap):
         total = sum(m.weight.numel() for _, m in linears)
         installed.section = {
             "config": self.config.name, "granularity": self.config.granularity, "path": self.path(),
+            "execution": self.execution(),
             "numerics_only": self.numerics_only, "swapped": swapped, "kept": kept,
             "swapped_weight_share": params / total if total else 0.0,
         }
