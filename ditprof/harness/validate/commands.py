@@ -59,6 +59,7 @@ def cmd_validate(args) -> int:
     out = default_out(args.out, source, prefix="validate-")
     atomic.check_writable(out)
     from ditprof.harness.swaps import backends
+    from ditprof.harness.validate.run import linears_swaps
 
     spec = ValidateSpec(
         source=source, source_kind=source_kind, kind=args.kind, blocks=args.blocks,
@@ -67,7 +68,9 @@ def cmd_validate(args) -> int:
         cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
         seed=args.seed, whole_step=not args.no_whole_step,
         stream=True if args.stream else None, compile=compile_as, fp8_options=fp8_options_of(args),
+        linears=args.linears,
     )
+    linears_swaps(spec, None)  # one line before any work where they cannot run (an FP8 GPU without torchao)
     console = _console(args.json)
     with stdout_to_stderr(args.json):
         rep = validate(spec, console)
@@ -310,9 +313,11 @@ def register(subparsers) -> None:
     src.add_argument("--blocks", type=int, metavar="N",
                      help="blocks to chain (default: all the model's on CUDA, 4 on CPU)")
     src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
-    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags
+    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag
 
     add_fp8_flags(src)
+    add_linears_flag(p, False, where="in every block of the chain (after its attention swap; the accuracy is "
+                                     "against the model's own attention with bf16 linears)")
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     run.add_argument("--tokens", type=int, metavar="N",
