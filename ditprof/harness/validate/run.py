@@ -313,14 +313,14 @@ def _whole_step(spec: ValidateSpec, src: Source, rep: dict, n: int, warmup: int,
     }
 
 
-def linears_swaps(spec: ValidateSpec, family) -> list[Swap]:
-    """``--linears``: every block's linears in FP8, the family's modulation projections kept (none without it)."""
-    if not spec.linears:
+def linears_swaps(granularity: str | None, device: torch.device, family=None) -> list[Swap]:
+    """``--linears``: the block's linears in FP8, the family's modulation projections kept (none without it)."""
+    if not granularity:
         return []
     from ditprof.harness.swaps.linears import LinearsSwap
     from ditprof.kernels.fp8_linear import Fp8LinearConfig
 
-    return [LinearsSwap(Fp8LinearConfig(spec.linears), spec.device, keep=getattr(family, "fp8_keep_linears", ()))]
+    return [LinearsSwap(Fp8LinearConfig(granularity), device, keep=getattr(family, "fp8_keep_linears", ()))]
 
 
 def _swaps(spec: ValidateSpec, src: Source, b, swaps: Sequence[Swap] | None) -> tuple[list, list | None]:
@@ -333,7 +333,7 @@ def _swaps(spec: ValidateSpec, src: Source, b, swaps: Sequence[Swap] | None) -> 
 
             b = for_compile(b)
         swaps = [AttentionSwap(b, uses_dispatcher=src.family.uses_dispatcher, head_dim=head_dim)]
-        swaps += linears_swaps(spec, src.family)
+        swaps += linears_swaps(spec.linears, spec.device, src.family)
     base = backends.resolve(backends.DEFAULT_BASELINE, spec.device, spec.fp8_options)
     reference = [AttentionSwap(base, uses_dispatcher=src.family.uses_dispatcher, head_dim=head_dim)]
     return list(swaps), (None if label(swaps) == label(reference) else reference)
