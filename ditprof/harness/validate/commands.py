@@ -394,7 +394,9 @@ def register(subparsers) -> None:
         "validate", help="run N distinct blocks chained and compare with N x one block",
         description="Chain N distinct blocks (own weights each), time the chain with CUDA events (host clock on "
                     "CPU) and compare with the one-block extrapolation N x block time; also the whole-step "
-                    "estimate (blocks + the model's non-block modules).")
+                    "estimate (blocks + the model's non-block modules); with another attention backend or "
+                    "--linears, the accuracy of the blocks' output against sdpa with bf16 linears, after one block "
+                    "and after the chain.")
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (default h3 on CUDA, h3-mini on CPU); distinct synthetic "
                                       "weights per block, generated on the device")
@@ -406,8 +408,8 @@ def register(subparsers) -> None:
     from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag
 
     add_fp8_flags(src)
-    add_linears_flag(p, False, where="in every block of the chain (after its attention swap; the accuracy is "
-                                     "against the model's own attention with bf16 linears)")
+    add_linears_flag(p, False, where="(every block of the chain, after its attention swap; the accuracy is "
+                                     "against sdpa with bf16 linears)")
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     run.add_argument("--tokens", type=int, metavar="N",
@@ -437,7 +439,8 @@ def register(subparsers) -> None:
     a = subparsers.add_parser(
         "accuracy-table", help="swap accuracy per family: block-output rel-RMS and cosine vs sdpa",
         description="For one preset per family, block-output rel-RMS and cosine of fp8-emulated (and fp8 on "
-                    "CUDA) vs the baseline on the same inputs, across token counts; writes a table and JSON.")
+                    "CUDA) vs the baseline on the same inputs, across token counts -- with --linears also with the "
+                    "block's linears in FP8; writes a table and JSON.")
     a.add_argument("--presets", help=_presets_help())
     a.add_argument("--tokens", help="comma list of token counts (default: "
                                     f"{','.join(map(str, CUDA_ACCURACY_TOKENS))} on CUDA; "

@@ -17,6 +17,9 @@ Memory: when N blocks + activations fit the device (or the ``--gpu-memory`` budg
 resident. Otherwise the blocks are kept in host memory and streamed, one at a time, into a working block on
 the device; only the compute is timed (per-block events around the forward, copies left out) and the
 report says so. A budget that cannot hold one block plus its activations is an error naming the amount.
+
+Swaps: every block runs its attention on ``--attention`` and, with ``--linears``, its linears in FP8; where that
+is not the model's own configuration the report holds its accuracy against it (``validate.accuracy``).
 """
 
 from __future__ import annotations
