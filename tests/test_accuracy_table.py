@@ -146,3 +146,47 @@ def test_cpu_default_names_the_presets_it_leaves_out(tmp_path, capsys, monkeypat
                  "--out", str(tmp_path / "b"), "--json"]) == 0
     cap = capsys.readouterr()
     assert json.loads(cap.out)["presets_not_run"] == {} and "leaves out" not in cap.err
+
+
+def test_accuracy_table_with_fp8_linears(tmp_path, capsys):
+    """--linears: per preset and token count, each backend alone, with FP8 linears, and sdpa with FP8 linears;
+    FP8 linears add error (bounded); wan-tiny's 24-wide linears stay bf16 (none swapped, recorded)."""
+    out = tmp_path / "acc"
+    assert main(["accuracy-table", "--presets", "flux-tiny,wan-tiny", "--tokens", "48", "--device", "cpu",
+                 "--linears", "rowwise", "--out", str(out), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["configs"] == ["attention", "attention+linears", "linears"]
+    rows = {(r["preset"], r["config"]): r for r in rep["rows"]}
+    assert len(rows) == len(rep["rows"]) == 6 and all(r["status"] == "ok" for r in rep["rows"])
+    att, both, lin = (rows["flux-tiny", c] for c in rep["configs"])
+    assert att["backend"] == both["backend"] == "fp8-emulated" and lin["backend"] == "sdpa"
+    assert att["linears"] is None and both["linears"]["swapped"] > 0 and both["linears"]["numerics_only"]
+    assert both["configuration"] == "fp8-emulated + fp8-linears-rowwise"
+    assert lin["configuration"] == "sdpa + fp8-linears-rowwise"
+    assert 0 < att["rel_rms"] < both["rel_rms"] < 0.1 and 0 < lin["rel_rms"] < 0.1
+    assert both["cosine"] > 0.99 and lin["cosine"] > 0.99
+    # nothing of wan-tiny runs in FP8: with FP8 linears the numbers are attention's, sdpa + linears is exact
+    assert rows["wan-tiny", "attention+linears"]["linears"]["swapped"] == 0
+    assert rows["wan-tiny", "attention+linears"]["rel_rms"] == rows["wan-tiny", "attention"]["rel_rms"]
+    assert rows["wan-tiny", "linears"]["rel_rms"] == 0.0
+    sec = rep["linears"]
+    assert sec["granularity"] == "rowwise" and sec["numerics_only"]
+    assert sec["presets"]["wan-tiny"]["swapped"] == [] and len(sec["presets"]["wan-tiny"]["kept"]) == 10
+    assert "norm1.linear" in sec["presets"]["flux-tiny"]["kept"]
+    md = (out / "accuracy-table.md").read_text()
+    assert "| backend | linears | rel-RMS |" in md and "FP8: " in md and "bf16 (none can run in FP8)" in md
+    # a chosen subset of configurations
+    assert main(["accuracy-table", "--presets", "flux-tiny", "--tokens", "48", "--device", "cpu", "--linears",
+                 "tensorwise", "--configs", "linears", "--out", str(tmp_path / "b"), "--json"]) == 0
+    sub = json.loads(capsys.readouterr().out)
+    assert [(r["config"], r["backend"]) for r in sub["rows"]] == [("linears", "sdpa")]
+
+
+def test_accuracy_table_configs_bad_input(tmp_path, capsys):
+    for argv, msg in ((["--configs", "linears"], "--configs linears runs the linears in FP8: give --linears"),
+                      (["--configs", "attention,nope", "--linears", "rowwise"], "unknown configuration 'nope'")):
+        rc = main(["accuracy-table", "--presets", "wan-tiny", "--device", "cpu", "--out", str(tmp_path / "x"),
+                   *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and msg in err[0], err
+    assert not (tmp_path / "x").exists()

@@ -171,3 +171,64 @@ def test_validate_2026_families(tmp_path, capsys, one_thread, preset):
     # the Q/K format the fp8 backends take for this model's head_dim (INT8 for a power of two >= 16, else e4m3)
     assert rep["environment"]["fp8_qk_format"] == qk_format(head_dim=rep["model"]["head_dim"])
     assert rep["whole_step"]["rest"]["modules_not_run"] == []
+
+
+def test_validate_linears_accuracy_against_the_model_attention(tmp_path, capsys, one_thread):
+    """--linears: every block's linears in FP8 after the attention swap; the report records them and the chain's
+    accuracy against sdpa with bf16 linears, which FP8 linears make worse than FP8 attention alone (and bounded)."""
+    common = ["--preset", "flux-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1", "--chain-iters", "1",
+              "--attention", "fp8-emulated"]
+    att = _run(capsys, *common, "--out", str(tmp_path / "a"))
+    lin = _run(capsys, *common, "--linears", "rowwise", "--out", str(tmp_path / "l"))
+    assert att["configuration"] == "fp8-emulated" and att["linears"] is None and att["numerics_only"]
+    assert lin["configuration"] == "fp8-emulated + fp8-linears-rowwise" and lin["numerics_only"]
+    sec = lin["linears"]
+    assert sec["granularity"] == "rowwise" and sec["swapped"] and sec["numerics_only"]
+    assert {"norm1.linear", "norm1_context.linear"} <= set(sec["kept"])  # flux's modulation projections
+    for rep in (att, lin):
+        acc = rep["accuracy"]
+        assert acc["reference"] == "sdpa" and acc["configuration"] == rep["configuration"]
+        assert len(acc["per_block_rel_rms"]) == 2 and acc["per_block_rel_rms"][-1] == acc["chain"]["rel_rms"]
+        assert acc["block"]["finite"] and acc["chain"]["finite"] and acc["chain"]["cosine"] > 0.99
+        assert rep["whole_step"]["accuracy"] == {"blocks": 2, **acc["chain"]}
+    for key in ("block", "chain"):
+        assert 0 < att["accuracy"][key]["rel_rms"] < lin["accuracy"][key]["rel_rms"] < 0.1, key
+    md = (tmp_path / "l" / "validate.md").read_text()
+    assert "## FP8 linears" in md and "## Accuracy: `fp8-emulated + fp8-linears-rowwise` vs `sdpa`" in md
+    assert "numerics only" in md
+    # the model's own configuration: nothing to measure the accuracy of
+    plain = _run(capsys, "--preset", "flux-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1",
+                 "--chain-iters", "1", "--no-whole-step", "--out", str(tmp_path / "p"))
+    assert plain["configuration"] == "sdpa" and plain["accuracy"] is None and not plain["numerics_only"]
+
+
+def test_validate_linears_streamed_accuracy_equals_resident(tmp_path, capsys, one_thread):
+    """The lockstep accuracy pass over blocks streamed through one working block gives the resident numbers."""
+    common = ["--preset", "qwen-image-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1", "--chain-iters",
+              "1", "--no-whole-step", "--linears", "tensorwise"]
+    res = _run(capsys, *common, "--out", str(tmp_path / "r"))
+    st = _run(capsys, *common, "--stream", "--out", str(tmp_path / "s"))
+    assert res["mode"] == "resident" and st["mode"] == "streamed"
+    assert res["configuration"] == "sdpa + fp8-linears-tensorwise"
+    assert st["accuracy"] == res["accuracy"] and res["accuracy"]["chain"]["rel_rms"] > 0
+    assert res["accuracy"]["per_block_rel_rms"][0] != res["accuracy"]["per_block_rel_rms"][1]  # a real chain
+
+
+def test_validate_linears_torchao_cannot_take_and_bad_input(tmp_path, capsys, monkeypatch):
+    """wan-tiny's linears are 24 wide: none runs in FP8, the report lists each kept one with its reason and the
+    accuracy is exact; an FP8 GPU without torchao is one line before any work."""
+    rep = _run(capsys, "--preset", "wan-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1", "--chain-iters",
+               "1", "--no-whole-step", "--linears", "rowwise", "--out", str(tmp_path / "w"))
+    sec = rep["linears"]
+    assert sec["swapped"] == [] and len(sec["kept"]) == 10
+    assert all("not a multiple of 16" in why for why in sec["kept"].values())
+    assert rep["accuracy"]["chain"]["rel_rms"] == 0.0
+    assert "no linear of this block runs in FP8" in (tmp_path / "w" / "validate.md").read_text()
+    from ditprof.kernels import fp8_linear
+
+    monkeypatch.setattr(fp8_linear, "fp8_tensor_cores", lambda device: True)
+    monkeypatch.setattr(fp8_linear, "torchao_version", lambda: None)
+    with pytest.raises(DitprofError, match="--linears rowwise on cpu needs torchao"):
+        _call("validate", "--preset", "wan-tiny", "--device", "cpu", "--linears", "rowwise",
+              "--out", str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()

@@ -30,7 +30,7 @@ from ditprof.harness.run.session import BackendRun
 from ditprof.harness.swaps import backends
 from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.swaps.base import Swap
-from ditprof.harness.swaps.linears import LinearsSwap
+from ditprof.harness.swaps.linears import LinearsSwap, linears_swaps
 from ditprof.kernels.fp8_linear import Fp8LinearConfig, fp8_tensor_cores
 from ditprof.harness.swaps.base import label as swaps_label
 from ditprof.kernels.fp8_config import Fp8Options
@@ -202,11 +202,8 @@ def attention_swap(spec: RunSpec, loaded: Any, b: Backend) -> AttentionSwap:
 
 def linears_swap(spec: RunSpec, loaded: Any) -> list[Swap]:
     """``--linears``: the block's linears in FP8, the family's modulation projections kept (none without it)."""
-    if not spec.linears:
-        return []
-    family = getattr(loaded, "family", None)
-    return [LinearsSwap(Fp8LinearConfig(spec.linears), spec.device, keep=getattr(family, "fp8_keep_linears", ()),
-                        compile_each=spec.linears_compile and not spec.compile)]
+    return linears_swaps(spec.linears, spec.device, getattr(loaded, "family", None),
+                         compile_each=spec.linears_compile and not spec.compile)
 
 
 def _compiler(spec: RunSpec, inputs: Any, label: str, name: str, progress: Progress | None, console: Console,

@@ -128,4 +128,14 @@ class LinearsSwap(Swap):
         return installed
 
 
-__all__ = ["LinearsInstalled", "LinearsSwap"]
+def linears_swaps(granularity: str | None, device: torch.device, family=None, *,
+                  compile_each: bool = False) -> list[Swap]:
+    """``--linears``: the block's linears in FP8 (the family's ``fp8_keep_linears`` kept), as a swap list to compose
+    after an attention swap; [] without a granularity. Raises the one-line error where it cannot run."""
+    if not granularity:
+        return []
+    return [LinearsSwap(Fp8LinearConfig(granularity), device, keep=getattr(family, "fp8_keep_linears", ()),
+                        compile_each=compile_each)]
+
+
+__all__ = ["LinearsInstalled", "LinearsSwap", "linears_swaps"]

@@ -13,7 +13,11 @@ from typing import Any
 from ditprof.errors import DitprofError
 from ditprof.report_stdout import stdout_to_stderr
 
-ACCURACY_SCHEMA = "ditprof.accuracy-table/1"
+# /2: rows per configuration (``config``, ``configuration``, ``linears``), the table's ``configs`` and ``linears``
+ACCURACY_SCHEMA = "ditprof.accuracy-table/2"
+# what a row measures against the baseline: a swap backend alone, with the block's linears in FP8, or the
+# baseline attention with FP8 linears (``--configs``; the linears ones need ``--linears``)
+CONFIGS = ("attention", "attention+linears", "linears")
 CPU_ACCURACY_PRESETS = ("h3", "wan2.1-t2v-1.3b", "qwen-image", "flux.1-dev", "hunyuan-video", "ltx-video",
                         "cogvideox-5b")
 # hunyuan-video-1.5's mask masks positions: the fp8 backends take it as per-batch key subsets
@@ -59,6 +63,7 @@ def cmd_validate(args) -> int:
     out = default_out(args.out, source, prefix="validate-")
     atomic.check_writable(out)
     from ditprof.harness.swaps import backends
+    from ditprof.harness.swaps.linears import linears_swaps
 
     spec = ValidateSpec(
         source=source, source_kind=source_kind, kind=args.kind, blocks=args.blocks,
@@ -67,7 +72,9 @@ def cmd_validate(args) -> int:
         cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
         seed=args.seed, whole_step=not args.no_whole_step,
         stream=True if args.stream else None, compile=compile_as, fp8_options=fp8_options_of(args),
+        linears=args.linears, linears_compile=getattr(args, "linears_compile", True),
     )
+    linears_swaps(args.linears, device)  # one line before any work where they cannot run (no torchao)
     console = _console(args.json)
     with stdout_to_stderr(args.json):
         rep = validate(spec, console)
@@ -94,18 +101,48 @@ def _parse_list(text: str | None, what: str, conv=str) -> list:
     return items
 
 
-def _block_output(lb, inputs, swap) -> tuple[Any, Any]:
-    """(the block output on the host, the swap's installation) with ``swap`` in the block."""
-    with swap.applied(lb.module) as inst:
+def _block_output(lb, inputs, swaps) -> tuple[Any, list]:
+    """(the block output on the host, the swaps' installations) with ``swaps`` in the block."""
+    from ditprof.harness.swaps.base import applied_all
+
+    with applied_all(lb.module, swaps) as installed:
         out = inputs.run(lb.module).detach().to("cpu", copy=True)
-    return out, inst
+    return out, installed
 
 
-def _preset_rows(preset, tokens: list[int], base, sw: list, device, seed: int, qk_outliers: bool,
-                 progress, task) -> list[dict[str, Any]]:
-    """The rows of one preset: each token count, each swap backend vs the baseline on the same inputs."""
+def check_configs(configs: list[str], linears: str | None) -> list[str]:
+    """The table's configurations, checked: known names, and --linears where one runs FP8 linears."""
+    for c in configs:
+        if c not in CONFIGS:
+            raise DitprofError(f"--configs: unknown configuration {c!r} (known: {', '.join(CONFIGS)})")
+        if "linears" in c and not linears:
+            raise DitprofError(f"--configs {c} runs the linears in FP8: give --linears rowwise|tensorwise")
+    return list(dict.fromkeys(configs))
+
+
+def _configurations(configs: list[str], base, sw: list) -> list[tuple[str, Any]]:
+    """(configuration, attention backend) pairs in table order: each swap backend alone and with FP8 linears,
+    then the baseline attention with FP8 linears."""
+    pairs = [(c, s) for s in sw for c in configs if c != "linears"]
+    return pairs + ([("linears", base)] if "linears" in configs else [])
+
+
+def _linears_cell(section: dict | None) -> dict | None:
+    """A row's summary of its FP8 linears (None: bf16 linears)."""
+    if section is None:
+        return None
+    return {"swapped": len(section["swapped"]), "kept": len(section["kept"]),
+            "swapped_weight_share": section["swapped_weight_share"], "numerics_only": section["numerics_only"]}
+
+
+def _preset_rows(preset, tokens: list[int], base, pairs: list, linears: str | None, device, seed: int,
+                 qk_outliers: bool, progress, task) -> tuple[list[dict[str, Any]], dict | None]:
+    """The rows of one preset -- each token count, each configuration vs the baseline on the same inputs -- and
+    its FP8 linears' section (swapped / kept; None without --linears)."""
     from ditprof.harness.report.document import accuracy
     from ditprof.harness.swaps.attention import AttentionSwap
+    from ditprof.harness.swaps.base import label
+    from ditprof.harness.swaps.linears import linears_swaps
     from ditprof.model_blocks import get_family, make_inputs
     from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
 
@@ -115,7 +152,9 @@ def _preset_rows(preset, tokens: list[int], base, sw: list, device, seed: int, q
     lb = synthetic_block(preset, 0, device=device, seed=seed)
     heads, head_dim = lb.heads, lb.head_dim
     outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
+    lin = linears_swaps(linears, device, fam)
     rows: list[dict[str, Any]] = []
+    section = None
     for t in tokens:
         if progress:
             progress.update(task, description=f"accuracy table: {preset.name}, {t} tokens")
@@ -124,34 +163,57 @@ def _preset_rows(preset, tokens: list[int], base, sw: list, device, seed: int, q
         try:
             inputs = make_inputs(lb, tokens=t, seed=seed, device=device)
         except DitprofError as exc:
-            rows += [{**common, "backend": s.name, "status": "skipped", "reason": str(exc)} for s in sw]
+            rows += [{**common, "backend": b.name, "config": c, "status": "skipped", "reason": str(exc)}
+                     for c, b in pairs]
             if progress:
                 progress.advance(task)
             continue
-        ref, _ = _block_output(lb, inputs, AttentionSwap(base, uses_dispatcher=fam.uses_dispatcher))
-        for s in sw:
-            out, inst = _block_output(lb, inputs, AttentionSwap(s, uses_dispatcher=fam.uses_dispatcher))
+        ref, _ = _block_output(lb, inputs, [AttentionSwap(base, uses_dispatcher=fam.uses_dispatcher)])
+        for c, b in pairs:
+            swaps = [AttentionSwap(b, uses_dispatcher=fam.uses_dispatcher)] + (lin if "linears" in c else [])
+            out, installed = _block_output(lb, inputs, swaps)
+            records = [i.record() for i in installed]
+            section = next((r["linears"] for r in records if "linears" in r), section)
             acc = accuracy(ref, out)
-            rows.append({**common, "backend": s.name, "status": "ok", "route": inst.state.route,
-                         "text_tokens": inputs.text_tokens,
+            rows.append({**common, "backend": b.name, "config": c, "configuration": label(swaps), "status": "ok",
+                         "route": records[0]["route"], "text_tokens": inputs.text_tokens,
+                         "linears": _linears_cell(records[-1].get("linears")),
                          "rel_rms": acc["block_output_rel_rms"], "cosine": acc["block_output_cosine"],
                          "max_abs_diff": acc["block_output_max_abs_diff"], "finite": acc["finite"]})
             del out
         del inputs, ref
         if progress:
             progress.advance(task)
-    return rows
+    return rows, section
+
+
+def _linears_section(linears: str | None, device, per_preset: dict) -> dict | None:
+    """The table's FP8 linears: granularity, how they ran, and per preset which were swapped and kept."""
+    from ditprof.harness.swaps.linears import linears_swaps
+
+    if not linears:
+        return None
+    (swap,) = linears_swaps(linears, device)
+    return {"granularity": linears, "config": swap.config.name, "path": swap.path(),
+            "numerics_only": swap.numerics_only,
+            "presets": {p: {"swapped": sec["swapped"], "kept": sec["kept"],
+                            "swapped_weight_share": sec["swapped_weight_share"]}
+                        for p, sec in per_preset.items() if sec is not None}}
 
 
 def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, swaps: list[str], *,
                    baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False,
-                   presets_not_run: dict[str, str] | None = None) -> dict:
-    """Block-output rel-RMS and cosine of each swap backend vs the baseline on the same inputs.
+                   presets_not_run: dict[str, str] | None = None, linears: str | None = None,
+                   configs: list[str] | None = None) -> dict:
+    """Block-output rel-RMS and cosine of each configuration vs the baseline on the same inputs.
 
-    One row per (preset, token count, backend). A token count a family cannot take is recorded as a row
-    with its reason, and the run goes on. ``qk_outliers``: the synthetic QK-norm weights get a few large channels
-    per head (``synthetic.qk_outlier_norms``), as trained DiTs have. ``presets_not_run``: the default presets
-    this run left out, with why (recorded as given).
+    One row per (preset, token count, configuration): ``configs`` (default: ``attention``, and with ``linears``
+    all of ``CONFIGS``) -- each swap backend alone (``attention``), with the block's linears in FP8 at
+    granularity ``linears`` (``attention+linears``), and the baseline attention with FP8 linears (``linears``).
+    A token count a family cannot take is recorded as a row with its reason, and the run goes on.
+    ``qk_outliers``: the synthetic QK-norm weights get a few large channels per head
+    (``synthetic.qk_outlier_norms``), as trained DiTs have. ``presets_not_run``: the default presets this run left
+    out, with why (recorded as given).
     """
     from contextlib import nullcontext
 
@@ -160,20 +222,27 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     from ditprof.progress import make_progress
     from ditprof.harness.run.environment import environment
     from ditprof.harness.swaps import backends
+    from ditprof.harness.swaps.linears import linears_swaps
     from ditprof.model_blocks import get_preset
 
+    configs = check_configs(configs or (list(CONFIGS) if linears else ["attention"]), linears)
     base = backends.resolve(baseline, device)
     sw = [backends.resolve(s, device) for s in swaps]
+    linears_swaps(linears, device)  # one line before any work where they cannot run (no torchao)
     for t in tokens:
         if t < 1:
             raise DitprofError(f"--tokens must be positive (got {t})")
     resolved = [get_preset(p) for p in presets]
+    pairs = _configurations(configs, base, sw)
     rows: list[dict[str, Any]] = []
+    per_preset: dict[str, dict | None] = {}
     prog = make_progress(console) if console is not None else nullcontext()
     with prog as progress, torch.inference_mode():
         task = progress.add_task("accuracy table", total=len(resolved) * len(tokens)) if progress else None
         for preset in resolved:
-            rows += _preset_rows(preset, tokens, base, sw, device, seed, qk_outliers, progress, task)
+            got, per_preset[preset.name] = _preset_rows(preset, tokens, base, pairs, linears, device, seed,
+                                                        qk_outliers, progress, task)
+            rows += got
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return {
@@ -182,6 +251,8 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
         "device": str(device),
         "baseline": base.name,
         "backends": [s.name for s in sw],
+        "configs": configs,
+        "linears": _linears_section(linears, device, per_preset),
         "presets": presets,
         "presets_not_run": dict(presets_not_run or {}),
         "tokens": tokens,
@@ -189,48 +260,68 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
                    + ("; QK-norm weights with 4 channels per head x 20 (--qk-outliers)" if qk_outliers else ""),
         "qk_outliers": qk_outliers,
         "inputs": "make_inputs(seed) at each token count; the same inputs for baseline and swap",
-        "metric": "block output of the swap vs the baseline: rel-RMS = ||swap - base|| / ||base||, cosine",
+        "metric": "block output of each configuration vs the baseline (its attention, bf16 linears): "
+                  "rel-RMS = ||swap - base|| / ||base||, cosine",
         "rows": rows,
         "environment": environment(device),
     }
 
 
+def _linears_text(r: dict) -> str:
+    """A row's linears column: bf16, or how many ran in FP8 (and their share of the weights)."""
+    lin = r.get("linears")
+    if lin is None:
+        return "bf16"
+    if not lin["swapped"]:
+        return "bf16 (none can run in FP8)"
+    return f"FP8: {lin['swapped']} ({lin['swapped_weight_share'] * 100:.0f} %)"
+
+
 def accuracy_markdown(rep: dict) -> str:
     env = rep["environment"]
     where = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('torch_threads')} threads)"
+    lin = rep.get("linears")
     lines = [
         f"Swap accuracy: block output vs `{rep['baseline']}` on the same inputs — {rep['device']}, {where}, "
         f"torch {env['torch']}, {rep['created']}",
         "",
-        "| family | preset | heads × dim | tokens | backend | rel-RMS | cosine |",
-        "|---|---|---|---:|---|---:|---:|",
+    ]
+    if lin:
+        lines += [f"FP8 linears: {lin['granularity']} scales, {lin['path']}; the family's modulation projections "
+                  f"and linears torchao cannot take stay bf16 (`linears` in the JSON lists them)", ""]
+    lines += [
+        "| family | preset | heads × dim | tokens | backend |" + (" linears |" if lin else "") + " rel-RMS | cosine |",
+        "|---|---|---|---:|---|" + ("---|" if lin else "") + "---:|---:|",
     ]
     for r in rep["rows"]:
+        head = (f"| {r['family']} | {r['preset']} ({r['kind']}) | {r['heads']} × {r['head_dim']} | {r['tokens']} | "
+                f"{r['backend']} |")
         if r["status"] == "ok":
-            lines.append(f"| {r['family']} | {r['preset']} ({r['kind']}) | {r['heads']} × {r['head_dim']} | "
-                         f"{r['tokens']} | {r['backend']} | {r['rel_rms']:.2e} | {r['cosine']:.6f} |")
+            lines.append(head + (f" {_linears_text(r)} |" if lin else "") + f" {r['rel_rms']:.2e} | "
+                         f"{r['cosine']:.6f} |")
         else:
-            lines.append(f"| {r['family']} | {r['preset']} ({r['kind']}) | {r['heads']} × {r['head_dim']} | "
-                         f"{r['tokens']} | {r['backend']} | {r['status']}: {r['reason']} | |")
+            lines.append(head + (f" {'FP8' if 'linears' in r.get('config', '') else 'bf16'} |" if lin else "")
+                         + f" {r['status']}: {r['reason']} | |")
     return "\n".join(lines) + "\n"
 
 
 def accuracy_rich(rep: dict):
     from rich.table import Table
 
-    t = Table(title=f"swap accuracy vs {rep['baseline']} ({rep['device']}): block output on the same inputs",
-              title_justify="left")
-    for c, j in (("family", "left"), ("preset", "left"), ("heads x dim", "right"), ("tokens", "right"),
-                 ("backend", "left"), ("rel-RMS", "right"), ("cosine", "right")):
+    lin = rep.get("linears")
+    t = Table(title=f"swap accuracy vs {rep['baseline']} ({rep['device']}): block output on the same inputs"
+                    + (f"; FP8 linears {lin['granularity']}" + (" (numerics only)" if lin["numerics_only"] else "")
+                       if lin else ""), title_justify="left")
+    cols = [("family", "left"), ("preset", "left"), ("heads x dim", "right"), ("tokens", "right"),
+            ("backend", "left")] + ([("linears", "left")] if lin else []) + [("rel-RMS", "right"), ("cosine", "right")]
+    for c, j in cols:
         t.add_column(c, justify=j)
     for r in rep["rows"]:
-        hd = f"{r['heads']} x {r['head_dim']}"
+        head = [r["family"], r["preset"], f"{r['heads']} x {r['head_dim']}", str(r["tokens"]), r["backend"]]
         if r["status"] == "ok":
-            t.add_row(r["family"], r["preset"], hd, str(r["tokens"]), r["backend"], f"{r['rel_rms']:.2e}",
-                      f"{r['cosine']:.6f}")
+            t.add_row(*head, *([_linears_text(r)] if lin else []), f"{r['rel_rms']:.2e}", f"{r['cosine']:.6f}")
         else:
-            t.add_row(r["family"], r["preset"], hd, str(r["tokens"]), r["backend"], f"[yellow]{r['status']}[/]",
-                      r["reason"][:60])
+            t.add_row(*head, *([""] if lin else []), f"[yellow]{r['status']}[/]", r["reason"][:60])
     return t
 
 
@@ -266,6 +357,7 @@ def cmd_accuracy_table(args) -> int:
         swaps = ["fp8-emulated"]
         if device.type == "cuda" and backends.availability("fp8", device)[0]:
             swaps.append("fp8")
+    configs = check_configs(_parse_list(args.configs, "configs"), args.linears) if args.configs else None
     from ditprof.harness.cli.args import default_out
 
     out = default_out(args.out, "accuracy-table")
@@ -276,7 +368,8 @@ def cmd_accuracy_table(args) -> int:
                       f"{CPU_LEFT_OUT_WHY}", markup=False, highlight=False, soft_wrap=True)
     with stdout_to_stderr(args.json):
         rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed,
-                             console=console, qk_outliers=args.qk_outliers, presets_not_run=not_run)
+                             console=console, qk_outliers=args.qk_outliers, presets_not_run=not_run,
+                             linears=args.linears, configs=configs)
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / "accuracy-table.md", accuracy_markdown(rep))
         atomic.write_text(stage / "accuracy-table.json", json.dumps(rep, indent=2, default=_json_default) + "\n")
@@ -301,7 +394,9 @@ def register(subparsers) -> None:
         "validate", help="run N distinct blocks chained and compare with N x one block",
         description="Chain N distinct blocks (own weights each), time the chain with CUDA events (host clock on "
                     "CPU) and compare with the one-block extrapolation N x block time; also the whole-step "
-                    "estimate (blocks + the model's non-block modules).")
+                    "estimate (blocks + the model's non-block modules); with another attention backend or "
+                    "--linears, the accuracy of the blocks' output against sdpa with bf16 linears, after one block "
+                    "and after the chain.")
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (default h3 on CUDA, h3-mini on CPU); distinct synthetic "
                                       "weights per block, generated on the device")
@@ -310,9 +405,11 @@ def register(subparsers) -> None:
     src.add_argument("--blocks", type=int, metavar="N",
                      help="blocks to chain (default: all the model's on CUDA, 4 on CPU)")
     src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
-    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags
+    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag
 
     add_fp8_flags(src)
+    add_linears_flag(p, False, where="(every block of the chain, after its attention swap; the accuracy is "
+                                     "against sdpa with bf16 linears)")
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     run.add_argument("--tokens", type=int, metavar="N",
@@ -342,13 +439,22 @@ def register(subparsers) -> None:
     a = subparsers.add_parser(
         "accuracy-table", help="swap accuracy per family: block-output rel-RMS and cosine vs sdpa",
         description="For one preset per family, block-output rel-RMS and cosine of fp8-emulated (and fp8 on "
-                    "CUDA) vs the baseline on the same inputs, across token counts; writes a table and JSON.")
+                    "CUDA) vs the baseline on the same inputs, across token counts -- with --linears also with the "
+                    "block's linears in FP8; writes a table and JSON.")
     a.add_argument("--presets", help=_presets_help())
     a.add_argument("--tokens", help="comma list of token counts (default: "
                                     f"{','.join(map(str, CUDA_ACCURACY_TOKENS))} on CUDA; "
                                     f"{','.join(map(str, CPU_ACCURACY_TOKENS))} on CPU)")
     a.add_argument("--backends", help="comma list of swap backends (default: fp8-emulated, + fp8 on CUDA)")
     a.add_argument("--baseline", default="sdpa", help="reference backend (default sdpa)")
+    from ditprof.kernels.fp8_linear import GRANULARITIES
+
+    a.add_argument("--linears", choices=GRANULARITIES, metavar="|".join(GRANULARITIES),
+                   help="also run the block's linears in FP8 (torchao's dynamic float8 on a GPU with FP8 tensor "
+                        "cores, its numerics emulated elsewhere; the family's modulation projections stay bf16): "
+                        "each backend with FP8 linears, and the baseline attention with FP8 linears")
+    a.add_argument("--configs", help=f"comma list of the configurations to run, of {', '.join(CONFIGS)} (default: "
+                                     f"attention; with --linears all three)")
     a.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--qk-outliers", dest="qk_outliers", action="store_true",

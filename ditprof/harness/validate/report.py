@@ -16,13 +16,40 @@ def _ms(x: float) -> str:
     return f"{x:,.1f} ms" if x >= 100 else f"{x:,.3f} ms"
 
 
+def _linears_line(lin: dict) -> str:
+    """One line on the FP8 linears: how many swapped and kept, how they ran."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in lin["kept"].items():
+        by_reason.setdefault(why, []).append(name)
+    kept = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items()) or "none"
+    head = (f"{len(lin['swapped'])} linears in FP8 ({lin['granularity']} scales, "
+            f"{lin['swapped_weight_share'] * 100:.0f} % of the weights)" if lin["swapped"]
+            else "no linear of this block runs in FP8")
+    return f"{head}; kept bf16: {kept}; {lin['path']}"
+
+
+def _accuracy_rows(rep: dict) -> list[tuple[str, str, str]]:
+    """(quantity, value, note) rows of the accuracy against the reference; none where the run is the reference."""
+    acc = rep.get("accuracy")
+    if not acc:
+        return []
+    out = []
+    for key, what in (("block", "one block"), ("chain", f"{rep['blocks']} blocks chained")):
+        a = acc[key]
+        out.append((f"accuracy, {what}", f"{a['rel_rms']:.2e}",
+                    f"rel-RMS vs {acc['reference']}; cosine {a['cosine']:.6f}" + ("" if a["finite"] else
+                                                                                   ", non-finite")))
+    return out
+
+
 def summary_table(rep: dict):
     from rich.table import Table
 
     m = rep["model"]
     src = m["preset"] or m["checkpoint"]
     t = Table(title=f"validate: {src}, {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks, "
-                    f"{m['tokens']} tokens, {rep['attention_backend']}, {rep['settings']['device']} "
+                    f"{m['tokens']} tokens, {rep.get('configuration') or rep['attention_backend']}, "
+                    f"{rep['settings']['device']} "
                     f"({rep['timing_source'].replace('_', ' ')})", title_justify="left")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -41,6 +68,12 @@ def summary_table(rep: dict):
               f"(H3 x 50 on the H200)")
     t.add_row("error, best calls", f"{rep['error_best_pct']:+.2f} %", "N x fastest call vs sum of each block's "
               "fastest call in the chain")
+    if rep.get("numerics_only"):
+        t.add_row("numerics only", "[yellow]emulated[/]", "an emulation runs in the blocks: its times are not a speed")
+    if rep.get("linears"):
+        t.add_row("linears", f"{len(rep['linears']['swapped'])} in FP8", _linears_line(rep["linears"]))
+    for row in _accuracy_rows(rep):
+        t.add_row(*row)
     t.add_row("mode", rep["mode"], rep["memory"]["note"])
     t.add_row("execution", rep["settings"].get("execution", "eager"),
               "every block torch.compiled (fullgraph); the rest of the model runs eager" if rep.get("compile")
@@ -80,7 +113,9 @@ def markdown(rep: dict) -> str:
         f"# ditprof validate: {m['preset'] or m['checkpoint']}",
         "",
         f"- {rep['blocks']} of {m['model_n_blocks']} {m['kind']} blocks ({m['block_class']}), {m['tokens']} tokens, "
-        f"attention `{rep['attention_backend']}`, {rep['settings']['device']}, {rep['timing_source']}",
+        f"`{rep.get('configuration') or rep['attention_backend']}`, {rep['settings']['device']}, "
+        f"{rep['timing_source']}" + (" — numerics only: an emulation runs in the blocks, its times are not a speed"
+                                     if rep.get("numerics_only") else ""),
         f"- weights: {rep['weights']}; {fmt_bytes(m['block_bytes'])} per block",
         f"- mode: {rep['mode']} — {rep['memory']['note']}",
         f"- execution: {rep['settings'].get('execution', 'eager')}" + (
@@ -95,6 +130,7 @@ def markdown(rep: dict) -> str:
         f"| **error** | **{rep['error_pct']:+.2f} %** (goal ±{rep['goal_pct']:.0f} %) |",
         f"| error, best calls | {rep['error_best_pct']:+.2f} % |",
     ]
+    lines += _accuracy_markdown(rep)
     ws = rep.get("whole_step")
     if ws:
         ex, fc = ws["extrapolated"], ws["from_chain"]
@@ -111,7 +147,27 @@ def markdown(rep: dict) -> str:
         if ex["steps"]:
             lines.append(f"| per video ({ex['passes']} passes) | {ex['per_video_ms']:.1f} | {fc['per_video_ms']:.1f} |")
         lines += ["", "Rest by module: " + ", ".join(f"`{k}` {v:.3f} ms" for k, v in ws["rest"]["parts_ms"].items())]
+        wa = ws.get("accuracy")
+        if wa:
+            lines += ["", f"Accuracy the blocks hand to the rest (after {wa['blocks']} blocks): rel-RMS "
+                          f"{wa['rel_rms']:.2e}, cosine {wa['cosine']:.6f}; the rest runs as the model has it"]
     return "\n".join(lines) + "\n"
+
+
+def _accuracy_markdown(rep: dict) -> list[str]:
+    """The FP8 linears and the accuracy sections of validate.md (none without them)."""
+    lines: list[str] = []
+    if rep.get("linears"):
+        lines += ["", "## FP8 linears", "", "- " + _linears_line(rep["linears"])]
+    acc = rep.get("accuracy")
+    if acc:
+        lines += ["", f"## Accuracy: `{acc['configuration']}` vs `{acc['reference']}`", "",
+                  "| after | rel-RMS | cosine | max abs diff |", "|---|---:|---:|---:|"]
+        for key, what in (("block", "block 0 (one block)"), ("chain", f"{rep['blocks']} blocks chained")):
+            a = acc[key]
+            lines.append(f"| {what} | {a['rel_rms']:.2e} | {a['cosine']:.6f} | {a['max_abs_diff']:.3g} |")
+        lines += ["", "Per block: " + ", ".join(f"{x:.2e}" for x in acc["per_block_rel_rms"]), "", acc["note"]]
+    return lines
 
 
 def to_json(rep: dict) -> str:

@@ -17,6 +17,9 @@ Memory: when N blocks + activations fit the device (or the ``--gpu-memory`` budg
 resident. Otherwise the blocks are kept in host memory and streamed, one at a time, into a working block on
 the device; only the compute is timed (per-block events around the forward, copies left out) and the
 report says so. A budget that cannot hold one block plus its activations is an error naming the amount.
+
+Swaps: every block runs its attention on ``--attention`` and, with ``--linears``, its linears in FP8; where that
+is not the model's own configuration the report holds its accuracy against it (``validate.accuracy``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from ditprof.harness.run.memory import fmt_bytes, memory_budget, parse_size
 from ditprof.harness.run.session import Clock, time_block
 from ditprof.harness.swaps import backends
 from ditprof.harness.swaps.attention import AttentionSwap
-from ditprof.harness.swaps.base import Swap
+from ditprof.harness.swaps.linears import linears_swaps
+from ditprof.harness.swaps.base import Swap, label
+from ditprof.harness.validate.accuracy import chain_accuracy
 from ditprof.harness.validate.chain import Chain, Streamer, run_chain
 from ditprof.harness.validate.memory_plan import MemoryPlan, plan_memory
 from ditprof.harness.validate.report import SCHEMA
@@ -81,6 +86,8 @@ class ValidateSpec:
     compile: str | None = None  # --compile MODE: every block torch.compiled (harness.compile_mode); None: eager
     # what an FP8 backend runs with (--no-fp8-graphs, --no-tvm-ffi; backends.resolve); None: the process's
     fp8_options: Fp8Options | None = None
+    linears: str | None = None  # --linears GRANULARITY: every block's linears in FP8 too (harness.swaps.linears)
+    linears_compile: bool = True  # eager runs: each FP8 linear compiled alone (--linears-eager: not)
 
 
 def _stats(samples: list[float]) -> dict:
@@ -171,10 +178,11 @@ def _time_interleaved(blocks: _Blocks, chain_modules: list, block0, inputs, chai
             "finite": bool(torch.isfinite(out).all().item())}
 
 
-def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], n: int, plan: MemoryPlan, warmup: int,
-             iters: int, chain_iters: int, input_args: dict, console) -> dict:
-    """Build the N blocks (resident or host copies), then time one block and the chain, interleaved, with
-    ``swaps`` in every block (``run.measure.swapped``, as every harness measurement)."""
+def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], reference: Sequence[Swap] | None, n: int,
+             plan: MemoryPlan, warmup: int, iters: int, chain_iters: int, input_args: dict, console) -> dict:
+    """Build the N blocks (resident or host copies); ``reference`` given: the chain's accuracy against it
+    (``accuracy.chain_accuracy``, untimed, eager); then time one block and the chain, interleaved, with ``swaps``
+    in every block (``run.measure.swapped``, as every harness measurement)."""
     from ditprof.model_blocks import make_inputs
 
     dev = spec.device
@@ -185,9 +193,16 @@ def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], n: int, pla
     working = blocks.working
     inputs = make_inputs(blocks.first, device=dev, dtype=spec.dtype, **input_args)
     chain = Chain(inputs, src.family.plan(src.kind))
-    chain_modules, block0, compiled_stats = blocks.modules, working[0], None
+    chain_modules, block0, compiled_stats, acc = blocks.modules, working[0], None, None
     with contextlib.ExitStack() as stack, make_progress(console) as progress:
-        stack.enter_context(swapped(working, swaps))
+        if reference is not None:
+            task = progress.add_task(f"accuracy: {label(swaps)} vs {label(reference)}, {n} blocks", total=1)
+            acc = chain_accuracy(chain, blocks.modules, reference, swaps, streamer=blocks.streamer, n=n)
+            progress.advance(task)
+        installed = stack.enter_context(swapped(working, swaps))
+        records: dict = {}
+        for inst in installed[:len(swaps)]:  # block 0's installations (every block's are alike)
+            records.update(inst.record())
         if spec.compile:  # after the swap: each block compiles with the attention it is measured with
             chain_modules, working, compiled_stats = _compile_blocks(spec, blocks.modules, working, inputs, chain,
                                                                      clock, blocks.streamer, n, progress, console)
@@ -197,6 +212,7 @@ def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], n: int, pla
                                 chain_iters, progress)
     peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
     return {**res, "inputs": inputs, "peak": peak, "build_s": blocks.build_s, "compile": compiled_stats,
+            "accuracy": acc, "linears": records.get("linears"),
             "pinned": None if blocks.streamer is None or dev.type != "cuda" else bool(blocks.streamer.pinned)}
 
 
@@ -295,13 +311,33 @@ def _whole_step(spec: ValidateSpec, src: Source, rep: dict, n: int, warmup: int,
                                     rest["rest_ms"]["median"], steps=spec.steps, cfg=spec.cfg),
         "note": (f"block part = {src.model_blocks} blocks x one-block median ('extrapolated') or the measured "
                  f"{n}-block chain scaled to {src.model_blocks} blocks ('from_chain'); rest = the model's "
-                 f"non-block modules measured once"),
+                 f"non-block modules measured once, as the model has them (no swap; the blocks run "
+                 f"{rep['configuration']})"),
+        # the error the blocks hand to the rest of the model (the chain's accuracy); None: no swap to measure
+        "accuracy": {"blocks": n, **rep["accuracy"]["chain"]} if rep["accuracy"] else None,
     }
+
+
+def _swaps(spec: ValidateSpec, src: Source, b, swaps: Sequence[Swap] | None) -> tuple[list, list | None]:
+    """(what every block runs with: ``swaps``, default its attention on ``b`` then, with --linears, its linears in
+    FP8; the accuracy's reference -- the model's own attention, bf16 linears -- or None where the run is it)."""
+    head_dim = src.family.heads(src.config)[1]
+    if swaps is None:
+        if spec.compile:
+            from ditprof.harness.run.compile_backends import for_compile
+
+            b = for_compile(b)
+        swaps = [AttentionSwap(b, uses_dispatcher=src.family.uses_dispatcher, head_dim=head_dim)]
+        swaps += linears_swaps(spec.linears, spec.device, src.family,
+                               compile_each=spec.linears_compile and not spec.compile)
+    base = backends.resolve(backends.DEFAULT_BASELINE, spec.device, spec.fp8_options)
+    reference = [AttentionSwap(base, uses_dispatcher=src.family.uses_dispatcher, head_dim=head_dim)]
+    return list(swaps), (None if label(swaps) == label(reference) else reference)
 
 
 def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None = None) -> dict:
     """Run the validation; returns the report dict (nothing written). ``swaps``: what every block runs with
-    (default: its attention on ``spec.attention``)."""
+    (default: its attention on ``spec.attention``, and its linears in FP8 with ``spec.linears``)."""
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -309,12 +345,7 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
     src = open_source(spec.source, spec.source_kind, spec.kind)
     n, warmup, iters, chain_iters = _counts(spec, src)
     input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
-    if swaps is None:
-        if spec.compile:
-            from ditprof.harness.run.compile_backends import for_compile
-
-            b = for_compile(b)
-        swaps = [AttentionSwap(b, uses_dispatcher=src.family.uses_dispatcher)]
+    swaps, reference = _swaps(spec, src, b, swaps)
 
     params, bbytes = block_size(src.family, src.config, src.kind, spec.dtype)
     est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype, **input_args)
@@ -322,12 +353,12 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
     weights = ("synthetic, distinct per block (seeded by block index), generated on " + spec.device.type
                if src.preset is not None else "checkpoint shards, loaded block by block")
     console.print(f"[bold]ditprof validate[/]: {src.kind_of_source} {src.name}, {n} of {src.model_blocks} "
-                  f"{src.kind} blocks, {est['tokens']} tokens, attention {b.name}, {spec.device}; "
+                  f"{src.kind} blocks, {est['tokens']} tokens, {label(swaps)}, {spec.device}; "
                   f"{fmt_bytes(bbytes)} per block; {plan.note}")
 
     budget_cm = memory_budget(spec.gpu_memory if spec.device.type == "cuda" else None, spec.device)
     with budget_cm, torch.inference_mode():
-        res = _measure(spec, src, swaps, n, plan, warmup, iters, chain_iters, input_args, console)
+        res = _measure(spec, src, swaps, reference, n, plan, warmup, iters, chain_iters, input_args, console)
     model = _model_section(spec, src, res.pop("inputs"), params, bbytes)
     if spec.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -337,6 +368,12 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
         "model": model,
         "weights": weights,
         "attention_backend": b.name,
+        "configuration": label(swaps),
+        "swaps": [s.describe() for s in swaps],
+        # an emulation among the swaps: its numbers are the point, its times are not a speed
+        "numerics_only": any(s.numerics_only for s in swaps),
+        "linears": res["linears"],  # --linears: block 0's swapped / kept linears and how they ran; None without
+        "accuracy": res["accuracy"],  # against the model's own attention with bf16 linears; None: the run is that
         "blocks": n,
         "mode": plan.mode,
         "memory": {**plan.as_dict(), "peak_allocated_bytes": res["peak"],
