@@ -16,33 +16,15 @@ torchao's recipe, which the emulation follows step by step (torchao 0.18, the to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ditprof.errors import DitprofError
+from ditprof.kernels.fp8_linear_config import GRANULARITIES, TORCHAO_PIN, Fp8LinearConfig  # noqa: F401
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-GRANULARITIES = ("rowwise", "tensorwise")
-TORCHAO_PIN = "torchao==0.18.0"
 # torchao's float8 linear needs both dimensions divisible by 16 (the FP8 tensor-core tile of _scaled_mm)
 DIM_MULTIPLE = 16
-
-
-@dataclass(frozen=True)
-class Fp8LinearConfig:
-    """How the linears run in FP8: ``granularity`` of the scales (``rowwise`` or ``tensorwise``)."""
-
-    granularity: str = "rowwise"
-
-    def __post_init__(self):
-        if self.granularity not in GRANULARITIES:
-            raise DitprofError(f"FP8 linear granularity {self.granularity!r} is not one of: {', '.join(GRANULARITIES)}")
-
-    @property
-    def name(self) -> str:
-        return f"fp8-linears-{self.granularity}"
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

@@ -18,7 +18,7 @@ def add_compile_flag(group) -> None:
 def add_linears_flag(p: argparse.ArgumentParser, compare: bool, where: str | None = None) -> None:
     """``--linears GRANULARITY`` (profile, compare, validate): the block's linears in FP8 through torchao.
     ``where``: which blocks run them, as the help says it (default: profile's or compare's)."""
-    from ditprof.kernels.fp8_linear import GRANULARITIES, TORCHAO_PIN
+    from ditprof.kernels.fp8_linear_config import GRANULARITIES, TORCHAO_PIN
 
     where = where or ("in the swapped run (with its attention backend)" if compare else "in the measured block")
     group = p.add_argument_group("linears")

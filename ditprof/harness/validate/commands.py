@@ -447,7 +447,7 @@ def register(subparsers) -> None:
                                     f"{','.join(map(str, CPU_ACCURACY_TOKENS))} on CPU)")
     a.add_argument("--backends", help="comma list of swap backends (default: fp8-emulated, + fp8 on CUDA)")
     a.add_argument("--baseline", default="sdpa", help="reference backend (default sdpa)")
-    from ditprof.kernels.fp8_linear import GRANULARITIES
+    from ditprof.kernels.fp8_linear_config import GRANULARITIES
 
     a.add_argument("--linears", choices=GRANULARITIES, metavar="|".join(GRANULARITIES),
                    help="also run the block's linears in FP8 (torchao's dynamic float8 on a GPU with FP8 tensor "
