@@ -25,6 +25,15 @@ def add_linears_flag(p: argparse.ArgumentParser, compare: bool) -> None:
         help=f"run the block's linears in FP8 {where}: torchao's dynamic float8 ({TORCHAO_PIN}) with rowwise or "
              f"tensorwise scales on a GPU with FP8 tensor cores (sm_89+), its numerics emulated elsewhere (numerics "
              f"only); the family keeps its modulation projections in bf16, the report lists every kept linear")
+    if compare:
+        p.add_argument_group("configurations").add_argument(
+            "--each-swap", dest="each_swap", action="store_true",
+            help="measure the swaps added one at a time, each as its own configuration: baseline | + the "
+                 "--attention backend | + FP8 linears (needs --linears: with the attention swap alone it is the "
+                 "plain compare); the report has one column per configuration, each with its accuracy against the "
+                 "baseline, its model time and its change against the previous one")
+
+
 def add_fp8_flags(group) -> None:
     """``--no-fp8-graphs`` and ``--no-tvm-ffi`` (profile, compare, validate): the run's ``Fp8Options``
     (``args.fp8_options_of``); backends that take no FP8 options (sdpa, ...) ignore them."""
