@@ -107,6 +107,12 @@ def configurations_of(report: dict) -> list[dict]:
                                  [None, ex][:len(sections)], ex.get("baseline_band_ms"))
 
 
+def sections_of(report: dict) -> list[dict]:
+    """Every measured run section of ``report`` in order (the configurations, or its baseline and swapped ones), for
+    readers that need the sections alone (per-run tables of ops, launches, limits)."""
+    return report.get("configurations") or [s for s in (report.get("baseline"), report.get("swapped")) if s]
+
+
 def build(*, command: str, model: dict, environment: dict, settings: dict, baseline: BackendRun | dict,
           swapped: BackendRun | dict | None, extrapolation: dict, accuracy_section: dict | None,
           files: list[str], created: str, middle: Sequence[tuple[BackendRun | dict, dict | None, dict]] = (),

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from ditprof.harness.report.document import configurations_of
+from ditprof.harness.report.document import configurations_of, sections_of
 from ditprof.harness.run.memory import fmt_bytes
 from ditprof.harness.trace.categories import REPORTED_CATEGORIES
 
@@ -66,7 +66,7 @@ def linears_cell(sec: dict | None) -> str:
 def linears_lines(report: dict) -> list[str]:
     """report.md's FP8 linears section: how they ran, which are in FP8, which stayed bf16 and why (none without)."""
     out = []
-    for sec in configurations_of(report):
+    for sec in sections_of(report):
         lin = (sec or {}).get("linears")
         if not lin:
             continue
@@ -79,7 +79,7 @@ def linears_lines(report: dict) -> list[str]:
 
 def fp8_launch_lines(report: dict) -> list[str]:
     """report.md's table of our FP8 kernel's call configurations per run (none without ``fp8_launches``)."""
-    launches = [(sec["label"], la) for sec in configurations_of(report) if sec
+    launches = [(sec["label"], la) for sec in sections_of(report) if sec
                 for la in sec.get("fp8_launches") or []]
     if not launches:
         return []
@@ -353,7 +353,7 @@ def _share_cell(e: dict) -> str:
 def limit_rows(report: dict) -> list[tuple[str, str, str, str, str]]:
     """(run, category, rate, compared with, % of peak) per run and category with ``limits`` (none without)."""
     rows = []
-    for sec in configurations_of(report):
+    for sec in sections_of(report):
         for cat in LIMIT_CATEGORIES if sec and sec.get("limits") else ():
             e = sec["limits"].get(cat)
             if e:
@@ -366,7 +366,7 @@ def limits_note(report: dict) -> str:
     """Where the peaks come from (the device's datasheet entry or the plan's measured rates), for under the table."""
     from ditprof.harness.report.limits import peaks_for
 
-    kinds = {e["peak_kind"] for sec in configurations_of(report) if sec
+    kinds = {e["peak_kind"] for sec in sections_of(report) if sec
              for e in (sec.get("limits") or {}).values()}
     peaks = peaks_for((report.get("environment") or {}).get("gpu"))
     if peaks is None or "datasheet" not in kinds:
@@ -400,7 +400,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
     table = Table(title=f"{title}: {model_line(report)}", caption=env_line(report), title_justify="left",
                   caption_justify="left")
     table.add_column("metric")
-    for name in column_names(configurations_of(report)):
+    for name in column_names(sections_of(report)):
         table.add_column(name, justify="right")
     for cells in summary_rows(report):
         table.add_row(*cells)
@@ -410,7 +410,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
     top.add_column("op")
     top.add_column("category")
     top.add_column("time", justify="right")
-    for sec in configurations_of(report):
+    for sec in sections_of(report):
         if sec:
             for row in sec["top_ops"][:5]:
                 top.add_row(sec["label"], row["op"], row["category"], _ms(row["ms"]))
@@ -426,7 +426,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
         console.print(lim)
     if report.get("swap_skipped"):
         console.print(f"swap not run: {report['swap_skipped']}")
-    for sec in configurations_of(report):
+    for sec in sections_of(report):
         lin = (sec or {}).get("linears")
         if lin and lin["kept"]:
             none = "no linear of this block runs in FP8; " if not lin["swapped"] else ""
@@ -474,7 +474,7 @@ def markdown(report: dict) -> str:
              f"{st['iters']} profiled iterations, seed {st['seed']}, {st.get('execution', 'eager')}"
              + (f", GPU memory budget {fmt_bytes(st['gpu_memory_budget_bytes'])}"
                 if st.get("gpu_memory_budget_bytes") else "") + ".", ""]
-    names = ["metric", *column_names(configurations_of(report), single="value")]
+    names = ["metric", *column_names(sections_of(report), single="value")]
     lines += ["## Summary", "", "| " + " | ".join(names) + " |", "|---|" + "---:|" * (len(names) - 1)]
     for metric, *values in summary_rows(report):
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in [metric.strip(), *values]) + " |")
@@ -494,7 +494,7 @@ def markdown(report: dict) -> str:
               "measures the host, and the replay line is the one that shows what the attention swap buys. "
               "The replay's output is checked against the eager output.",
               *([INTERLEAVED_NOTE] if report.get("interleaved") else []),
-              *([EACH_SWAP_NOTE] if len(configurations_of(report)) > 2 else []),
+              *([EACH_SWAP_NOTE] if len(sections_of(report)) > 2 else []),
               "- The split assigns " + ("every GPU kernel to the op that launched it" if b["split_mode"] == "cuda"
                                         else "each aten op's self time on the host") +
               "; everything inside the `ditprof::attention` range (the attention call, for baseline and swap "
@@ -525,7 +525,7 @@ def markdown(report: dict) -> str:
     lines += linears_lines(report)
     lines += fp8_launch_lines(report)
     lines += limit_lines(report)
-    for sec in configurations_of(report):
+    for sec in sections_of(report):
         if not sec:
             continue
         lines += [f"## Heaviest ops — {sec['label']} ({sec.get('configuration') or sec['attention_backend']})", "", "| op | category | ms |",
