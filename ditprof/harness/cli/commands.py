@@ -25,15 +25,6 @@ def add_linears_flag(p: argparse.ArgumentParser, compare: bool) -> None:
         help=f"run the block's linears in FP8 {where}: torchao's dynamic float8 ({TORCHAO_PIN}) with rowwise or "
              f"tensorwise scales on a GPU with FP8 tensor cores (sm_89+), its numerics emulated elsewhere (numerics "
              f"only); the family keeps its modulation projections in bf16, the report lists every kept linear")
-    if compare:
-        p.add_argument_group("configurations").add_argument(
-            "--each-swap", dest="each_swap", action="store_true",
-            help="measure the swaps added one at a time, each as its own configuration: baseline | + the "
-                 "--attention backend | + FP8 linears (needs --linears: with the attention swap alone it is the "
-                 "plain compare); the report has one column per configuration, each with its accuracy against the "
-                 "baseline, its model time and its change against the previous one")
-
-
 def add_fp8_flags(group) -> None:
     """``--no-fp8-graphs`` and ``--no-tvm-ffi`` (profile, compare, validate): the run's ``Fp8Options``
     (``args.fp8_options_of``); backends that take no FP8 options (sdpa, ...) ignore them."""
@@ -43,6 +34,16 @@ def add_fp8_flags(group) -> None:
     group.add_argument("--no-tvm-ffi", dest="tvm_ffi", action="store_false",
                        help="fp8 backend: launch the kernel through the CuTe DSL's own JIT launcher (by default "
                             "through TVM-FFI where apache-tvm-ffi is importable: less host time per launch)")
+
+
+def add_each_swap_flag(p: argparse.ArgumentParser) -> None:
+    """``--each-swap`` (compare): every prefix of the swap list measured as its own configuration."""
+    p.add_argument_group("configurations").add_argument(
+        "--each-swap", dest="each_swap", action="store_true",
+        help="measure the swaps added one at a time, each as its own configuration: baseline | + the --attention "
+             "backend | + FP8 linears (needs --linears: with the attention swap alone it is the plain compare); the "
+             "report has one column per configuration, each with its accuracy against the baseline, its model time "
+             "and its change against the previous one")
 
 
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
@@ -64,6 +65,8 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     else:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
     add_linears_flag(p, compare)
+    if compare:
+        add_each_swap_flag(p)
     add_fp8_flags(att)
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")
