@@ -43,6 +43,16 @@ def add_fp8_flags(group) -> None:
                             "through TVM-FFI where apache-tvm-ffi is importable: less host time per launch)")
 
 
+def add_each_swap_flag(p: argparse.ArgumentParser) -> None:
+    """``--each-swap`` (compare): every prefix of the swap list measured as its own configuration."""
+    p.add_argument_group("configurations").add_argument(
+        "--each-swap", dest="each_swap", action="store_true",
+        help="measure the swaps added one at a time, each as its own configuration: baseline | + the --attention "
+             "backend | + FP8 linears (needs --linears: with the attention swap alone it is the plain compare); the "
+             "report has one column per configuration, each with its accuracy against the baseline, its model time "
+             "and its change against the previous one")
+
+
 def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (ditprof presets); default h3 on CUDA, h3-mini on CPU")
@@ -62,6 +72,8 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     else:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
     add_linears_flag(p, compare)
+    if compare:
+        add_each_swap_flag(p)
     add_fp8_flags(att)
     run = p.add_argument_group("inputs and device")
     run.add_argument("--device", choices=None, metavar="cpu|cuda", help="default: cuda when available")

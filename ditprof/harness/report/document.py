@@ -1,10 +1,12 @@
 """report.json: the sections of a run (``run_section``), the whole document (``build``, schema ``ditprof.report/1``,
-``report.schema.json`` beside this module) and its JSON text."""
+``report.schema.json`` beside this module), its ``configurations`` (every measured configuration in order, each with
+its accuracy, model time and change against the one before: ``configuration_entries``, ``configurations_of``) and
+its JSON text."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -55,19 +57,81 @@ def size_settings(inputs: Any) -> dict:
             "size_used": size(getattr(inputs, "used_size", None))}
 
 
+def _numerics_only(sec: dict) -> bool:
+    """A run section whose time is no speed: a swap in it emulates numerics (or its backend does)."""
+    from ditprof.kernels import registry
+
+    return bool(sec.get("numerics_only") or registry.is_numerics_only(sec["attention_backend"]))
+
+
+def change_vs_previous(prev: dict, sec: dict) -> dict:
+    """A configuration's change against the one measured before it: ``speedup`` = previous / this median block time
+    (None with ``speedup_note`` where either is numerics only, as ``extrapolate`` does) and the noise verdicts of
+    the block samples (``block``) and of the CUDA-graph replays (``graph``)."""
+    from ditprof.harness.run import noise
+    from ditprof.harness.run.extrapolate import NUMERICS_ONLY_NOTE
+
+    emulated = _numerics_only(prev) or _numerics_only(sec)
+    return {"previous": prev["label"],
+            "previous_configuration": prev.get("configuration") or prev["attention_backend"],
+            "speedup": None if emulated else prev["block_ms"]["median"] / sec["block_ms"]["median"],
+            "speedup_note": NUMERICS_ONLY_NOTE if emulated else None,
+            "block": noise.change(prev.get("samples_ms"), sec.get("samples_ms"), numerics_only=emulated),
+            "graph": noise.change(prev.get("graph_samples_ms"), sec.get("graph_samples_ms"),
+                                  numerics_only=emulated)}
+
+
+def configuration_entries(sections: list[dict], accuracies: list[dict | None], extrapolations: list[dict | None],
+                          baseline_band_ms: dict | None) -> list[dict]:
+    """The report's ``configurations``: each run section (a copy) with its ``accuracy`` against the baseline, its
+    ``extrapolation`` against the baseline (the report's section of that form; None for the baseline itself), its
+    own whole-model time (``model_ms``, ``model_band_ms``) and ``change_vs_previous`` (None for the first)."""
+    out = []
+    for i, sec in enumerate(sections):
+        ex = extrapolations[i]
+        band = baseline_band_ms if i == 0 else (ex or {}).get("swapped_band_ms")
+        out.append({**sec, "accuracy": accuracies[i], "extrapolation": ex,
+                    "model_ms": band["median"] if band else None, "model_band_ms": band,
+                    "change_vs_previous": change_vs_previous(sections[i - 1], sec) if i else None})
+    return out
+
+
+def configurations_of(report: dict) -> list[dict]:
+    """Every configuration of ``report`` in order: its ``configurations``, or, for a report without them (written
+    before they existed, or built by hand), entries made from its baseline and swapped sections."""
+    if report.get("configurations"):
+        return report["configurations"]
+    sections = [s for s in (report.get("baseline"), report.get("swapped")) if s]
+    ex = report.get("extrapolation") or {}
+    return configuration_entries(sections, [None, report.get("accuracy")][:len(sections)],
+                                 [None, ex][:len(sections)], ex.get("baseline_band_ms"))
+
+
+def sections_of(report: dict) -> list[dict]:
+    """Every measured run section of ``report`` in order (the configurations, or its baseline and swapped ones), for
+    readers that need the sections alone (per-run tables of ops, launches, limits)."""
+    return report.get("configurations") or [s for s in (report.get("baseline"), report.get("swapped")) if s]
+
+
 def build(*, command: str, model: dict, environment: dict, settings: dict, baseline: BackendRun | dict,
           swapped: BackendRun | dict | None, extrapolation: dict, accuracy_section: dict | None,
-          files: list[str], created: str, **extra: Any) -> dict:
+          files: list[str], created: str, middle: Sequence[tuple[BackendRun | dict, dict | None, dict]] = (),
+          **extra: Any) -> dict:
     """``baseline``/``swapped``: a run, or an already built section (sequence parallel: the slowest rank's
-    section with per-rank fields). ``extra``: more top-level sections (``sp``)."""
+    section with per-rank fields). ``middle``: (run, accuracy, extrapolation against the baseline) of the
+    configurations measured between them (``compare --each-swap``), in order. ``extra``: more top-level sections
+    (``sp``)."""
     def section(run):
         return run if isinstance(run, dict) or run is None else run_section(run)
 
     from ditprof.harness.run import noise
-    from ditprof.kernels import registry
 
     base, sw = section(baseline), section(swapped)
-    emulated = bool(sw) and bool(sw.get("numerics_only") or registry.is_numerics_only(sw["attention_backend"]))
+    emulated = bool(sw) and _numerics_only(sw)
+    ends = [(base, None, None)] + ([(sw, accuracy_section, extrapolation)] if sw else [])
+    runs = ends[:1] + [(section(r), acc, ex) for r, acc, ex in middle] + ends[1:]
+    configurations = configuration_entries([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],
+                                           extrapolation.get("baseline_band_ms"))
     return {
         "schema": SCHEMA,
         "command": command,
@@ -81,6 +145,7 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
         "extrapolation": extrapolation,
         "accuracy": accuracy_section,
         "files": files,
+        "configurations": configurations,
         **extra,
     }
 

@@ -157,6 +157,6 @@ def add_limits(report: dict) -> None:
         return
     dtype = (report.get("model") or {}).get("dtype") or "bfloat16"
     gpu = (report.get("environment") or {}).get("gpu")
-    for key in ("baseline", "swapped"):
-        if report.get(key):
-            report[key]["limits"] = run_limits(report[key], plan, gpu, dtype)
+    for sec in [report.get("baseline"), report.get("swapped"), *(report.get("configurations") or [])]:
+        if sec:  # the configurations are copies of the run sections: each gets its own
+            sec["limits"] = run_limits(sec, plan, gpu, dtype)

@@ -32,6 +32,16 @@ def _fmt_ms(ms: float) -> str:
 LIMIT_CATEGORIES = ("attention", "gemm", "norm", "elementwise")
 
 
+def _shade(j: int, n: int) -> float:
+    """The alpha of run ``j`` of ``n`` in the limits panel: the baseline solid, the later runs ever lighter."""
+    return 1.0 if j == 0 else 0.5 - 0.25 * (j - 1) / max(1, n - 2)
+
+
+def _run_name(r: dict) -> str:
+    """A run's configuration, one swap a line (``fp8\n+ fp8-linears-rowwise``), for a bar's tick label."""
+    return (r.get("configuration") or r["attention_backend"]).replace(" + ", "\n+ ")
+
+
 def _limits_panel(ax, runs: list[dict]) -> None:
     """Share of peak per category (report.limits), one bar per run; "n/a" where there is none (a numerics
     emulation, bytes unknown)."""
@@ -42,7 +52,7 @@ def _limits_panel(ax, runs: list[dict]) -> None:
         xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(cats))]
         entries = [(r.get("limits") or {}).get(c) or {} for c in cats]
         heights = [(e.get("share_of_peak") or 0.0) * 100 for e in entries]
-        ax.bar(xs, heights, width * 0.9, color=[COLORS[c] for c in cats], alpha=1.0 if j == 0 else 0.5,
+        ax.bar(xs, heights, width * 0.9, color=[COLORS[c] for c in cats], alpha=_shade(j, len(runs)),
                edgecolor="black", linewidth=0.5)
         for x, h, e in zip(xs, heights, entries):
             share = e.get("share_of_peak")
@@ -56,7 +66,7 @@ def _limits_panel(ax, runs: list[dict]) -> None:
     ax.set_title("how close to the limit (FLOP/s or bytes/s vs " + ("the device's peak" if not measured
                  else "peak / the plan's measured rate") + ")", fontsize=8)
     # the bars take their category's colour: the legend tells the runs apart by shade alone
-    handles = [Patch(facecolor="0.45", alpha=1.0 if j == 0 else 0.5, edgecolor="black", linewidth=0.5,
+    handles = [Patch(facecolor="0.45", alpha=_shade(j, len(runs)), edgecolor="black", linewidth=0.5,
                      label=f"{r['label']} ({r.get('configuration') or r['attention_backend']})") for j, r in enumerate(runs)]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
@@ -64,7 +74,7 @@ def _limits_panel(ax, runs: list[dict]) -> None:
 def split_figure(runs: list[dict], title: str, unit_note: str = "", note: str = ""):
     """The ``split.png`` figure (tests inspect its artists): the stacked split (axes[0]) and, where the runs have
     ``limits``, their share of peak per category under it (axes[1]). ``note``: a line under the title."""
-    labels = [f"{r['label']}\n{r.get('configuration') or r['attention_backend']}" for r in runs]
+    labels = [f"{r['label']}\n{_run_name(r)}" for r in runs]
     with_limits = any(r.get("limits") for r in runs)
     if with_limits:
         fig, (ax, lim_ax) = plt.subplots(2, 1, figsize=(3.2 + 1.6 * len(runs), 7.0), dpi=110,
@@ -111,11 +121,25 @@ def split_png(runs: list[dict], title: str, unit_note: str = "", note: str = "")
     return buf.getvalue()
 
 
+def _steps_note(configurations: list[dict]) -> str:
+    """More than two configurations: each one's block time against the previous one's."""
+    def step(c: dict) -> str:
+        ch = c["change_vs_previous"]
+        what = "numerics only" if ch["speedup"] is None else f"{ch['speedup']:.2f}x"
+        return f"{c['label']} {what}" + (" (within noise)" if (ch.get("block") or {}).get("verdict") ==
+                                         "within noise" else "")
+
+    return "block vs the previous configuration: " + ", ".join(step(c) for c in configurations[1:])
+
+
 def speedup_note(report: dict) -> str:
-    """'block 1.23x faster with fp8 (CUDA-graph replay 1.24x)' -- with the noise verdict -- or ''."""
+    """'block 1.23x faster with fp8 (CUDA-graph replay 1.24x)' -- with the noise verdict -- or ''; with more than
+    two configurations each one's change against the previous one."""
     b, s, nz = report["baseline"], report.get("swapped"), report.get("noise") or {}
     if not s:
         return ""
+    if len(report.get("configurations") or []) > 2:
+        return _steps_note(report["configurations"])
     block = nz.get("block") or {}
     if block.get("verdict") == "numerics only":
         return f"{s.get('configuration') or s['attention_backend']} emulates numerics: its time is not a speed result"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
+from ditprof.harness.report.document import configurations_of, sections_of
 from ditprof.harness.run.memory import fmt_bytes
 from ditprof.harness.trace.categories import REPORTED_CATEGORIES
 
@@ -64,7 +66,7 @@ def linears_cell(sec: dict | None) -> str:
 def linears_lines(report: dict) -> list[str]:
     """report.md's FP8 linears section: how they ran, which are in FP8, which stayed bf16 and why (none without)."""
     out = []
-    for sec in (report["baseline"], report["swapped"]):
+    for sec in sections_of(report):
         lin = (sec or {}).get("linears")
         if not lin:
             continue
@@ -77,7 +79,7 @@ def linears_lines(report: dict) -> list[str]:
 
 def fp8_launch_lines(report: dict) -> list[str]:
     """report.md's table of our FP8 kernel's call configurations per run (none without ``fp8_launches``)."""
-    launches = [(sec["label"], la) for sec in (report["baseline"], report["swapped"]) if sec
+    launches = [(sec["label"], la) for sec in sections_of(report) if sec
                 for la in sec.get("fp8_launches") or []]
     if not launches:
         return []
@@ -106,16 +108,48 @@ INTERLEAVED_NOTE = ("- The baseline's and the swap's measurements run one after 
                     "bias; \"within noise\" when the rounds' ratios straddle 1.")
 
 
-Row = tuple[str, str, str, str]
+# One value per configuration, each after the first followed by its change against the configuration before it:
+# (metric, value 1, value 2, change 2 vs 1, value 3, change 3 vs 2, ...). A compare of two: (metric, baseline,
+# swapped, change); a profile: (metric, value).
+Row = tuple[str, ...]
+
+EACH_SWAP_NOTE = ("- Configurations (`--each-swap`): each adds one swap to the one before it, measured one after the "
+                  "other on the same block; a change column is the previous configuration's time over this one's "
+                  "(above 1: faster) with that pair's noise verdict; the output's rel-RMS / cosine is each "
+                  "configuration's against the baseline; the rounds in turns and Amdahl's prediction compare the "
+                  "baseline with the last configuration.")
+
+
+def row(metric: str, values: Sequence[str], changes: Sequence[str] = ()) -> Row:
+    """A summary row: ``changes[i]`` is ``values[i + 1]``'s change against ``values[i]`` (none given: empty)."""
+    changes = list(changes) or [""] * (len(values) - 1)
+    cells = [metric, values[0]]
+    for value, change in zip(values[1:], changes):
+        cells += [value, change]
+    return tuple(cells)
+
+
+def _ends(metric: str, n: int, first: str, last: str, change: str) -> Row:
+    """A row of the baseline and the last configuration alone (the rounds in turns, Amdahl): the middle empty."""
+    if n == 1:
+        return (metric, first)
+    return row(metric, [first] + [""] * (n - 2) + [last], [""] * (n - 2) + [change])
 
 
 def _judged(s: dict | None, fb, fs, verdict) -> str:
     """The ratio with the verdict of the noise check: a numerics emulation's time is no speed result."""
-    if not (s and fs):
+    if not (s and fs) or fb is None:
         return ""
     if verdict and verdict["verdict"] == "numerics only":
         return "numerics only"
     return f"{fb / fs:.2f}x" + (" (within noise)" if verdict and verdict["verdict"] == "within noise" else "")
+
+
+def _changes(runs: list[dict], value: Callable[[dict], float | None], kind: str = "block") -> list[str]:
+    """Each configuration's change against the one before it: the ratio of ``value`` (previous / this) with the
+    pair's noise verdict (``kind``: block or graph samples, from ``change_vs_previous``)."""
+    return [_judged(cur, value(prev), value(cur), (cur.get("change_vs_previous") or {}).get(kind))
+            for prev, cur in zip(runs, runs[1:])]
 
 
 def _overhead(sec: dict) -> str:
@@ -123,29 +157,26 @@ def _overhead(sec: dict) -> str:
     return f"{o:+.1f}%" + (" (noise)" if o < 0 else "")
 
 
-def _block_rows(report: dict) -> list[Row]:
+def _block_rows(report: dict, runs: list[dict]) -> list[Row]:
     """Backend, execution, the block's time (and in turns), under the profiler and the profiler's overhead."""
-    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
-    clock = "CUDA events" if b["timing_source"] == "cuda_events" else "host clock"
+    clock = "CUDA events" if runs[0]["timing_source"] == "cuda_events" else "host clock"
     rows = [
-        ("attention backend", backend_cell(report, b), backend_cell(report, s) if s else "", ""),
-        *([("linears", linears_cell(b), linears_cell(s), "")] if any((x or {}).get("linears") for x in (b, s))
-          else []),
-        ("execution", execution_of(b), execution_of(s) if s else "", ""),
-        (f"block ({clock}) median [min–max]", _band(b["block_ms"]), _band(s["block_ms"]) if s else "",
-         _judged(s, b["block_ms"]["median"], s["block_ms"]["median"], nz.get("block")) if s else ""),
+        row("attention backend", [backend_cell(report, r) for r in runs]),
+        *([row("linears", [linears_cell(r) for r in runs])] if any(r.get("linears") for r in runs) else []),
+        row("execution", [execution_of(r) for r in runs]),
+        row(f"block ({clock}) median [min–max]", [_band(r["block_ms"]) for r in runs],
+            _changes(runs, lambda r: r["block_ms"]["median"])),
     ]
     inter = report.get("interleaved")
     if inter:
-        # the two phases run one after the other: host or clock drift between them lands in the ratio above; in
-        # turns it hits both alike
-        rows.append((f"block, baseline and swap in turns ({inter['rounds']} rounds) median [min–max]",
-                     _band(inter["baseline_ms"]), _band(inter["swapped_ms"]),
-                     f"{inter['ratio']:.2f}x" + (" (within noise)" if inter["verdict"] == "within noise" else "")))
-    rows += [
-        ("block under profiler (median)", _ms(b["profiled_block_ms"]), _ms(s["profiled_block_ms"]) if s else "", ""),
-        ("profiler overhead", _overhead(b), _overhead(s) if s else "", ""),
-    ]
+        # the phases run one after the other: host or clock drift between them lands in the ratio above; in turns
+        # it hits both alike (the baseline and the last configuration)
+        rows.append(_ends(f"block, baseline and swap in turns ({inter['rounds']} rounds) median [min–max]",
+                          len(runs), _band(inter["baseline_ms"]), _band(inter["swapped_ms"]),
+                          f"{inter['ratio']:.2f}x" + (" (within noise)" if inter["verdict"] == "within noise"
+                                                      else "")))
+    rows += [row("block under profiler (median)", [_ms(r["profiled_block_ms"]) for r in runs]),
+             row("profiler overhead", [_overhead(r) for r in runs])]
     return rows
 
 
@@ -154,12 +185,10 @@ def _compile_cell(sec: dict) -> str:
     return f"{c['first_call_s']:.2f} s, {c['recompiles']} recompile(s)" if c else ""
 
 
-def _compile_rows(report: dict) -> list[Row]:
-    b, s = report["baseline"], report["swapped"]
-    if not (b.get("compile") or (s and s.get("compile"))):
+def _compile_rows(report: dict, runs: list[dict]) -> list[Row]:
+    if not any(r.get("compile") for r in runs):
         return []
-    return [("compile: first call (tracing + codegen), recompiles", _compile_cell(b),
-             _compile_cell(s) if s else "", "")]
+    return [row("compile: first call (tracing + codegen), recompiles", [_compile_cell(r) for r in runs])]
 
 
 def _graph_cell(sec: dict, g: dict | None) -> str:
@@ -174,60 +203,59 @@ def _host_cell(sec: dict, g: dict | None) -> str:
     return _ms(d) + (" (≤ 0: GPU-bound, noise)" if d <= 0 else "")
 
 
-def _graph_rows(report: dict) -> list[Row]:
-    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
-    gb, gs = b.get("graph_block_ms"), (s.get("graph_block_ms") if s else None)
-    if not (gb or gs):
+def _graph_rows(report: dict, runs: list[dict]) -> list[Row]:
+    graphs = [r.get("graph_block_ms") for r in runs]
+    if not any(graphs):
         return []
-    return [("block (CUDA graph replay) median [min–max]", _graph_cell(b, gb),
-             _graph_cell(s, gs) if s else "",
-             _judged(s, gb["median"], gs["median"], nz.get("graph")) if gb and gs else ""),
-            ("host overhead per call (eager − replay)", _host_cell(b, gb), _host_cell(s, gs) if s else "", "")]
+    return [row("block (CUDA graph replay) median [min–max]", [_graph_cell(r, g) for r, g in zip(runs, graphs)],
+                _changes(runs, lambda r: (r.get("graph_block_ms") or {}).get("median"), "graph")),
+            row("host overhead per call (eager − replay)", [_host_cell(r, g) for r, g in zip(runs, graphs)])]
 
 
 def _rank_cell(r: dict) -> str:
     return f"{_ms(r['block_ms']['median'])} (comm {_ms(r['split_ms'].get('communication', 0.0))})"
 
 
-def _sp_rows(report: dict) -> list[Row]:
+def _sp_rows(report: dict, runs: list[dict]) -> list[Row]:
     """Sequence parallel runs: the slowest rank, the max over ranks and each rank's block time."""
-    b, s, sp = report["baseline"], report["swapped"], report.get("sp")
+    sp = report.get("sp")
     if not sp:
         return []
-    rows = [(f"sequence parallel: Ulysses over {sp['degree']} ranks ({sp['process_group_backend']})",
-             f"slowest: rank {b['rank']}", f"slowest: rank {s['rank']}" if s else "", ""),
-            ("block, max over ranks per call: median [min–max]", _band(b["block_ms_max_over_ranks"]),
-             _band(s["block_ms_max_over_ranks"]) if s else "", "")]
-    for i, rb in enumerate(b["ranks"]):
-        rs = s["ranks"][i] if s else None
-        rows.append((f"rank {rb['rank']}: block median (communication)", _rank_cell(rb),
-                     _rank_cell(rs) if rs else "", ""))
+    rows = [row(f"sequence parallel: Ulysses over {sp['degree']} ranks ({sp['process_group_backend']})",
+                [f"slowest: rank {r['rank']}" for r in runs]),
+            row("block, max over ranks per call: median [min–max]",
+                [_band(r["block_ms_max_over_ranks"]) for r in runs])]
+    for i, rb in enumerate(runs[0]["ranks"]):
+        rows.append(row(f"rank {rb['rank']}: block median (communication)", [_rank_cell(r["ranks"][i]) for r in runs]))
     return rows
 
 
-def _split_rows(report: dict) -> list[Row]:
+def _split_rows(report: dict, runs: list[dict]) -> list[Row]:
     """Per-category op time, its total, the attention share and peak memory."""
-    b, s, nz = report["baseline"], report["swapped"], report.get("noise") or {}
-    kind = "GPU kernel time" if b["split_mode"] == "cuda" else "CPU op self time"
+    kind = "GPU kernel time" if runs[0]["split_mode"] == "cuda" else "CPU op self time"
     rows = []
     for cat in REPORTED_CATEGORIES:
-        vb, vs = b["split_ms"].get(cat), (s["split_ms"].get(cat) if s else None)
-        if vb is None and vs is None:
+        if all(r["split_ms"].get(cat) is None for r in runs):
             continue  # communication: only where there is some (--sp runs); fused: compiled runs only
-        vb, vs = vb or 0.0, vs or 0.0
-        rows.append((f"{cat} ({kind})", _ms(vb), _ms(vs) if s else "",
-                     _judged(s, vb, vs, nz.get("block")) if s else ""))
-    rows.append((f"split total ({kind})", _ms(b["split_total_ms"]), _ms(s["split_total_ms"]) if s else "",
-                 _judged(s, b["split_total_ms"], s["split_total_ms"], nz.get("block")) if s else ""))
-    rows.append(("attention share", _pct(b["attention_share"]), _pct(s["attention_share"]) if s else "", ""))
-    rows.append(("peak memory", fmt_bytes(b["peak_memory_bytes"]), fmt_bytes(s["peak_memory_bytes"]) if s else "",
-                 ""))
+
+        def value(r: dict, cat: str = cat) -> float:
+            return r["split_ms"].get(cat) or 0.0
+
+        rows.append(row(f"{cat} ({kind})", [_ms(value(r)) for r in runs], _changes(runs, value)))
+    rows.append(row(f"split total ({kind})", [_ms(r["split_total_ms"]) for r in runs],
+                    _changes(runs, lambda r: r["split_total_ms"])))
+    rows.append(row("attention share", [_pct(r["attention_share"]) for r in runs]))
+    rows.append(row("peak memory", [fmt_bytes(r["peak_memory_bytes"]) for r in runs]))
     return rows
 
 
-def _check_rows(report: dict) -> list[Row]:
-    """The gathered SP output's check and the swapped output vs the baseline's."""
-    sp, acc = report.get("sp"), report["accuracy"]
+def _accuracy_cell(acc: dict | None) -> str:
+    return f"{acc['block_output_rel_rms']:.2e} / {acc['block_output_cosine']:.5f}" if acc else ""
+
+
+def _check_rows(report: dict, runs: list[dict]) -> list[Row]:
+    """The gathered SP output's check and each configuration's output vs the baseline's."""
+    sp = report.get("sp")
     rows = []
     if sp:
         def chk(label):
@@ -235,41 +263,62 @@ def _check_rows(report: dict) -> list[Row]:
             return f"{c['block_output_rel_rms']:.2e} " + ("ok" if c["passed"] else "FAILED") if c else ""
 
         tol = next(iter(sp["check"].values()))["tolerance"] if sp["check"] else float("nan")
-        rows.append((f"gathered SP output vs single device: rel-RMS (tol {tol:.0e})", chk("baseline"),
-                     chk("swapped"), ""))
-    if acc:
-        rows.append(("output vs baseline: rel-RMS / cosine", "",
-                     f"{acc['block_output_rel_rms']:.2e} / {acc['block_output_cosine']:.5f}", ""))
+        rows.append(row(f"gathered SP output vs single device: rel-RMS (tol {tol:.0e})",
+                        [chk(r["label"]) for r in runs]))
+    if any(r.get("accuracy") for r in runs):
+        rows.append(row("output vs baseline: rel-RMS / cosine", [_accuracy_cell(r.get("accuracy")) for r in runs]))
     return rows
 
 
-def _model_rows(report: dict) -> list[Row]:
-    """The whole model's time, the noise warning and Amdahl's prediction against the measured block."""
-    b, s, ex, nz = report["baseline"], report["swapped"], report["extrapolation"], report.get("noise") or {}
+def _model_change(prev: dict, cur: dict) -> str:
+    """The whole model's time against the previous configuration's (numerics only: no ratio)."""
+    if not (cur.get("model_band_ms") and prev.get("model_band_ms")):
+        return ""
+    change = cur.get("change_vs_previous") or {}
+    if change.get("speedup_note") or (cur.get("extrapolation") or {}).get("speedup_note"):
+        return "numerics only"  # the ratios are None: a numerics emulation's time is no speed result
+    return _judged(cur, prev["model_band_ms"]["median"], cur["model_band_ms"]["median"], change.get("block"))
+
+
+def _model_rows(report: dict, runs: list[dict]) -> list[Row]:
+    """The whole model's time per configuration, the noise warning and Amdahl's prediction (baseline vs last)."""
+    ex, nz, n = report["extrapolation"], report.get("noise") or {}, len(runs)
     scope = f"{ex['n_blocks']} blocks" + (f" × {ex['steps']} steps" if ex["steps"] > 1 else "") + \
         (" × 2 CFG" if ex["cfg"] else "")
-    if not ex["swapped_band_ms"]:
-        change = ""
-    elif ex.get("speedup_note"):  # the ratios are None: a numerics emulation's time is no speed result
-        change = "numerics only"
-    else:
-        change = _judged(s, ex["baseline_band_ms"]["median"], ex["swapped_band_ms"]["median"], nz.get("block"))
-    rows = [(f"model time ({scope})", _band(ex["baseline_band_ms"]),
-             _band(ex["swapped_band_ms"]) if ex["swapped_band_ms"] else "", change)]
+    rows = [row(f"model time ({scope})", [_band(r["model_band_ms"]) if r.get("model_band_ms") else "" for r in runs],
+                [_model_change(p, c) for p, c in zip(runs, runs[1:])])]
     if nz.get("warning"):
-        rows.append(("timing noise", nz["warning"], "", ""))
+        rows.append(row("timing noise", [nz["warning"]] + [""] * (n - 1)))
     if ex.get("amdahl_predicted_speedup") and not nz.get("numerics_only"):
-        rows.append((f"Amdahl: share {_pct(b['attention_share'])} × attention {ex['attention_speedup']:.2f}x",
-                     "", _ms(ex["amdahl_predicted_swapped_block_ms"]) + " / block predicted",
-                     _x(ex["amdahl_predicted_speedup"]) + " predicted"))
-        rows.append(("measured swapped block", "", _ms(ex["measured_swapped_block_ms"]), _x(ex["speedup"])))
+        rows.append(_ends(f"Amdahl: share {_pct(runs[0]['attention_share'])} × attention "
+                          f"{ex['attention_speedup']:.2f}x", n, "",
+                          _ms(ex["amdahl_predicted_swapped_block_ms"]) + " / block predicted",
+                          _x(ex["amdahl_predicted_speedup"]) + " predicted"))
+        rows.append(_ends("measured swapped block", n, "", _ms(ex["measured_swapped_block_ms"]), _x(ex["speedup"])))
     return rows
 
 
 def summary_rows(report: dict) -> list[Row]:
-    """(metric, baseline, swapped, change) rows shared by the rich table and report.md."""
-    return (_block_rows(report) + _compile_rows(report) + _graph_rows(report) + _sp_rows(report)
-            + _split_rows(report) + _check_rows(report) + _model_rows(report))
+    """The rows (``Row``: one value per configuration, each later one with its change) shared by the rich table
+    and report.md."""
+    runs = configurations_of(report)
+    return [r for part in (_block_rows, _compile_rows, _graph_rows, _sp_rows, _split_rows, _check_rows, _model_rows)
+            for r in part(report, runs)]
+
+
+def column_names(runs: list[dict], single: str = "measured") -> list[str]:
+    """The value and change columns' headers of ``Row``: a profile's one value (``single``); a compare's baseline,
+    swapped, change; more configurations (``--each-swap``): each by label and configuration, each change against
+    the one before it."""
+    if len(runs) == 1:
+        return [single]
+    if len(runs) == 2:
+        return ["baseline", "swapped", "change"]
+    names = [f"{runs[0]['label']} ({runs[0].get('configuration') or runs[0]['attention_backend']})"]
+    for prev, cur in zip(runs, runs[1:]):
+        names += [f"{cur['label']} ({cur.get('configuration') or cur['attention_backend']})",
+                  f"change vs {prev['label']}"]
+    return names
 
 
 LIMIT_CATEGORIES = ("attention", "gemm", "norm", "elementwise")
@@ -304,7 +353,7 @@ def _share_cell(e: dict) -> str:
 def limit_rows(report: dict) -> list[tuple[str, str, str, str, str]]:
     """(run, category, rate, compared with, % of peak) per run and category with ``limits`` (none without)."""
     rows = []
-    for sec in (report["baseline"], report["swapped"]):
+    for sec in sections_of(report):
         for cat in LIMIT_CATEGORIES if sec and sec.get("limits") else ():
             e = sec["limits"].get(cat)
             if e:
@@ -317,7 +366,7 @@ def limits_note(report: dict) -> str:
     """Where the peaks come from (the device's datasheet entry or the plan's measured rates), for under the table."""
     from ditprof.harness.report.limits import peaks_for
 
-    kinds = {e["peak_kind"] for sec in (report["baseline"], report["swapped"]) if sec
+    kinds = {e["peak_kind"] for sec in sections_of(report) if sec
              for e in (sec.get("limits") or {}).values()}
     peaks = peaks_for((report.get("environment") or {}).get("gpu"))
     if peaks is None or "datasheet" not in kinds:
@@ -351,19 +400,17 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
     table = Table(title=f"{title}: {model_line(report)}", caption=env_line(report), title_justify="left",
                   caption_justify="left")
     table.add_column("metric")
-    table.add_column("baseline" if report["swapped"] else "measured", justify="right")
-    if report["swapped"]:
-        table.add_column("swapped", justify="right")
-        table.add_column("change", justify="right")
-    for metric, b, s, c in summary_rows(report):
-        table.add_row(metric, b, s, c) if report["swapped"] else table.add_row(metric, b)
+    for name in column_names(sections_of(report)):
+        table.add_column(name, justify="right")
+    for cells in summary_rows(report):
+        table.add_row(*cells)
     console.print(table)
     top = Table(title="heaviest ops (per block call)", title_justify="left")
     top.add_column("run")
     top.add_column("op")
     top.add_column("category")
     top.add_column("time", justify="right")
-    for sec in (report["baseline"], report["swapped"]):
+    for sec in sections_of(report):
         if sec:
             for row in sec["top_ops"][:5]:
                 top.add_row(sec["label"], row["op"], row["category"], _ms(row["ms"]))
@@ -379,7 +426,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
         console.print(lim)
     if report.get("swap_skipped"):
         console.print(f"swap not run: {report['swap_skipped']}")
-    for sec in (report["baseline"], report["swapped"]):
+    for sec in sections_of(report):
         lin = (sec or {}).get("linears")
         if lin and lin["kept"]:
             none = "no linear of this block runs in FP8; " if not lin["swapped"] else ""
@@ -427,12 +474,10 @@ def markdown(report: dict) -> str:
              f"{st['iters']} profiled iterations, seed {st['seed']}, {st.get('execution', 'eager')}"
              + (f", GPU memory budget {fmt_bytes(st['gpu_memory_budget_bytes'])}"
                 if st.get("gpu_memory_budget_bytes") else "") + ".", ""]
-    has_s = report["swapped"] is not None
-    header = "| metric | baseline | swapped | change |" if has_s else "| metric | value |"
-    lines += ["## Summary", "", header, "|---|---:|---:|---:|" if has_s else "|---|---:|"]
-    for metric, b, s, c in summary_rows(report):
-        cells = [metric.strip(), b, s, c] if has_s else [metric.strip(), b]
-        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    names = ["metric", *column_names(sections_of(report), single="value")]
+    lines += ["## Summary", "", "| " + " | ".join(names) + " |", "|---|" + "---:|" * (len(names) - 1)]
+    for metric, *values in summary_rows(report):
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in [metric.strip(), *values]) + " |")
     if report.get("swap_skipped"):
         lines += ["", f"**Swap not run:** {report['swap_skipped']}."]
     elif report["model"].get("attention_mask"):
@@ -449,6 +494,7 @@ def markdown(report: dict) -> str:
               "measures the host, and the replay line is the one that shows what the attention swap buys. "
               "The replay's output is checked against the eager output.",
               *([INTERLEAVED_NOTE] if report.get("interleaved") else []),
+              *([EACH_SWAP_NOTE] if len(sections_of(report)) > 2 else []),
               "- The split assigns " + ("every GPU kernel to the op that launched it" if b["split_mode"] == "cuda"
                                         else "each aten op's self time on the host") +
               "; everything inside the `ditprof::attention` range (the attention call, for baseline and swap "
@@ -479,7 +525,7 @@ def markdown(report: dict) -> str:
     lines += linears_lines(report)
     lines += fp8_launch_lines(report)
     lines += limit_lines(report)
-    for sec in (report["baseline"], report["swapped"]):
+    for sec in sections_of(report):
         if not sec:
             continue
         lines += [f"## Heaviest ops — {sec['label']} ({sec.get('configuration') or sec['attention_backend']})", "", "| op | category | ms |",

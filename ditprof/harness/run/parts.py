@@ -106,7 +106,7 @@ def plot_title(rep: dict) -> str:
 
 def write_run(stage: Path, rep: dict, fail_after: str | None = None) -> None:
     """split.png, report.md and report.json of one run into its staging folder (report.json last)."""
-    runs = [rep["baseline"]] + ([rep["swapped"]] if rep["swapped"] else [])
+    runs = document.configurations_of(rep)  # one bar per configuration
     atomic.write_bytes(stage / "split.png", plots.split_png(runs, plot_title(rep), note=plots.speedup_note(rep)))
     atomic.write_text(stage / "report.md", report.markdown(rep))
     if fail_after == "write":

@@ -157,8 +157,10 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     per_backend = max(spec.warmup, 1) + spec.iters + (spec.iters + 1) * PROFILER_FACTOR
     if spec.device.type == "cuda" and spec.cuda_graph:
         per_backend += spec.iters + 1
-    calls = round(per_backend * (2 if spec.swap else 1))
-    run_s = block_s * per_backend + (swap_block_s * per_backend if spec.swap else 0.0)
+    # swapped measurements: one, or one per swap added (--each-swap: the attention, then the linears too)
+    swapped_runs = (2 if getattr(spec, "each_swap", False) else 1) if spec.swap else 0
+    calls = round(per_backend * (1 + swapped_runs))
+    run_s = block_s * per_backend + swap_block_s * per_backend * swapped_runs
     if spec.swap:  # the rounds in turns (runner._interleaved): per round and backend one untimed call + the timed ones
         # (spec.interleave is 0 where they do not run)
         from ditprof.harness.run.session import INTERLEAVED_CALLS_PER_ROUND

@@ -83,6 +83,9 @@ class RunSpec:
     linears_compile: bool = True  # eager runs: each FP8 linear compiled alone (--linears-eager: not)
     # what the FP8 backends run with (--no-fp8-graphs, --no-tvm-ffi; backends.resolve); None: the process's
     fp8_options: Fp8Options | None = None
+    # compare --each-swap: every prefix of the swap list measured as its own configuration (baseline | + attention
+    # | + FP8 linears), not only the baseline and all swaps together
+    each_swap: bool = False
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -132,6 +135,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         raise DitprofError(f"--time-limit must be > 0 minutes (got {limit})")
     out = default_out(args.out, source)
     _check_linears(args, device)
+    _check_each_swap(args)
     return RunSpec(
         command=command, source=source, source_kind=source_kind, block=args.block or 0,
         kind=getattr(args, "kind", None), device=device,
@@ -148,6 +152,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         interleave=_interleave_rounds(args, command, device, swap_name, compile_as),
         linears=getattr(args, "linears", None), linears_compile=getattr(args, "linears_compile", True),
         fp8_options=fp8_options_of(args),
+        each_swap=bool(getattr(args, "each_swap", False)),
     )
 
 
@@ -158,6 +163,13 @@ def _check_linears(args: Any, device: torch.device) -> None:
     if getattr(args, "sp", None) is not None:
         raise DitprofError("--linears with --sp is not supported yet: measure FP8 linears on one GPU")
     LinearsSwap(Fp8LinearConfig(args.linears), device)
+
+
+def _check_each_swap(args: Any) -> None:
+    """``--each-swap`` adds the swaps one at a time: with the attention swap alone that is the plain compare."""
+    if getattr(args, "each_swap", False) and not getattr(args, "linears", None):
+        raise DitprofError("--each-swap measures the swaps added one at a time, and the attention swap is the only "
+                           "one here: add --linears (or run compare without --each-swap)")
 
 
 def _interleave_rounds(args: Any, command: str, device: torch.device, swap_name: str | None,
@@ -290,6 +302,7 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
         console.print(f"[bold]ditprof {spec.command}[/]: {spec.source_kind} {spec.source}, block {spec.block}, "
                       f"{spec.device}, baseline {base_b.name}" + (f", swap {swap_b.name}" if swap_b else "")
                       + (f", linears in FP8 ({spec.linears})" if spec.linears else "")
+                      + (", the swaps added one at a time" if spec.each_swap else "")
                       + f", {compile_mode.execution(spec.compile)}")
         plan = make_plan(spec)
         plan.note = spec.size_note
@@ -314,15 +327,15 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
                 base_run = _measure(spec, loaded, inputs, "baseline", base, stage, progress, resident, console)
                 if fail_after == "baseline":
                     raise DitprofError("forced failure after the baseline run (test)")
-                swap_run, inter = None, None
+                runs, inter = [], None
                 skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
                 swapped = ([attention_swap(spec, loaded, swap_b)] if swap_b else []) + \
                     (linears if spec.command == "compare" else []) + list(extra_swaps)
                 if swapped and not skipped:
-                    swap_run = _measure(spec, loaded, inputs, "swapped", swapped, stage, progress, resident,
-                                        console)
+                    for label, swaps in configurations(swapped, spec.each_swap):
+                        runs.append(_measure(spec, loaded, inputs, label, swaps, stage, progress, resident, console))
                     inter = _interleaved(spec, loaded, inputs, base, swapped, progress)
-            rep = _assemble(spec, loaded, inputs, base_run, swap_run, budget)
+            rep = _assemble(spec, loaded, inputs, base_run, runs, budget)
             rep["interleaved"] = inter
             rep["plan"] = plan.as_dict()
             limits.add_limits(rep)  # rates and shares of peak per category: needs the plan's FLOPs and rates
@@ -333,11 +346,16 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
     return rep, out
 
 
-def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: BackendRun | None,
-              budget: int | None) -> dict:
-    model = model_section(spec, loaded, inputs)
-    acc = document.accuracy(base.output, sw.output) if sw is not None else None
-    ex = extrapolate(
+def configurations(swaps: Sequence[Swap], each: bool) -> list[tuple[str, list[Swap]]]:
+    """(label, swaps) of each swapped measurement in order: all of ``swaps`` together ("swapped"), or with ``each``
+    (``--each-swap``) every prefix of the list, ``step1``, ``step2``, ... and the whole list last as "swapped"."""
+    steps = [list(swaps[:k]) for k in range(1, len(swaps) + 1)] if each else [list(swaps)]
+    return [(f"step{k}" if k < len(steps) else "swapped", s) for k, s in enumerate(steps, 1)]
+
+
+def _extrapolation(spec: RunSpec, model: dict, base: BackendRun, sw: BackendRun | None) -> dict:
+    """The whole model's time with ``sw`` against ``base`` (without ``sw``: the baseline's alone)."""
+    return extrapolate(
         n_blocks=int(model["n_blocks"] or 1),
         baseline_block_ms=base.block_ms,
         swapped_block_ms=sw.block_ms if sw else None,
@@ -346,8 +364,19 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         swapped_attention_ms=sw.split.split_ms["attention"] if sw else None,
         steps=spec.steps, cfg=spec.cfg, numerics_only=bool(sw) and bool(sw.extra.get("numerics_only")),
     )
-    files = ["report.json", "report.md", "split.png", base.trace_file] + ([sw.trace_file] if sw else [])
-    files += [base.tb_file] + ([sw.tb_file] if sw else [])
+
+
+def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, runs: Sequence[BackendRun],
+              budget: int | None) -> dict:
+    """The report of the baseline and the swapped measurements ``runs`` (in order; the last is "swapped")."""
+    model = model_section(spec, loaded, inputs)
+    sw = runs[-1] if runs else None
+    acc = document.accuracy(base.output, sw.output) if sw is not None else None
+    ex = _extrapolation(spec, model, base, sw)
+    middle = [(r, document.accuracy(base.output, r.output), _extrapolation(spec, model, base, r))
+              for r in runs[:-1]]
+    files = ["report.json", "report.md", "split.png", base.trace_file] + [r.trace_file for r in runs]
+    files += [base.tb_file] + [r.tb_file for r in runs]
     settings = {
         "device": str(spec.device), "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed,
         "gpu_memory": spec.gpu_memory, "gpu_memory_budget_bytes": budget, "argv": sys.argv[1:],
@@ -358,7 +387,7 @@ def _assemble(spec: RunSpec, loaded: Any, inputs: Any, base: BackendRun, sw: Bac
         command=spec.command, model=model, environment=environment(spec.device, model.get("head_dim")),
         settings=settings,
         baseline=base, swapped=sw, extrapolation=ex, accuracy_section=acc, files=files,
-        created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        created=_dt.datetime.now().astimezone().isoformat(timespec="seconds"), middle=middle,
     )
 
 

@@ -1,7 +1,8 @@
 """``ditprof diff RUN_A RUN_B``: what changed between two saved runs, per category and per op.
 
 A side is a run folder (profile or compare, any machine or backend), optionally ``:baseline`` / ``:swapped``
-(default: the swapped measurement of a compare, the baseline of a profile). The per-category numbers are the
+(default: the swapped measurement of a compare, the baseline of a profile) or, for a ``compare --each-swap``, the
+label of a configuration between them (``:step1``). The per-category numbers are the
 reports' own split; the per-op numbers re-split each side's trace (every launching op, per block call). Where
 HolisticTraceAnalysis is installed its ``TraceDiff`` adds op counts and durations from the two tb/ runs.
 """
@@ -28,13 +29,20 @@ class Side:
 
     @property
     def section(self) -> dict:
-        return self.report[self.section_name]
+        if self.section_name in ("baseline", "swapped"):
+            return self.report[self.section_name]
+        return next(c for c in _middle(self.report) if c["label"] == self.section_name)
 
     @property
     def name(self) -> str:
         m = self.report["model"]
         return f"{self.folder.name}:{self.section_name} ({m.get('preset') or m.get('checkpoint')}, " \
                f"{self.section['attention_backend']}, {self.report['environment'].get('gpu') or 'CPU'})"
+
+
+def _middle(report: dict) -> list[dict]:
+    """The configurations measured between the baseline and the swapped run (``compare --each-swap``)."""
+    return (report.get("configurations") or [])[1:-1]
 
 
 def open_side(spec: str) -> Side:
@@ -52,10 +60,12 @@ def open_side(spec: str) -> Side:
     if not isinstance(schema, str) or not schema.startswith(REPORT_MAJOR):
         raise DitprofError(f"{rep_file} is not a ditprof profile/compare report (schema {schema!r}; "
                            f"validate and accuracy-table runs cannot be diffed)")
-    if which not in ("", "baseline", "swapped"):
-        raise DitprofError(f"{spec}: the part after ':' must be baseline or swapped, got {which!r}")
+    steps = [c["label"] for c in _middle(report)]
+    if which not in ("", "baseline", "swapped", *steps):
+        more = f" or a configuration of this run ({', '.join(steps)})" if steps else ""
+        raise DitprofError(f"{spec}: the part after ':' must be baseline or swapped{more}, got {which!r}")
     which = which or ("swapped" if report.get("swapped") else "baseline")
-    if not report.get(which):
+    if which not in steps and not report.get(which):
         raise DitprofError(f"{spec}: this run has no {which} measurement")
     return Side(folder, which, report)
 
