@@ -32,6 +32,8 @@ def add_linears_flag(p: argparse.ArgumentParser, compare: bool, where: str | Non
     group.add_argument("--linears-eager", dest="linears_compile", action="store_false",
                        help="--linears without the per-linear compile: torchao's eager path, its activation "
                             "quantization as separate elementwise kernels")
+
+
 def add_fp8_flags(group) -> None:
     """``--no-fp8-graphs`` and ``--no-tvm-ffi`` (profile, compare, validate): the run's ``Fp8Options``
     (``args.fp8_options_of``); backends that take no FP8 options (sdpa, ...) ignore them."""

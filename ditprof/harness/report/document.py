@@ -57,13 +57,6 @@ def size_settings(inputs: Any) -> dict:
             "size_used": size(getattr(inputs, "used_size", None))}
 
 
-def _numerics_only(sec: dict) -> bool:
-    """A run section whose time is no speed: a swap in it emulates numerics (or its backend does)."""
-    from ditprof.kernels import registry
-
-    return bool(sec.get("numerics_only") or registry.is_numerics_only(sec["attention_backend"]))
-
-
 def change_vs_previous(prev: dict, sec: dict) -> dict:
     """A configuration's change against the one measured before it: ``speedup`` = previous / this median block time
     (None with ``speedup_note`` where either is numerics only, as ``extrapolate`` does) and the noise verdicts of
@@ -71,7 +64,7 @@ def change_vs_previous(prev: dict, sec: dict) -> dict:
     from ditprof.harness.run import noise
     from ditprof.harness.run.extrapolate import NUMERICS_ONLY_NOTE
 
-    emulated = _numerics_only(prev) or _numerics_only(sec)
+    emulated = noise.section_numerics_only(prev) or noise.section_numerics_only(sec)
     return {"previous": prev["label"],
             "previous_configuration": prev.get("configuration") or prev["attention_backend"],
             "speedup": None if emulated else prev["block_ms"]["median"] / sec["block_ms"]["median"],
@@ -127,7 +120,7 @@ def build(*, command: str, model: dict, environment: dict, settings: dict, basel
     from ditprof.harness.run import noise
 
     base, sw = section(baseline), section(swapped)
-    emulated = bool(sw) and _numerics_only(sw)
+    emulated = bool(sw) and noise.section_numerics_only(sw)
     ends = [(base, None, None)] + ([(sw, accuracy_section, extrapolation)] if sw else [])
     runs = ends[:1] + [(section(r), acc, ex) for r, acc, ex in middle] + ends[1:]
     configurations = configuration_entries([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs],

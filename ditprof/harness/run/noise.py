@@ -29,6 +29,15 @@ def spread(samples: list[float]) -> float:
     return (p75 - p25) / med if med > 0 else float("inf")
 
 
+def section_numerics_only(sec: dict) -> bool:
+    """A report's run section whose time is no speed: a swap in it emulates numerics (its ``numerics_only``, which
+    the measurement records from its swaps) or, in sections written without that field, its attention backend
+    does."""
+    from ditprof.kernels import registry
+
+    return bool(sec.get("numerics_only") or registry.is_numerics_only(sec["attention_backend"]))
+
+
 def change(base: list[float] | None, new: list[float] | None, *, numerics_only: bool = False) -> dict | None:
     """{ratio (base/new medians), verdict: faster | slower | within noise | numerics only, spreads, why}."""
     if not base or not new:

@@ -30,8 +30,8 @@ from ditprof.harness.run.session import BackendRun
 from ditprof.harness.swaps import backends
 from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.swaps.base import Swap
-from ditprof.harness.swaps.linears import LinearsSwap, linears_swaps
-from ditprof.kernels.fp8_linear import Fp8LinearConfig, fp8_tensor_cores
+from ditprof.harness.swaps.linears import linears_swaps
+from ditprof.kernels.fp8_linear import fp8_tensor_cores
 from ditprof.harness.swaps.base import label as swaps_label
 from ditprof.kernels.fp8_config import Fp8Options
 from ditprof.kernels import registry
@@ -162,7 +162,7 @@ def _check_linears(args: Any, device: torch.device) -> None:
         return
     if getattr(args, "sp", None) is not None:
         raise DitprofError("--linears with --sp is not supported yet: measure FP8 linears on one GPU")
-    LinearsSwap(Fp8LinearConfig(args.linears), device)
+    linears_swaps(args.linears, device)
 
 
 def _check_each_swap(args: Any) -> None:

@@ -17,13 +17,12 @@ import torch.distributed as dist
 
 from ditprof.harness.report import document
 from ditprof.harness.report import summary as report
-from ditprof.harness.run import atomic
+from ditprof.harness.run import atomic, noise
 from ditprof.harness.run.measure import measure_swapped
 from ditprof.harness.sp import distributed
 from ditprof.harness.swaps import backends
 from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.trace.categories import ALL_CATEGORIES, COMMUNICATION
-from ditprof.kernels import registry
 from ditprof.harness.run.environment import environment
 from ditprof.harness.run.extrapolate import extrapolate
 from ditprof.harness.run.memory import memory_budget
@@ -237,7 +236,7 @@ def _assemble(spec, loaded, full, sections, gathered, checks, budget, *, world, 
         baseline_attention_ms=base["split_ms"]["attention"],
         swapped_attention_ms=sw["split_ms"]["attention"] if sw else None,
         steps=spec.steps, cfg=spec.cfg,
-        numerics_only=bool(sw) and registry.is_numerics_only(sw["attention_backend"]),
+        numerics_only=bool(sw) and noise.section_numerics_only(sw),
     )
     ex["uses"] = "slowest rank (largest median block time)"
     files = ["report.json", "report.md", "split.png"]

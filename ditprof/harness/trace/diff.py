@@ -120,9 +120,7 @@ def diff(a: Side, b: Side, top: int = 15) -> dict:
     ops.sort(key=lambda r: -abs(r["delta_ms"]))
     from ditprof.harness.run import noise
 
-    from ditprof.kernels import registry
-
-    emulated = any(s.get("numerics_only") or registry.is_numerics_only(s["attention_backend"]) for s in (sa, sb))
+    emulated = any(noise.section_numerics_only(s) for s in (sa, sb))
     verdict = noise.change(sa.get("samples_ms"), sb.get("samples_ms"), numerics_only=emulated)
     if verdict and verdict["verdict"] in ("faster", "slower"):
         verdict["verdict"] = f"B {verdict['verdict']}"
