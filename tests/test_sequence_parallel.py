@@ -351,8 +351,11 @@ def test_joint_wrapper_world_one(tmp_path):
         dist.destroy_process_group()
 
 
-def test_sp_json_stdout_is_the_report_alone(tmp_path, capfd):
+def test_sp_json_stdout_is_the_report_alone(tmp_path, capfd, monkeypatch):
     """--sp --json: rank 0's progress lines go to stderr with everything else; stdout parses as the report."""
+    # spawned ranks write to this test's captured descriptors; forked from a forkserver an earlier test started,
+    # they would write to the ones that server inherited
+    monkeypatch.setenv("DITPROF_SP_START_METHOD", "spawn")
     assert cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--sp", "2", "--iters", "1",
                      "--warmup", "1", "--json", "--out", str(tmp_path / "run")]) == 0
     cap = capfd.readouterr()
