@@ -318,3 +318,20 @@ def test_linears_flags_reach_the_swap():
         assert swap.config.granularity == "tensorwise" and swap.compile_each is False  # emulated on the CPU
     assert spec_from_args(parser.parse_args(base[:-2]), "compare").linears is None
     assert linears_swap(spec_from_args(parser.parse_args(base[:-2]), "compare"), None) == []
+
+
+def test_compiled_alone_keeps_one_cache_per_linear():
+    """CompiledAlone: twelve linears of distinct shapes, each compiled fullgraph alone, all run -- one shared
+    code object (torch.compile(module)) would hit dynamo's recompile limit (8) and fail -- and each gives its
+    linear's output; the caches are per instance, so a second set of the same shapes compiles again cleanly."""
+    from ditprof.harness.swaps.linears import CompiledAlone
+
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    for round_ in range(2):
+        for i in range(12):
+            lin = torch.nn.Linear(16 + i, 8 + i)
+            x = torch.randn(5, 16 + i)
+            alone = CompiledAlone(lin, f"l{round_}_{i}", backend="eager")
+            assert alone.weight is lin.weight and alone.bias is lin.bias
+            torch.testing.assert_close(alone(x), lin(x), rtol=0, atol=0)

@@ -10,6 +10,7 @@ built from it; the original modules are put back by ``undo``, untouched.
 from __future__ import annotations
 
 import fnmatch
+import types
 from typing import Sequence
 
 import torch
@@ -34,6 +35,36 @@ class LinearsInstalled(Installed):
 
     def record(self) -> dict:
         return {"linears": self.section}
+
+
+class CompiledAlone(torch.nn.Module):
+    """``module`` compiled as a frame of its own. Dynamo keeps its compiled graphs per code object, at most
+    ``recompile_limit`` (8) each; ``torch.compile(module)`` compiles ``nn.Module``'s call, which every module in the
+    process shares, so a block's ninth linear shape (or a second block's linears) fails a fullgraph compile. Here
+    each instance calls ``module`` from a fresh copy of one small function, so its cache holds only its own graph and
+    dies with it. ``weight``/``bias`` read through to ``module`` for code that inspects them."""
+
+    def __init__(self, module: torch.nn.Module, tag: str, *, backend: str = "inductor"):
+        super().__init__()
+        self.module = module
+
+        def call(x):
+            return module(x)
+
+        own = types.FunctionType(call.__code__.replace(co_name=f"fp8_linear_{tag}"), call.__globals__,
+                                 call.__name__, None, call.__closure__)
+        self._compiled = torch.compile(own, fullgraph=True, dynamic=False, backend=backend)
+
+    @property
+    def weight(self):
+        return self.module.weight
+
+    @property
+    def bias(self):
+        return self.module.bias
+
+    def forward(self, x):
+        return self._compiled(x)
 
 
 def _parent(block: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
@@ -92,11 +123,11 @@ class LinearsSwap(Swap):
             return "each linear compiled (torch.compile; inductor fuses torchao's activation quantization)"
         return "as the block runs (eager: torchao's activation quantization unfused; --compile: fused in the block)"
 
-    def _replacement(self, linear: torch.nn.Linear) -> torch.nn.Module:
+    def _replacement(self, name: str, linear: torch.nn.Linear) -> torch.nn.Module:
         if self.emulated:
             return fp8_linear.EmulatedFp8Linear(linear, self.config)
         fp8 = fp8_linear.torchao_linear(linear, self.config)
-        return torch.compile(fp8, fullgraph=True, dynamic=False) if self.compile_each else fp8
+        return CompiledAlone(fp8, name.replace(".", "_")) if self.compile_each else fp8
 
     def install(self, block: torch.nn.Module) -> LinearsInstalled:
         linears = [(n, m) for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -110,7 +141,7 @@ class LinearsSwap(Swap):
                     kept[name] = why
                     continue
                 parent, attr = _parent(block, name)
-                new = self._replacement(linear)
+                new = self._replacement(name, linear)
                 setattr(parent, attr, new)
                 replaced.append((parent, attr, linear))
                 swapped.append(name)
