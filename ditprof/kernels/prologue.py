@@ -1,0 +1,113 @@
+"""The fused attention prologue: a block processor's ``norm_q``/``norm_k`` (RMSNorm per head, with its weight) and
+RoPE, folded into the FP8 prep, so Q and K go from the projections' output straight to the kernel's operands.
+
+``PrologueSpec`` (frozen, declared by a family adapter) says what the processor does between its projections and
+the attention: the norm, its epsilon, the RoPE form and how many leading channels of each head it rotates. The call
+gives the tensors: the norm weights ``wq``/``wk`` (G, D) with G = 1, or G = 2 for a joint sequence whose first
+``text_rows`` rows were normed with their own weights (row 0: the text's, row 1: the rest's), and the rotary table
+``cos``/``sin`` (S, rope_dim).
+
+Numerics (``prologue_torch``, the reference of the fused Triton kernels): per row of one head, in fp32,
+n = x * rsqrt(mean_d(x^2) + eps) * w, then r = n * cos + rotate(n) * sin on the first ``rope_dim`` channels
+(``"half"``: rotate(n) = cat(-n2, n1) over the two halves of those channels, as ``rotate_half``;
+``"interleaved"``: pairs (2i, 2i+1) -> (-n[2i+1], n[2i])), the other channels passed through; the result is rounded
+once to the inputs' dtype, and that is what the prep quantizes. The unfused processor rounds after each of its
+steps (diffusers' RMSNorm after the normalization and after the weight, RoPE after its products), so the fused
+values are as accurate or more, and equal to the unfused ones to a few rounding steps of bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ditprof.errors import DitprofError
+
+NORMS = ("rms",)
+ROPE_FORMS = ("half", "interleaved")
+
+
+@dataclass(frozen=True)
+class PrologueSpec:
+    """What a processor does to Q and K before its attention: ``norm`` ("rms" per head, or None), ``eps``,
+    ``rope`` ("half", "interleaved" or None) over the first ``rope_dim`` channels of each head (0: all)."""
+
+    norm: Optional[str] = "rms"
+    eps: float = 1e-6
+    rope: Optional[str] = "half"
+    rope_dim: int = 0
+
+    def __post_init__(self):
+        if self.norm is not None and self.norm not in NORMS:
+            raise DitprofError(f"prologue norm must be one of {NORMS} or None, got {self.norm!r}")
+        if self.rope is not None and self.rope not in ROPE_FORMS:
+            raise DitprofError(f"prologue rope must be one of {ROPE_FORMS} or None, got {self.rope!r}")
+        if not (self.eps > 0):
+            raise DitprofError(f"prologue eps must be positive, got {self.eps!r}")
+        if self.rope_dim < 0 or self.rope_dim % 2:
+            raise DitprofError(f"prologue rope_dim must be even and >= 0, got {self.rope_dim}")
+
+    def rotated(self, head_dim: int) -> int:
+        """Channels of a head the RoPE rotates (0 without RoPE)."""
+        if self.rope is None:
+            return 0
+        return self.rope_dim or head_dim
+
+
+def check_prologue_inputs(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor],
+                          cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], text_rows: int,
+                          who: str = "q") -> None:
+    """One-line DitprofErrors for tensors that do not fit ``spec`` and x (B, S, H, D)."""
+    if x.dim() != 4:
+        raise DitprofError(f"prologue {who} must be (B, S, H, D), got shape {tuple(x.shape)}")
+    _, S, _, D = x.shape
+    if spec.norm is not None:
+        if w is None or w.dim() != 2 or w.shape[1] != D or w.shape[0] not in (1, 2):
+            raise DitprofError(f"prologue norm weight of {who} must be (1 or 2, {D}), got "
+                               f"{None if w is None else tuple(w.shape)}")
+        if w.shape[0] == 2 and not (0 <= text_rows <= S):
+            raise DitprofError(f"prologue text_rows must be in [0, {S}], got {text_rows}")
+    R = spec.rotated(D)
+    if R:
+        if R > D:
+            raise DitprofError(f"prologue rope_dim {R} exceeds head_dim {D}")
+        for name, t in (("cos", cos), ("sin", sin)):
+            if t is None or tuple(t.shape) != (S, R):
+                raise DitprofError(f"prologue {name} must be ({S}, {R}), got {None if t is None else tuple(t.shape)}")
+
+
+def _rotate(n: torch.Tensor, form: str) -> torch.Tensor:
+    if form == "half":
+        n1, n2 = n.chunk(2, dim=-1)
+        return torch.cat((-n2, n1), dim=-1)
+    pairs = n.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def prologue_torch(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor] = None,
+                   cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None,
+                   text_rows: int = 0) -> torch.Tensor:
+    """The processor's norm + RoPE on x (B, S, H, D) as the fused prologue computes them (module docstring):
+    fp32 throughout, one rounding to x's dtype at the end."""
+    check_prologue_inputs(spec, x, w, cos, sin, text_rows)
+    n = x.float()
+    if spec.norm is not None:
+        n = n * torch.rsqrt(n.pow(2).mean(-1, keepdim=True) + spec.eps)
+        wf = w.float()
+        if wf.shape[0] == 2:
+            rows = torch.arange(x.shape[1], device=x.device) < text_rows
+            n = n * torch.where(rows[:, None, None], wf[0], wf[1])
+        else:
+            n = n * wf[0]
+    R = spec.rotated(x.shape[-1])
+    if R:
+        c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+        head = n[..., :R]
+        head = head * c + _rotate(head, spec.rope) * s
+        n = torch.cat((head, n[..., R:]), dim=-1)
+    return n.to(x.dtype)
+
+
+__all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "check_prologue_inputs", "prologue_torch"]
