@@ -82,7 +82,7 @@ class Fp8Launch:
     return (o, lse) with the LSE (B, H, Sq) float32 of the original scores (the smoothing shift added back)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, choice: LaunchChoice,
-                 options: Fp8Options, return_lse: bool = False):
+                 options: Fp8Options, return_lse: bool = False, prologue=None):
         from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
@@ -99,8 +99,11 @@ class Fp8Launch:
         self.smooth_k = options.smooth_k
         self.rot = rotation_t(D, q.dtype, q.device) if self.q_rot else None  # made now: never inside a capture
         # the descales over each item's own keys
+        # prologue (kernels.prologue.PrologueSpec): q and k are raw projections, the processor's norm and RoPE run
+        # in the prep's loads (the launch choice keeps Q in the prep for it)
+        self.prologue = prologue
         self.plan = PrepPlan(q, k, v, options.smooth_k, key_lens=self.spec.key_lens, qk_int8=self.spec.qk_int8,
-                             skip_q=self.q_rot, config=options.prep)
+                             skip_q=self.q_rot, config=options.prep, prologue=prologue)
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.merge = None
         with torch.cuda.device(self.device):
@@ -151,7 +154,7 @@ class Fp8Launch:
         ws["unchecked"] = 0
         return ws
 
-    def __call__(self, q, k, v, softmax_scale: float, key_lens: Optional[torch.Tensor] = None):
+    def __call__(self, q, k, v, softmax_scale: float, key_lens: Optional[torch.Tensor] = None, pro=None):
         self.calls += 1
         queue = pending_queue()
         capturing = torch._C._cuda_isCurrentStreamCapturing()
@@ -174,15 +177,17 @@ class Fp8Launch:
                 if self.return_lse else None
             scale = float(softmax_scale)
             if self.graphs is None or capturing:  # the caller's own capture: the prep may branch in it too
-                self._launch_all(ws, q, k, v, out, lse, key_lens, scale, stream, capturing)
+                self._launch_all(ws, q, k, v, out, lse, key_lens, scale, stream, capturing, pro)
             else:  # the key: every argument of the launches that the record does not fix
                 key = (stream, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                        0 if key_lens is None else key_lens.data_ptr(), scale)
                 if lse is not None:
                     key += (lse.data_ptr(),)
+                if pro is not None:  # the prologue's weights and rotary table, and the text rows
+                    key += tuple(0 if t is None else t.data_ptr() for t in pro[:4]) + (pro[4],)
                 # s: None for a direct call on the current stream, else the capture stream's handle
                 self.graphs.run(key, lambda s: self._launch_all(ws, q, k, v, out, lse, key_lens, scale,
-                                                                stream if s is None else s, s is not None),
+                                                                stream if s is None else s, s is not None, pro),
                                 stream_obj)
             if lse is not None and self.smooth_k:  # the smoothing shift scale * q . mean(k), added back
                 lse = lse + scale * torch.einsum("bhsd,bhd->bhs", q.transpose(1, 2).float(), ws["k_mean"].float())
@@ -203,13 +208,14 @@ class Fp8Launch:
         return out if lse is None else (out, lse)
 
     def _launch_all(self, ws: dict, q, k, v, out, lse, key_lens, scale: float, stream: int,
-                    captured: bool = False) -> None:
+                    captured: bool = False, pro=None) -> None:
         """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge). The prep's V quantize
         branches off beside its Q/K one when they are being captured into a CUDA graph (``captured``: the fork and
         join cost no host time in a replay) or the problem is too large to reuse a workspace (milliseconds of GPU
         work against a little host time for the fork and join)."""
         branch = branch_stream(self.device) if self.branch and (captured or not self.reuse) else None
-        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch)
+        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch,
+                         **({} if self.prologue is None else {"pro": pro}))
         self._launch_kernel(ws, q, out, lse, key_lens, scale, stream)
 
     def _launch_kernel(self, ws: dict, q, out, lse, key_lens, softmax_scale: float, stream: int) -> None:
@@ -277,20 +283,20 @@ _RECORDS: dict = {}
 
 
 def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool,
-               options: Optional[Fp8Options] = None, return_lse: bool = False) -> Fp8Launch:
+               options: Optional[Fp8Options] = None, return_lse: bool = False, prologue=None) -> Fp8Launch:
     """The launch record of this call's configuration (built, with the full input checks, on first use); keyed on
     the inputs' layout and the (canonical) options object."""
     opts = canonical_options(options)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, return_lse, id(opts))
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, return_lse, id(opts), prologue)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, opts, return_lse)
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, opts, return_lse, prologue)
     return rec
 
 
-def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool) -> Fp8Launch:
+def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prologue=None) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -299,21 +305,27 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool) -> Fp
         raise DitprofError("fp8 attention launch records need q, k, v with unit stride in head_dim")
     B, Sq, H, D = q.shape
     choice = choose_launch(arch_of(q.device.index), (B, H, Sq, k.shape[1], D), DTYPE_NAMES[q.dtype], options,
-                           key_lens=key_lens, write_lse=return_lse, q_in_kernel_ok=q_in_kernel_ok(q),
-                           device_index=q.device.index)
-    return Fp8Launch(q, k, v, choice, options, return_lse)
+                           key_lens=key_lens, write_lse=return_lse,
+                           q_in_kernel_ok=prologue is None and q_in_kernel_ok(q), device_index=q.device.index)
+    if prologue is not None and (not choice.spec.qk_int8 or key_lens or return_lse):
+        raise DitprofError("the fused prologue needs the INT8 Q/K format, no key mask and no returned LSE "
+                           f"(this call: Q/K {'int8' if choice.spec.qk_int8 else 'e4m3'}, key mask {key_lens}, "
+                           f"LSE {return_lse})")
+    return Fp8Launch(q, k, v, choice, options, return_lse, prologue)
 
 
 def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
              key_lens: Optional[torch.Tensor] = None, *, layout: str = "BSHD", return_lse: bool = False,
-             options: Optional[Fp8Options] = None):
+             options: Optional[Fp8Options] = None, prologue=None, pro=None):
     """o in q's dtype and ``layout`` ("BSHD": q (B, Sq, H, D), k and v (B, Sk, H, D); "BHSD": (B, H, S, D)), CUDA
     bf16/fp16 with unit stride in head_dim, and with ``return_lse`` the LSE (B, H, Sq) float32. ``key_lens`` (B,)
     int32 on q's device: batch item b attends to its first key_lens[b] keys. The inputs are not checked per call
     (``record_for`` checks each configuration once)."""
     if layout != "BSHD":  # the record reads (B, S, H, D)-indexed views; a BHSD output is made contiguous
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    res = record_for(q, k, v, key_lens is not None, options, return_lse)(q, k, v, softmax_scale, key_lens)
+    # prologue / pro: the fused prologue's spec and its tensors (wq, wk, cos, sin, text_rows), q and k raw
+    res = record_for(q, k, v, key_lens is not None, options, return_lse, prologue)(q, k, v, softmax_scale,
+                                                                                  key_lens, pro)
     if layout == "BSHD":
         return res
     if return_lse:

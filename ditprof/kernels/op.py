@@ -112,6 +112,80 @@ _LIB.impl("fp8_attention", fp8_attention_cuda_impl, "CUDA")
 _LIB.impl("fp8_attention", fp8_attention_cpu_impl, "CPU")
 
 
+# The fused prologue (kernels.prologue): q and k are the projections' raw output, the processor's per-head RMSNorm
+# and RoPE run inside the FP8 prep (``prologue``: kernels.prologue.spec_key of the family's PrologueSpec).
+_LIB.define('fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor? wq, Tensor? wk, Tensor? cos, '
+            'Tensor? sin, int text_rows, float scale, str prologue, str options="") -> Tensor')
+
+
+def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue):
+    from ditprof.kernels.prologue import check_prologue_inputs, spec_from_key
+
+    spec = spec_from_key(prologue)
+    if q.device.type == "cuda" or q.device.type == "meta":  # the kernel's head dims; the emulation takes any 2^n
+        check(q, k, v, None)
+    else:
+        check_qkv(q, k, v, who="fp8 attention (fused prologue)", same_dtype=True, pow2_head_dim=True)
+    if q.shape[1] != k.shape[1]:
+        raise DitprofError(f"the fused prologue is for self-attention (one RoPE table): q has {q.shape[1]} rows, "
+                           f"k {k.shape[1]}")
+    check_prologue_inputs(spec, q, wq, cos, sin, text_rows, who="q")
+    check_prologue_inputs(spec, k, wk, cos, sin, text_rows, who="k")
+    return spec
+
+
+def fp8_attention_prologue_cuda_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
+                                     options: str = "") -> torch.Tensor:
+    """o (B, S, H, D): the prologue in the prep, then our kernel (``launch_record.fp8_call``)."""
+    from ditprof.kernels.launch_record import fp8_call
+
+    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
+    pro = (wq, wk, None if cos is None else cos.float().contiguous(),
+           None if sin is None else sin.float().contiguous(), int(text_rows))
+    return fp8_call(q, k, v, scale, options=options_for(options), prologue=spec, pro=pro)
+
+
+def fp8_attention_prologue_cpu_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
+                                    options: str = "") -> torch.Tensor:
+    """Any other device: the prologue's reference numerics, then the attention's emulation."""
+    from ditprof.kernels.fp8_emulation import fp8_attention_emulated
+    from ditprof.kernels.prologue import prologue_torch
+
+    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
+    opts = options_for(options)
+    qp = prologue_torch(spec, q, wq, cos, sin, text_rows)
+    kp = prologue_torch(spec, k, wk, cos, sin, text_rows)
+    # the GPU path quantizes Q/K in the INT8 format whatever the options say (the prologue lives in that prep)
+    return fp8_attention_emulated(qp, kp, v, scale=scale, smooth_k=opts.smooth_k, qk_format="int8")
+
+
+_LIB.impl("fp8_attention_prologue", fp8_attention_prologue_cuda_impl, "CUDA")
+_LIB.impl("fp8_attention_prologue", fp8_attention_prologue_cpu_impl, "CPU")
+
+
+@torch.library.register_fake("ditprof::fp8_attention_prologue")
+def _prologue_fake(q, k, v, wq, wk, cos, sin, text_rows, scale, prologue, options=""):
+    _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def fp8_attention_prologue(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec, *,
+                           wq: Optional[torch.Tensor] = None, wk: Optional[torch.Tensor] = None,
+                           cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None,
+                           text_rows: int = 0, scale: Optional[float] = None,
+                           options: Optional[Fp8Options] = None) -> torch.Tensor:
+    """Python entry of the fused-prologue op: q, k RAW (B, S, H, D) projections, v (B, S, H, D); ``spec`` a
+    ``kernels.prologue.PrologueSpec``; the norm weights (G, D), the RoPE table (S, rope_dim), see kernels.prologue."""
+    from ditprof.kernels.prologue import spec_key
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
+    return torch.ops.ditprof.fp8_attention_prologue(q, k, v, wq, wk, cos, sin, int(text_rows), float(scale),
+                                                    spec_key(spec), options_key(options))
+
+
 @torch.library.register_fake("ditprof::fp8_attention")
 def _fake(q, k, v, scale, key_mask=None, options=""):
     check(q, k, v, key_mask)

@@ -56,6 +56,23 @@ class PrologueSpec:
         return self.rope_dim or head_dim
 
 
+def spec_key(spec: PrologueSpec) -> str:
+    """``spec`` as the custom op's string argument (a constant of a compiled graph): "norm,eps,rope,rope_dim"."""
+    return f"{spec.norm or ''},{spec.eps!r},{spec.rope or ''},{spec.rope_dim}"
+
+
+def spec_from_key(key: str) -> PrologueSpec:
+    """The ``PrologueSpec`` of ``spec_key``'s string; a one-line error for anything else."""
+    parts = key.split(",")
+    if len(parts) != 4:
+        raise DitprofError(f"not a prologue key: {key!r} (build it with kernels.prologue.spec_key)")
+    norm, eps, rope, rope_dim = parts
+    try:
+        return PrologueSpec(norm or None, float(eps), rope or None, int(rope_dim))
+    except ValueError:
+        raise DitprofError(f"not a prologue key: {key!r} (build it with kernels.prologue.spec_key)") from None
+
+
 def check_prologue_inputs(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor],
                           cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], text_rows: int,
                           who: str = "q") -> None:
@@ -110,4 +127,5 @@ def prologue_torch(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor
     return n.to(x.dtype)
 
 
-__all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "check_prologue_inputs", "prologue_torch"]
+__all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "check_prologue_inputs", "prologue_torch", "spec_from_key",
+           "spec_key"]

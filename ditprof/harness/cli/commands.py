@@ -45,6 +45,15 @@ def add_fp8_flags(group) -> None:
                             "through TVM-FFI where apache-tvm-ffi is importable: less host time per launch)")
 
 
+def add_prologue_flag(group) -> None:
+    """``--prologue`` (profile, compare): the FP8 attention with the family's norm and RoPE fused into its prep."""
+    group.add_argument(
+        "--prologue", action="store_true",
+        help="fuse the attention processor's norm_q/norm_k (RMSNorm per head) and RoPE into the FP8 prep, which "
+             "then reads the raw projections (the fp8 backend, or fp8-emulated on the CPU: numerics only); a "
+             "family without a fused prologue says so and runs the unfused path")
+
+
 def add_each_swap_flag(p: argparse.ArgumentParser) -> None:
     """``--each-swap`` (compare): every prefix of the swap list measured as its own configuration."""
     p.add_argument_group("configurations").add_argument(
@@ -73,6 +82,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
                               "sdpa-flash; fp8-emulated on CPU)")
     else:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
+    add_prologue_flag(att)
     add_linears_flag(p, compare)
     if compare:
         add_each_swap_flag(p)

@@ -86,6 +86,9 @@ class RunSpec:
     # compare --each-swap: every prefix of the swap list measured as its own configuration (baseline | + attention
     # | + FP8 linears), not only the baseline and all swaps together
     each_swap: bool = False
+    # --prologue: the swapped attention with the family's norm_q/norm_k and RoPE fused into the FP8 prep
+    # (harness.swaps.prologue)
+    prologue: bool = False
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -153,6 +156,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         linears=getattr(args, "linears", None), linears_compile=getattr(args, "linears_compile", True),
         fp8_options=fp8_options_of(args),
         each_swap=bool(getattr(args, "each_swap", False)),
+        prologue=_check_prologue(args, command, swap_name, baseline),
     )
 
 
@@ -163,6 +167,21 @@ def _check_linears(args: Any, device: torch.device) -> None:
     if getattr(args, "sp", None) is not None:
         raise DitprofError("--linears with --sp is not supported yet: measure FP8 linears on one GPU")
     linears_swaps(args.linears, device)
+
+
+def _check_prologue(args: Any, command: str, swap_name: str | None, baseline: str) -> bool:
+    """``--prologue``: a one-line error where it cannot apply (not an FP8 backend; --sp)."""
+    if not getattr(args, "prologue", False):
+        return False
+    from ditprof.harness.swaps.prologue import PROLOGUE_BACKENDS
+
+    name = swap_name if command == "compare" else baseline
+    if name not in PROLOGUE_BACKENDS:
+        raise DitprofError(f"--prologue fuses the processor's norm and RoPE into the FP8 prep: it needs the "
+                           f"attention backend {' or '.join(PROLOGUE_BACKENDS)}, not {name}")
+    if getattr(args, "sp", None) is not None:
+        raise DitprofError("--prologue with --sp is not supported yet: measure the fused prologue on one GPU")
+    return True
 
 
 def _check_each_swap(args: Any) -> None:
@@ -202,14 +221,28 @@ def swap_skipped(b: Backend | None, mask_note: str | None) -> str | None:
             f"needs key-padding mask support for this family")
 
 
-def attention_swap(spec: RunSpec, loaded: Any, b: Backend) -> AttentionSwap:
-    """The block's attention on ``b`` (under ``--compile``: as the compiled block should see it)."""
+def attention_swap(spec: RunSpec, loaded: Any, b: Backend, *, fuse: bool = False,
+                   console: Console | None = None) -> AttentionSwap:
+    """The block's attention on ``b`` (under ``--compile``: as the compiled block should see it). ``fuse`` (the
+    measured side of ``--prologue``): with the family's fused prologue, or, for a family without one, the unfused
+    path after one line saying so."""
+    family = getattr(loaded, "family", None)
+    uses, head_dim = getattr(family, "uses_dispatcher", None), getattr(loaded, "head_dim", None)
+    if fuse and spec.prologue:
+        from ditprof.harness.swaps.prologue import PrologueSwap
+
+        missing = getattr(family, "prologue_missing", "no model family")
+        if not missing:
+            # the op is opaque to torch.compile already: no compile variant of the backend needed
+            return PrologueSwap(b, family, options=spec.fp8_options, uses_dispatcher=uses, head_dim=head_dim)
+        if console is not None:
+            console.print(f"[yellow]--prologue[/]: {getattr(family, 'name', 'this block')} has no fused prologue "
+                          f"({missing}); its attention runs the unfused FP8 path", highlight=False)
     if spec.compile:
         from ditprof.harness.run.compile_backends import for_compile
 
         b = for_compile(b)
-    return AttentionSwap(b, uses_dispatcher=getattr(getattr(loaded, "family", None), "uses_dispatcher", None),
-                         head_dim=getattr(loaded, "head_dim", None))
+    return AttentionSwap(b, uses_dispatcher=uses, head_dim=head_dim)
 
 
 def linears_swap(spec: RunSpec, loaded: Any) -> list[Swap]:
@@ -323,13 +356,14 @@ def execute(spec: RunSpec, console: Console | None = None, *, fail_after: str | 
             progress = make_progress(console)
             with progress:
                 linears = linears_swap(spec, loaded)
-                base = [attention_swap(spec, loaded, base_b)] + (linears if spec.command == "profile" else [])
+                base = [attention_swap(spec, loaded, base_b, fuse=spec.command == "profile", console=console)] + \
+                    (linears if spec.command == "profile" else [])
                 base_run = _measure(spec, loaded, inputs, "baseline", base, stage, progress, resident, console)
                 if fail_after == "baseline":
                     raise DitprofError("forced failure after the baseline run (test)")
                 runs, inter = [], None
                 skipped = swap_skipped(swap_b, getattr(inputs, "mask_note", None))
-                swapped = ([attention_swap(spec, loaded, swap_b)] if swap_b else []) + \
+                swapped = ([attention_swap(spec, loaded, swap_b, fuse=True, console=console)] if swap_b else []) + \
                     (linears if spec.command == "compare" else []) + list(extra_swaps)
                 if swapped and not skipped:
                     for label, swaps in configurations(swapped, spec.each_swap):

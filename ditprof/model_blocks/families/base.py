@@ -11,7 +11,7 @@ import inspect
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -130,6 +130,15 @@ class BlockFamily:
     # linears that stay bf16 when the block's linears run in FP8: (fnmatch pattern over the block's module names,
     # why); harness.swaps.linears adds torchao's own limits (sizes, fp32-kept weights)
     fp8_keep_linears: tuple[tuple[str, str], ...] = ()
+    # why this family's attention has no fused prologue (norm_q/norm_k + RoPE inside the FP8 prep); "" where
+    # ``prologue_processor`` gives one
+    prologue_missing: str = "its adapter declares no fused attention prologue"
+
+    def prologue_processor(self, module: torch.nn.Module, attend: Callable) -> Any:
+        """A processor for attention ``module`` that projects as the model's does and hands the RAW projections
+        to ``attend(q, k, v, wq=, wk=, eps=, rope=, cos=, sin=, text_rows=)`` (harness.swaps.prologue: norm and
+        RoPE fused into the FP8 prep), or None where this module keeps its own processor."""
+        return None
 
     # ----- model / block classes -------------------------------------------------------------
     @property
@@ -435,6 +444,24 @@ def _divisors(n: int) -> list[int]:
     """Divisors of ``n`` in increasing order (O(sqrt n): a token count of 10^9 factors in milliseconds)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def rms_weight(norm: torch.nn.Module | None, head_dim: int, like: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(weight (1, D), eps) of a per-head RMSNorm (torch's ``nn.RMSNorm`` or diffusers' ``RMSNorm``), ones where it
+    has no weight; a one-line error for any other norm (the fused prologue computes an RMSNorm only)."""
+    from diffusers.models.normalization import RMSNorm
+
+    if not isinstance(norm, (torch.nn.RMSNorm, RMSNorm)):
+        raise DitprofError(f"the fused prologue computes an RMSNorm; this processor's norm is "
+                           f"{type(norm).__name__}")
+    w = getattr(norm, "weight", None)
+    if w is None:
+        w = torch.ones(head_dim, device=like.device, dtype=like.dtype)
+    if w.shape != (head_dim,):
+        raise DitprofError(f"the fused prologue's RMSNorm is per head ({head_dim}); this one normalizes "
+                           f"{tuple(w.shape)}")
+    eps = norm.eps if norm.eps is not None else torch.finfo(like.dtype).eps
+    return w[None], float(eps)
 
 
 def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:

@@ -4,13 +4,53 @@ from __future__ import annotations
 
 import torch
 from diffusers.models.transformers.transformer_flux import (
+    FluxAttention,
+    FluxAttnProcessor,
     FluxPosEmbed,
     FluxSingleTransformerBlock,
     FluxTransformer2DModel,
     FluxTransformerBlock,
+    _get_qkv_projections,
 )
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from ditprof.errors import DitprofError
+
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, rms_weight
+
+
+class FusedPrologueProcessor:
+    """``FluxAttnProcessor`` with its norms (norm_q/norm_k, and norm_added_q/norm_added_k of the text stream: two
+    weights, the text rows first) and its RoPE (interleaved pairs, over the joint [text, image] rows) handed to
+    ``attend`` with the raw projections (the fused prologue)."""
+
+    def __init__(self, attend):
+        self.attend = attend
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if attention_mask is not None:
+            raise DitprofError("the fused prologue takes no attention mask (Flux's blocks pass none)")
+        q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in (q, k, v))
+        D = attn.head_dim
+        wq, eps = rms_weight(attn.norm_q, D, q)
+        wk, _ = rms_weight(attn.norm_k, D, k)
+        text_rows = 0
+        if attn.added_kv_proj_dim is not None:
+            eq, ek, ev = (x.unflatten(-1, (-1, D)) for x in (eq, ek, ev))
+            wq = torch.cat([rms_weight(attn.norm_added_q, D, eq)[0], wq])
+            wk = torch.cat([rms_weight(attn.norm_added_k, D, ek)[0], wk])
+            text_rows = eq.shape[1]
+            q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+        cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+        out = self.attend(q, k, v, wq=wq, wk=wk, eps=eps, rope="interleaved", cos=cos, sin=sin,
+                          text_rows=text_rows)
+        out = out.flatten(2, 3).to(q.dtype)
+        if encoder_hidden_states is None:
+            return out
+        enc, out = out.split_with_sizes([text_rows, out.shape[1] - text_rows], dim=1)
+        out = attn.to_out[1](attn.to_out[0](out.contiguous()))
+        return out, attn.to_add_out(enc.contiguous())
 
 
 class FluxFamily(BlockFamily):
@@ -26,6 +66,13 @@ class FluxFamily(BlockFamily):
     is_video = False
     default_size = (1024, 1024, 1)
     pipeline_timestep = 0.5  # Flux takes sigmas in [0, 1]
+    prologue_missing = ""
+
+    def prologue_processor(self, module, attend):
+        # the model's own processor only (an IP-adapter processor keeps its own path)
+        if isinstance(module, FluxAttention) and type(module.processor) is FluxAttnProcessor:
+            return FusedPrologueProcessor(attend)
+        return None
 
     @property
     def model_class(self):

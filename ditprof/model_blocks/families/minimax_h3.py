@@ -18,6 +18,7 @@ import torch
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from diffusers.models.transformers.transformer_minimax_h3 import (
     MINIMAX_H3_MODALITY_NUM,
+    MiniMaxH3Attention,
     MiniMaxH3RotaryPosEmbed,
     MiniMaxH3TokenRefinerBlock,
     MiniMaxH3Transformer3DModel,
@@ -26,7 +27,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 
 from ditprof.errors import DitprofError
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, rms_weight
 
 # The pipeline's geometry constants (its ModularPipeline properties with no VAE loaded).
 VAE_SPATIAL = 16  # MiniMaxH3ModularPipeline.vae_spatial_compression_ratio
@@ -116,6 +117,30 @@ def rows_layout(rows: int, text: int, audio_channels: int = 2, aspect: float = 1
     return best[1]
 
 
+class FusedPrologueProcessor:
+    """``MiniMaxH3AttnProcessor`` with its norm_q/norm_k (RMSNorm per head) and its RoPE ("half" form, over the
+    table's leading channels) handed to ``attend`` with the raw projections (the fused prologue)."""
+
+    def __init__(self, attend):
+        self.attend = attend
+
+    def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
+        if attention_mask is not None:
+            raise DitprofError("the fused prologue takes no attention mask (MiniMax-H3's model passes none)")
+        if attn.fused_projections:
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query, key, value = (x.unflatten(-1, (attn.heads, -1)) for x in (query, key, value))
+        D = query.shape[-1]
+        wq, eps = rms_weight(attn.norm_q, D, query)
+        wk, _ = rms_weight(attn.norm_k, D, key)
+        cos, sin = rotary_emb if rotary_emb is not None else (None, None)
+        out = self.attend(query, key, value, wq=wq, wk=wk, eps=eps, rope="half", cos=cos, sin=sin)
+        out = out.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
 class MiniMaxH3Family(BlockFamily):
     name = "minimax-h3"
     class_names = ("MiniMaxH3Transformer3DModel",)
@@ -127,6 +152,11 @@ class MiniMaxH3Family(BlockFamily):
     default_text_tokens = 512
     vae_stride = (4, VAE_SPATIAL, VAE_SPATIAL)  # time: 17 frames -> 5 latents, see layout_from_size
     default_size = (768, 1344, 124)  # the pipeline's 16:9 canvas and num_frames default
+    prologue_missing = ""
+
+    def prologue_processor(self, module, attend):
+        # every attention of the model (blocks and text refiner) is MiniMaxH3Attention with one processor
+        return FusedPrologueProcessor(attend) if isinstance(module, MiniMaxH3Attention) else None
 
     @property
     def model_class(self):

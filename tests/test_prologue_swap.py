@@ -1,0 +1,139 @@
+"""The fused-prologue swap (harness.swaps.prologue, the families' fused processors, the custom op) on the CPU: the
+fused block computes what the unfused FP8 block computes, to the rounding steps the fusion removes; undo restores
+the processors; bad input and families without a prologue say so in one line."""
+
+import math
+
+import pytest
+import torch
+
+from ditprof import cli
+from ditprof.errors import DitprofError
+from ditprof.harness.swaps.attention import AttentionSwap
+from ditprof.harness.swaps.prologue import PrologueSwap
+from ditprof.kernels import op, registry
+from ditprof.kernels.prologue import PrologueSpec, prologue_torch, spec_from_key, spec_key
+from ditprof.model_blocks import make_inputs
+from ditprof.model_blocks.synthetic import synthetic_block
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _outputs(loaded, inputs, swaps):
+    outs = []
+    with torch.no_grad():
+        applied = [s.install(loaded.module) for s in swaps]
+        try:
+            out = inputs.run(loaded.module)
+        finally:
+            for inst in reversed(applied):
+                inst.undo()
+    for o in (out if isinstance(out, (tuple, list)) else (out,)):
+        outs.append(torch.full_like(o, float("nan")).copy_(o))
+    return outs
+
+
+@pytest.mark.parametrize("preset,kind,tokens", [("h3-mini", "main", 256), ("h3-mini", "refiner", None),
+                                                ("flux-tiny", "double", None), ("flux-tiny", "single", None)])
+def test_fused_block_matches_the_unfused_fp8_block(preset, kind, tokens, monkeypatch):
+    calls = []
+    real = op.fp8_attention_prologue
+    monkeypatch.setattr(op, "fp8_attention_prologue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    torch.manual_seed(0)
+    loaded = synthetic_block(preset, 0, kind=kind)
+    inputs = make_inputs(loaded, tokens=tokens) if tokens else make_inputs(loaded)
+    fam = loaded.family
+    emu, sdpa = registry.get("fp8-emulated"), registry.get("sdpa")
+    procs = {n: m.processor for n, m in loaded.module.named_modules() if hasattr(m, "processor")}
+    ref = _outputs(loaded, inputs, [AttentionSwap(sdpa, uses_dispatcher=fam.uses_dispatcher)])
+    unfused = _outputs(loaded, inputs, [AttentionSwap(emu, uses_dispatcher=fam.uses_dispatcher)])
+    swap = PrologueSwap(emu, fam, uses_dispatcher=fam.uses_dispatcher)
+    inst = swap.install(loaded.module)
+    rec = inst.record()
+    inst.undo()
+    assert rec["prologue"]["fused_modules"] and not rec["prologue"]["unfused_modules"]
+    assert rec["attention_backend"] == "fp8-emulated+prologue"
+    fused = _outputs(loaded, inputs, [swap])
+    # undo put every processor back
+    assert {n: m.processor for n, m in loaded.module.named_modules() if hasattr(m, "processor")} == procs
+    for f, u, r in zip(fused, unfused, ref):
+        assert torch.isfinite(f).all()
+        assert _rel(f, u) < 1.5e-2, (preset, kind, _rel(f, u))
+        # as close to the bf16 SDPA block as the unfused FP8 block is (the fusion rounds less, not more)
+        assert _rel(f, r) < 1.5 * _rel(u, r) + 2e-3, (_rel(f, r), _rel(u, r))
+    assert len(calls) == len(rec["prologue"]["fused_modules"])  # the fused path really ran, once per module
+
+
+def test_op_against_float64_attention():
+    """The op on CPU (prologue numerics + the INT8 Q/K emulation) vs float64 norm + RoPE + attention."""
+    torch.manual_seed(1)
+    B, S, H, D, R = 1, 300, 2, 64, 32
+    q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16) * 2 for _ in range(3))
+    k = k + 1.5  # a channel offset: the smoothing matters
+    wq, wk = (torch.rand(1, D) + 0.5 for _ in range(2))
+    ang = torch.rand(S, R // 2) * 6
+    cos, sin = torch.cos(ang).repeat(1, 2), torch.sin(ang).repeat(1, 2)
+    spec = PrologueSpec("rms", 1e-6, "half", R)
+    out = op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin)
+
+    def f64(x, w):
+        x = x.double()
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        h1, h2 = n[..., :R].chunk(2, -1)
+        rot = n[..., :R] * cos.double()[:, None] + torch.cat([-h2, h1], -1) * sin.double()[:, None]
+        return torch.cat([rot, n[..., R:]], -1)
+
+    qd, kd = f64(q, wq), f64(k, wk)
+    p = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", qd, kd) / math.sqrt(D), -1)
+    ref = torch.einsum("bhqk,bkhd->bqhd", p, v.double())
+    assert _rel(out, ref) < 0.055
+
+
+def test_spec_key_round_trip_and_bad_input():
+    spec = PrologueSpec("rms", 1e-5, "interleaved", 0)
+    assert spec_from_key(spec_key(spec)) == spec
+    with pytest.raises(DitprofError, match="not a prologue key"):
+        spec_from_key("rms,1e-5")
+    with pytest.raises(DitprofError, match="rope must be one of"):
+        PrologueSpec(rope="complex")
+    x = torch.randn(1, 8, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(DitprofError, match=r"cos must be \(8, 32\)"):
+        prologue_torch(PrologueSpec(), x, torch.ones(1, 32), torch.ones(8, 16), torch.ones(8, 16))
+    with pytest.raises(DitprofError, match="norm weight of q"):
+        op.fp8_attention_prologue(x, x, x, PrologueSpec(rope=None), wq=torch.ones(1, 16), wk=torch.ones(1, 32))
+
+
+def test_prologue_flag_errors_and_a_family_without_one(tmp_path, capsys):
+    rc = cli.main(["compare", "--preset", "flux-tiny", "--device", "cpu", "--attention", "sdpa-math", "--prologue",
+                   "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--prologue fuses" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()
+    rc = cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--prologue", "--iters", "1",
+                   "--warmup", "0", "--out", str(tmp_path / "w")])
+    err = capsys.readouterr()
+    assert rc in (0, None)
+    assert "wan has no fused prologue" in (err.out + err.err).replace("\n", " ")
+
+
+def test_fused_block_compiles_fullgraph():
+    """The op is opaque to torch.compile (its fake checks and shapes): the fused block traces fullgraph."""
+    torch.manual_seed(2)
+    loaded = synthetic_block("flux-tiny", 0, kind="single")
+    inputs = make_inputs(loaded)
+    fam = loaded.family
+    swap = PrologueSwap(registry.get("fp8-emulated"), fam, uses_dispatcher=fam.uses_dispatcher)
+    eager = _outputs(loaded, inputs, [swap])
+    inst = swap.install(loaded.module)
+    try:
+        compiled = torch.compile(loaded.module, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            out = inputs.run(compiled)
+    finally:
+        inst.undo()
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    for a, b in zip(out, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
