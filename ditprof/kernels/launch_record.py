@@ -103,7 +103,8 @@ class Fp8Launch:
         # in the prep's loads (the launch choice keeps Q in the prep for it)
         self.prologue = prologue
         self.plan = PrepPlan(q, k, v, options.smooth_k, key_lens=self.spec.key_lens, qk_int8=self.spec.qk_int8,
-                             skip_q=self.q_rot, config=options.prep, prologue=prologue)
+                             skip_q=self.q_rot, config=options.prep,
+                             **({} if prologue is None else {"prologue": prologue}))
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.merge = None
         with torch.cuda.device(self.device):
