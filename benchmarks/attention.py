@@ -16,6 +16,11 @@ FlashAttention-3 (the forward-only ``fa3_fwd`` wheel, ``from fa3_fwd_interface i
 ``fa3-bf16`` on the bf16/fp16 inputs; ``fa3-fp8`` on e4m3 inputs quantized per (batch, head) before the timing
 (descale = amax/448 over (S, D), passed as float32 (B, H) q/k/v_descale), kernel only; ``fa3-fp8+quant`` the
 same with that quantization (torch ops, ``quantize_per_head``) inside the timed region.
+
+The attention's prologue (issue: quantize Q/K where they are made): the ``+norm-rope`` entries start from the raw
+projections and run the processor's per-head RMSNorm and RoPE as the model does (torch ops, diffusers' RoPE
+functions) before the attention -- what a block spends today; ``fp8+prologue`` runs them inside our FP8 prep
+(``kernels.op.fp8_attention_prologue``). The RoPE form follows the shape's family (``ROPE_FORMS``).
 """
 
 from __future__ import annotations
@@ -39,11 +44,89 @@ SHAPES = {
     "quick": dict(B=1, H=8, Sq=4096, Sk=4096, D=128),
 }
 
+# the RoPE form of each shape's family (diffusers: Flux / LTX pairs interleaved, MiniMax-H3 / HunyuanVideo halves)
+ROPE_FORMS = {"flux": "interleaved", "ltx": "interleaved", "cogvideox": "half", "h3": "half", "wan14b": "interleaved",
+              "wan1.3b": "interleaved", "hunyuan": "interleaved"}
+
 ALL_ENTRIES = [
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "fa3-bf16", "fa3-fp8", "fa3-fp8+quant", "sage",
-    "cudnn-fp8",
+    "cudnn-fp8", "sdpa-cudnn+norm-rope", "fa3-fp8+norm-rope+quant",
     "prep-torch", "prep-triton", "prep-triton-int8", "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
+    "fp8+norm-rope", "fp8+prologue",
 ]
+
+
+def make_prologue_entries(q, k, v, scale, form):
+    """The ``+norm-rope`` / ``+prologue`` entries: q and k are the raw projections; per-head RMSNorm weights and
+    a RoPE table of random angles (fresh, not zeros) as the processor would have them."""
+    import torch
+    import torch.nn.functional as F
+
+    B, S, H, D = q.shape
+    g = torch.Generator(device=q.device).manual_seed(1)
+    wq, wk = (torch.rand((1, D), device=q.device, generator=g).to(q.dtype) + 0.5 for _ in range(2))
+    ang = torch.rand((S, D // 2), device=q.device, generator=g) * 6.0
+    if form == "interleaved":
+        cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
+    else:
+        cos, sin = torch.cos(ang).repeat(1, 2), torch.sin(ang).repeat(1, 2)
+
+    def norm_rope(x, w):
+        from diffusers.models.embeddings import apply_rotary_emb
+        from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+
+        x = F.rms_norm(x, (D,), w[0], 1e-6)
+        return apply_rotary_emb(x, (cos, sin), sequence_dim=1) if form == "interleaved" else \
+            _apply_rotary_emb(x, cos, sin)
+
+    def unfused(attend):
+        def make():
+            def fn():
+                return attend(norm_rope(q, wq), norm_rope(k, wk), v)
+
+            fn()
+            return fn
+
+        return make
+
+    def cudnn(qq, kk, vv):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (qq, kk, vv)), scale=scale)
+
+    def fa3_quant(qq, kk, vv):
+        flash_attn_func = _fa3_func(q, "fp8")
+        (q8, dq), (k8, dk), (v8, dv) = (quantize_per_head(x) for x in (qq, kk, vv))
+        return flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=dq, k_descale=dk,
+                               v_descale=dv)
+
+    def ours(qq, kk, vv):
+        from ditprof.kernels.interface import fp8_attention
+
+        return fp8_attention(qq, kk, vv, layout="BSHD", scale=scale)
+
+    def fused():
+        from ditprof.kernels.op import fp8_attention_prologue
+        from ditprof.kernels.prologue import PrologueSpec
+
+        spec = PrologueSpec("rms", 1e-6, form, D)
+
+        def fn():
+            return fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, scale=scale)
+
+        fn()
+        return fn
+
+    return {
+        "sdpa-cudnn+norm-rope": (unfused(cudnn), "attention", f"norm + RoPE ({form}, torch ops) + SDPA cuDNN bf16"),
+        "fa3-fp8+norm-rope+quant": (unfused(fa3_quant), "attention", f"norm + RoPE ({form}) + per-head "
+                                                                       f"quantization (torch ops) + FA3 FP8"),
+        "fp8+norm-rope": (unfused(ours), "attention", f"norm + RoPE ({form}, torch ops) + ditprof fp8 (its prep "
+                                                       f"included): the unfused block path"),
+        "fp8+prologue": (fused, "attention", f"ditprof fp8 from the raw projections: norm + RoPE ({form}) fused "
+                                             f"into its prep"),
+    }
 
 
 def parse_shape(text: str) -> tuple[str, dict]:
@@ -371,6 +454,7 @@ def bench_shape(label, shp, args, only):
     el = q.element_size()
     prep_bytes = (B * H * D) * ((Sq + 2 * Sk) * el * 2 + (Sq + 2 * Sk))  # read Q,K,V twice + write fp8 once
     entries = make_entries(q, k, v, scale)
+    entries.update(make_prologue_entries(q, k, v, scale, ROPE_FORMS.get(label, "half")))
     order = [n for n in ALL_ENTRIES if n in only]
     records = []
     for name in order:

@@ -48,7 +48,9 @@ def test_fa3_entries_listed_with_the_peers_before_ours(bench):
         assert names.count(n) == 1, n
     first_ours = min(names.index(n) for n in ("prep-torch", "prep-triton", "fp8", "fp8-sm90", "fp8-sm120"))
     assert all(names.index(n) < first_ours for n in FA3_ENTRIES), names
-    assert names[-5:] == ["fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8"]  # our kernels still run last
+    # our kernels still run last
+    assert names[-7:] == ["fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8", "fp8+norm-rope", "fp8+prologue"]
+    assert names.index("fa3-fp8+norm-rope+quant") < first_ours
 
 
 def test_only_accepts_the_fa3_entries(bench, monkeypatch, capsys):
