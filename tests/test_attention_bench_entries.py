@@ -65,6 +65,7 @@ def test_only_accepts_the_fa3_entries(bench, monkeypatch, capsys):
 def test_make_entries_has_the_fa3_entries(bench):
     q = k = v = torch.zeros((1, 4, 2, 8), dtype=torch.bfloat16)
     entries = bench.make_entries(q, k, v, 8**-0.5)
+    entries.update(bench.make_prologue_entries(q, k, v, 8**-0.5, "interleaved"))
     assert set(entries) == set(bench.ALL_ENTRIES)
     for n in FA3_ENTRIES:
         make, kind, note = entries[n]
