@@ -1,5 +1,5 @@
-"""Issue 42's block targets: SDPA bf16 vs FP8 attention + FP8 linears (torchao), eager and compiled, h3 and
-flux.1-dev, each case one ``ditprof compare`` in this one process (baseline and swap measured back to back, ratios
+"""The whole-block FP8 targets: SDPA bf16 vs FP8 attention + FP8 linears (torchao), and with the fused attention
+prologue (``--prologue``: norm + RoPE in the FP8 prep), eager and compiled, h3 and flux.1-dev, each case one ``ditprof compare`` in this one process (baseline and swap measured back to back, ratios
 from the same run). Prints a table last; writes the JSON (environment, every report's figures) to --json.
 
     python benchmarks/fp8_block.py [--cases h3-eager,flux-compiled,...] [--out DIR] [--json out.json]
@@ -23,6 +23,12 @@ CASES = {
     "h3-compiled": (["--preset", "h3", "--linears", "rowwise", "--compile"], "block_ms", 1.5),
     "flux-graph": (["--preset", "flux.1-dev", "--linears", "rowwise"], "graph_block_ms", 1.15),
     "flux-compiled-graph": (["--preset", "flux.1-dev", "--linears", "rowwise", "--compile"], "graph_block_ms", 1.15),
+    # the fused prologue: alone and with FP8 linears (flux: graph replay and in turns; h3: eager)
+    "flux-prologue-graph": (["--preset", "flux.1-dev", "--prologue"], "graph_block_ms", 1.1),
+    "flux-prologue-linears-graph": (["--preset", "flux.1-dev", "--prologue", "--linears", "rowwise"],
+                                    "graph_block_ms", 1.25),
+    "h3-prologue": (["--preset", "h3", "--prologue"], "block_ms", None),
+    "h3-prologue-linears": (["--preset", "h3", "--prologue", "--linears", "rowwise"], "block_ms", 1.5),
 }
 
 
@@ -43,7 +49,8 @@ def row_of(name: str, rep: dict, key: str, target: float | None) -> dict:
             "ratio_in_turns": inter.get("ratio"), "target_on": key, "target": target,
             "met": None if target is None or ratio is None else ratio >= target,
             "rel_rms": acc.get("block_output_rel_rms"), "cosine": acc.get("block_output_cosine"),
-            "split_ms": {"baseline": base["split_ms"], "swapped": sw["split_ms"]}, "linears": sw.get("linears")}
+            "split_ms": {"baseline": base["split_ms"], "swapped": sw["split_ms"]}, "linears": sw.get("linears"),
+            "prologue": sw.get("prologue")}
 
 
 def main() -> int:
