@@ -37,7 +37,8 @@ def _outputs(loaded, inputs, swaps):
 
 
 @pytest.mark.parametrize("preset,kind,tokens", [("h3-mini", "main", 256), ("h3-mini", "refiner", None),
-                                                ("flux-tiny", "double", None), ("flux-tiny", "single", None)])
+                                                ("flux-tiny", "double", None), ("flux-tiny", "single", None),
+                                                ("flux2-tiny", "double", None), ("flux2-tiny", "single", None)])
 def test_fused_block_matches_the_unfused_fp8_block(preset, kind, tokens, monkeypatch):
     calls = []
     real = op.fp8_attention_prologue

@@ -21,16 +21,18 @@ from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, Seq
 class FusedPrologueProcessor:
     """``FluxAttnProcessor`` with its norms (norm_q/norm_k, and norm_added_q/norm_added_k of the text stream: two
     weights, the text rows first) and its RoPE (interleaved pairs, over the joint [text, image] rows) handed to
-    ``attend`` with the raw projections (the fused prologue)."""
+    ``attend`` with the raw projections (the fused prologue). ``projections``: the model module's
+    ``_get_qkv_projections`` (FLUX.2's double blocks share this processor's shape with their own)."""
 
-    def __init__(self, attend):
+    def __init__(self, attend, projections=_get_qkv_projections):
         self.attend = attend
+        self.projections = projections
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
         if attention_mask is not None:
             raise DitprofError("the fused prologue takes no attention mask (Flux's blocks pass none)")
-        q, k, v, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        q, k, v, eq, ek, ev = self.projections(attn, hidden_states, encoder_hidden_states)
         q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in (q, k, v))
         D = attn.head_dim
         wq, eps = rms_weight(attn.norm_q, D, q)

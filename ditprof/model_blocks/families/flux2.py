@@ -11,12 +11,44 @@ from __future__ import annotations
 
 import torch
 from diffusers.models.transformers.transformer_flux2 import (
+    Flux2Attention,
+    Flux2AttnProcessor,
+    Flux2ParallelSelfAttention,
+    Flux2ParallelSelfAttnProcessor,
     Flux2SingleTransformerBlock,
     Flux2Transformer2DModel,
     Flux2TransformerBlock,
+    _get_qkv_projections,
 )
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn
+from ditprof.errors import DitprofError
+
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, rms_weight
+from .flux import FusedPrologueProcessor
+
+
+class FusedParallelPrologueProcessor:
+    """``Flux2ParallelSelfAttnProcessor`` (single blocks: one projection makes QKV and the MLP input) with its
+    norms and RoPE (interleaved pairs) handed to ``attend``; q, k, v stay views of the fused projection."""
+
+    def __init__(self, attend):
+        self.attend = attend
+
+    def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
+        if attention_mask is not None:
+            raise DitprofError("the fused prologue takes no attention mask (FLUX.2's blocks pass none)")
+        hidden_states = attn.to_qkv_mlp_proj(hidden_states)
+        qkv_dim = 3 * attn.inner_dim
+        mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
+        local_qkv = hidden_states.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
+        qkv, mlp = torch.split(hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
+        q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in qkv.chunk(3, dim=-1))
+        wq, eps = rms_weight(attn.norm_q, attn.head_dim, q)
+        wk, _ = rms_weight(attn.norm_k, attn.head_dim, k)
+        cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+        out = self.attend(q, k, v, wq=wq, wk=wk, eps=eps, rope="interleaved", cos=cos, sin=sin)
+        out = out.flatten(2, 3).to(q.dtype)
+        return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
 
 
 def _pipeline():
@@ -38,6 +70,15 @@ class Flux2Family(BlockFamily):
     default_size = (1024, 1024, 1)  # default_sample_size 128 x VAE 8
     pipeline_timestep = 0.5  # the pipeline hands sigma = timestep / 1000
     guidance = 4.0  # Flux2Pipeline guidance_scale
+    prologue_missing = ""
+
+    def prologue_processor(self, module, attend):
+        # the model's own processors only (its KV-cache variants keep their path)
+        if isinstance(module, Flux2Attention) and type(module.processor) is Flux2AttnProcessor:
+            return FusedPrologueProcessor(attend, projections=_get_qkv_projections)
+        if isinstance(module, Flux2ParallelSelfAttention) and type(module.processor) is Flux2ParallelSelfAttnProcessor:
+            return FusedParallelPrologueProcessor(attend)
+        return None
     captured = True
     output_children = ("norm_out", "proj_out")
 

@@ -24,6 +24,8 @@ class WanFamily(BlockFamily):
     name = "wan"
     class_names = ("WanTransformer3DModel",)
     kinds = (BlockKind("main", "blocks", "num_layers"),)
+    prologue_missing = ("its norm_q/norm_k are RMSNorms across all heads (inner_dim), and the fused prologue "
+                        "normalizes per head")
     default_text_tokens = 512  # umT5 prompt length the pipeline pads to
     vae_stride = (4, 8, 8)
     default_size = (480, 832, 81)  # (height, width, frames) of the pipeline default
