@@ -17,6 +17,8 @@ from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, Seq
 
 class HunyuanVideoFamily(BlockFamily):
     name = "hunyuan-video"
+    prologue_missing = ("its text rows come last without RoPE and its blocks pass a key-padding mask; the fused "
+                        "prologue takes one RoPE table over all rows and no mask")
     class_names = ("HunyuanVideoTransformer3DModel",)
     fp8_keep_linears = tuple((p, MODULATION) for p in ("norm1.linear", "norm1_context.linear", "norm.linear"))
     kinds = (

@@ -17,6 +17,8 @@ from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, Seq
 
 class QwenImageFamily(BlockFamily):
     name = "qwen-image"
+    prologue_missing = ("its text and image streams take separate complex RoPE tables (use_real=False), not one "
+                        "(cos, sin) table over the joint rows")
     class_names = ("QwenImageTransformer2DModel",)
     fp8_keep_linears = tuple((p, MODULATION) for p in ("img_mod.1", "txt_mod.1"))
     kinds = (BlockKind("main", "transformer_blocks", "num_layers"),)
