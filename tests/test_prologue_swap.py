@@ -138,3 +138,25 @@ def test_fused_block_compiles_fullgraph():
     out = out if isinstance(out, (tuple, list)) else (out,)
     for a, b in zip(out, eager):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_prologue_weights_are_made_once_and_remade_when_a_weight_changes():
+    from diffusers.models.normalization import RMSNorm
+
+    from ditprof.model_blocks.families.base import PrologueWeights
+
+    a, b = RMSNorm(32, eps=1e-6), torch.nn.RMSNorm(32, eps=1e-5, elementwise_affine=False)
+    torch.nn.init.normal_(a.weight)
+    attn, x = torch.nn.Module(), torch.randn(1, 4, 2, 32)
+    pw = PrologueWeights()
+    wq, wk, eps = pw(attn, (b, a), (a,), 32, x)
+    assert wq.shape == (2, 32) and wk.shape == (1, 32) and eps == 1e-6
+    assert torch.equal(wq[0], torch.ones(32)) and torch.equal(wq[1], a.weight)
+    again = pw(attn, (b, a), (a,), 32, x)
+    assert again[0] is wq and again[1] is wk  # the same tensors: a stable graph-replay key
+    with torch.no_grad():
+        a.weight.mul_(2)
+    fresh = pw(attn, (b, a), (a,), 32, x)
+    assert fresh[0] is not wq and torch.equal(fresh[0][1], a.weight)
+    with pytest.raises(DitprofError, match="computes an RMSNorm"):
+        pw(torch.nn.Module(), (torch.nn.LayerNorm(32),), (a,), 32, x)

@@ -82,7 +82,7 @@ class Fp8Launch:
     return (o, lse) with the LSE (B, H, Sq) float32 of the original scores (the smoothing shift added back)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, choice: LaunchChoice,
-                 options: Fp8Options, return_lse: bool = False, prologue=None):
+                 options: Fp8Options, return_lse: bool = False, prologue=None, pro_groups: int = 1):
         from ditprof.kernels.prep_triton import PrepPlan
 
         B, Sq, H, D = q.shape
@@ -104,7 +104,7 @@ class Fp8Launch:
         self.prologue = prologue
         self.plan = PrepPlan(q, k, v, options.smooth_k, key_lens=self.spec.key_lens, qk_int8=self.spec.qk_int8,
                              skip_q=self.q_rot, config=options.prep,
-                             **({} if prologue is None else {"prologue": prologue}))
+                             **({} if prologue is None else {"prologue": prologue, "pro_groups": pro_groups}))
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.merge = None
         with torch.cuda.device(self.device):
@@ -284,20 +284,23 @@ _RECORDS: dict = {}
 
 
 def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool,
-               options: Optional[Fp8Options] = None, return_lse: bool = False, prologue=None) -> Fp8Launch:
+               options: Optional[Fp8Options] = None, return_lse: bool = False, prologue=None,
+               pro_groups: int = 1) -> Fp8Launch:
     """The launch record of this call's configuration (built, with the full input checks, on first use); keyed on
     the inputs' layout and the (canonical) options object."""
     opts = canonical_options(options)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
-           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, return_lse, id(opts), prologue)
+           (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0, key_lens, return_lse, id(opts), prologue,
+           pro_groups)
     rec = _RECORDS.get(key)
     if rec is None:
-        rec = _RECORDS[key] = _build(q, k, v, key_lens, opts, return_lse, prologue)
+        rec = _RECORDS[key] = _build(q, k, v, key_lens, opts, return_lse, prologue, pro_groups)
     return rec
 
 
-def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prologue=None) -> Fp8Launch:
+def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prologue=None,
+           pro_groups: int = 1) -> Fp8Launch:
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -312,7 +315,7 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prolo
         raise DitprofError("the fused prologue needs the INT8 Q/K format, no key mask and no returned LSE "
                            f"(this call: Q/K {'int8' if choice.spec.qk_int8 else 'e4m3'}, key mask {key_lens}, "
                            f"LSE {return_lse})")
-    return Fp8Launch(q, k, v, choice, options, return_lse, prologue)
+    return Fp8Launch(q, k, v, choice, options, return_lse, prologue, pro_groups)
 
 
 def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
@@ -325,8 +328,10 @@ def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
     if layout != "BSHD":  # the record reads (B, S, H, D)-indexed views; a BHSD output is made contiguous
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # prologue / pro: the fused prologue's spec and its tensors (wq, wk, cos, sin, text_rows), q and k raw
-    res = record_for(q, k, v, key_lens is not None, options, return_lse, prologue)(q, k, v, softmax_scale,
-                                                                                  key_lens, pro)
+    # (its norm weights' rows, 1 or 2, are part of the configuration)
+    groups = pro[0].shape[0] if pro is not None and pro[0] is not None else 1
+    res = record_for(q, k, v, key_lens is not None, options, return_lse, prologue, groups)(q, k, v, softmax_scale,
+                                                                                          key_lens, pro)
     if layout == "BSHD":
         return res
     if return_lse:

@@ -134,14 +134,22 @@ def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue):
     return spec
 
 
+def _aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    # the prep reads the prologue's tensors contiguous and 16-byte aligned (its kernels are specialised on it); a
+    # model's own tensors already are, so this is no copy and their addresses stay the launch graphs' keys
+    if t is None:
+        return None
+    t = t.to(dtype).contiguous() if dtype is not None else t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def fp8_attention_prologue_cuda_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
                                      options: str = "") -> torch.Tensor:
     """o (B, S, H, D): the prologue in the prep, then our kernel (``launch_record.fp8_call``)."""
     from ditprof.kernels.launch_record import fp8_call
 
     spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
-    pro = (wq, wk, None if cos is None else cos.float().contiguous(),
-           None if sin is None else sin.float().contiguous(), int(text_rows))
+    pro = (_aligned(wq), _aligned(wk), _aligned(cos, torch.float32), _aligned(sin, torch.float32), int(text_rows))
     return fp8_call(q, k, v, scale, options=options_for(options), prologue=spec, pro=pro)
 
 

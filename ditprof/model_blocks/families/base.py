@@ -464,6 +464,33 @@ def rms_weight(norm: torch.nn.Module | None, head_dim: int, like: torch.Tensor) 
     return w[None], float(eps)
 
 
+class PrologueWeights:
+    """The fused prologue's norm weights of each attention module -- (G, D) for q and k, rows in the order of the
+    norms given (a joint sequence: the text stream's first) -- and the eps, made once and remade only when a weight
+    changes: the same tensors call after call (the FP8 launch's graph-replay key; no per-call ``torch.cat``). Under
+    torch.compile they are built in the graph instead (dynamo does not trace pointers)."""
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    def __call__(self, attn, norms_q, norms_k, head_dim: int, like: torch.Tensor):
+        if torch.compiler.is_compiling():
+            return self._build(norms_q, norms_k, head_dim, like)
+        stamp = tuple((id(n), None if getattr(n, "weight", None) is None else (n.weight.data_ptr(), n.weight._version))
+                      for n in (*norms_q, *norms_k))
+        hit = self._cache.get(id(attn))
+        if hit is None or hit[0] != stamp:
+            hit = self._cache[id(attn)] = (stamp, self._build(norms_q, norms_k, head_dim, like))
+        return hit[1]
+
+    @staticmethod
+    def _build(norms_q, norms_k, head_dim, like):
+        qs = [rms_weight(n, head_dim, like) for n in norms_q]
+        ks = [rms_weight(n, head_dim, like) for n in norms_k]
+        cat = (lambda ws: ws[0] if len(ws) == 1 else torch.cat(ws))  # noqa: E731
+        return cat([w for w, _ in qs]), cat([w for w, _ in ks]), qs[-1][1]
+
+
 def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:
     """Seeded normal tensor drawn on CPU (so values match across devices), then moved (meta: shapes only)."""
     if torch.device(device).type == "meta":

@@ -15,7 +15,7 @@ from diffusers.models.transformers.transformer_flux import (
 
 from ditprof.errors import DitprofError
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, rms_weight
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueWeights, SeqSplit, randn
 
 
 class FusedPrologueProcessor:
@@ -27,6 +27,7 @@ class FusedPrologueProcessor:
     def __init__(self, attend, projections=_get_qkv_projections):
         self.attend = attend
         self.projections = projections
+        self.weights = PrologueWeights()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
@@ -35,15 +36,14 @@ class FusedPrologueProcessor:
         q, k, v, eq, ek, ev = self.projections(attn, hidden_states, encoder_hidden_states)
         q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in (q, k, v))
         D = attn.head_dim
-        wq, eps = rms_weight(attn.norm_q, D, q)
-        wk, _ = rms_weight(attn.norm_k, D, k)
         text_rows = 0
         if attn.added_kv_proj_dim is not None:
             eq, ek, ev = (x.unflatten(-1, (-1, D)) for x in (eq, ek, ev))
-            wq = torch.cat([rms_weight(attn.norm_added_q, D, eq)[0], wq])
-            wk = torch.cat([rms_weight(attn.norm_added_k, D, ek)[0], wk])
+            wq, wk, eps = self.weights(attn, (attn.norm_added_q, attn.norm_q), (attn.norm_added_k, attn.norm_k), D, q)
             text_rows = eq.shape[1]
             q, k, v = torch.cat([eq, q], dim=1), torch.cat([ek, k], dim=1), torch.cat([ev, v], dim=1)
+        else:
+            wq, wk, eps = self.weights(attn, (attn.norm_q,), (attn.norm_k,), D, q)
         cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
         out = self.attend(q, k, v, wq=wq, wk=wk, eps=eps, rope="interleaved", cos=cos, sin=sin,
                           text_rows=text_rows)

@@ -23,7 +23,7 @@ from diffusers.models.transformers.transformer_flux2 import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, rms_weight
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, PrologueWeights, randn
 from .flux import FusedPrologueProcessor
 
 
@@ -33,6 +33,7 @@ class FusedParallelPrologueProcessor:
 
     def __init__(self, attend):
         self.attend = attend
+        self.weights = PrologueWeights()
 
     def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
         if attention_mask is not None:
@@ -43,8 +44,7 @@ class FusedParallelPrologueProcessor:
         local_qkv = hidden_states.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
         qkv, mlp = torch.split(hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
         q, k, v = (x.unflatten(-1, (-1, attn.head_dim)) for x in qkv.chunk(3, dim=-1))
-        wq, eps = rms_weight(attn.norm_q, attn.head_dim, q)
-        wk, _ = rms_weight(attn.norm_k, attn.head_dim, k)
+        wq, wk, eps = self.weights(attn, (attn.norm_q,), (attn.norm_k,), attn.head_dim, q)
         cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
         out = self.attend(q, k, v, wq=wq, wk=wk, eps=eps, rope="interleaved", cos=cos, sin=sin)
         out = out.flatten(2, 3).to(q.dtype)

@@ -27,7 +27,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 
 from ditprof.errors import DitprofError
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, rms_weight
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, PrologueWeights, randn
 
 # The pipeline's geometry constants (its ModularPipeline properties with no VAE loaded).
 VAE_SPATIAL = 16  # MiniMaxH3ModularPipeline.vae_spatial_compression_ratio
@@ -123,6 +123,7 @@ class FusedPrologueProcessor:
 
     def __init__(self, attend):
         self.attend = attend
+        self.weights = PrologueWeights()
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
         if attention_mask is not None:
@@ -133,8 +134,7 @@ class FusedPrologueProcessor:
             query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         query, key, value = (x.unflatten(-1, (attn.heads, -1)) for x in (query, key, value))
         D = query.shape[-1]
-        wq, eps = rms_weight(attn.norm_q, D, query)
-        wk, _ = rms_weight(attn.norm_k, D, key)
+        wq, wk, eps = self.weights(attn, (attn.norm_q,), (attn.norm_k,), D, query)
         cos, sin = rotary_emb if rotary_emb is not None else (None, None)
         out = self.attend(query, key, value, wq=wq, wk=wk, eps=eps, rope="half", cos=cos, sin=sin)
         out = out.flatten(2, 3).type_as(query)
