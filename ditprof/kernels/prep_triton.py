@@ -303,12 +303,14 @@ def _prologue_weight(w_ptr, c, rows, text_rows, D: tl.constexpr, G2: tl.constexp
 
 @triton.jit
 def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
-                   D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr, G2: tl.constexpr):
+                   D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr, G2: tl.constexpr,
+                   INTERP: tl.constexpr):
     # the fused prologue (kernels/prologue.py, ``prologue_torch``) on rows [first, first + ROWS) of one (b, h), x
     # as ``_load_rows`` gave it (zeros from ``end`` on), d the channels (int64): per row in fp32,
     # n = x * 1/sqrt(mean(x^2) + eps) * w, then on channels < R  n * cos + rotate(n) * sin, one rounding to x's
     # dtype. rotate(n)'s channel d is -+n[p(d)]: the partner tile is a second load of the same rows at the permuted
-    # channels (cache hits), normed with the same per-row factor. Rows >= end stay exact zeros.
+    # channels (cache hits), normed with the same per-row factor. Rows >= end stay exact zeros. INTERP: the
+    # interpreter (triton 3.9) truncates fp32 -> bf16, so there the bits are rounded to nearest even first.
     rows = first + tl.arange(0, ROWS)
     ok = (rows < end)[:, None]
     n = x.to(tl.float32)
@@ -337,18 +339,23 @@ def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, 
         if R < D:
             r = tl.where((d < R)[None, :], r, n)
         n = r
-    return tl.where(ok, n, 0.0).to(x.dtype)
+    n = tl.where(ok, n, 0.0)
+    if INTERP:
+        if x.dtype == tl.bfloat16:
+            bits = n.to(tl.int32, bitcast=True)
+            n = ((bits + (0x7FFF + ((bits >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+    return n.to(x.dtype)
 
 
 @triton.jit
 def _load_rows_pro(base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
                    D: tl.constexpr, PRO: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
-                   G2: tl.constexpr):
+                   G2: tl.constexpr, INTERP: tl.constexpr):
     # ``_load_rows``, then (PRO) the fused prologue on the rows
     x = _load_rows(base, s_s, s_d, first, end, d, ROWS)
     if PRO:
         x = _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D, NORM,
-                           ROPE, R, G2)
+                           ROPE, R, G2, INTERP)
     return x
 
 
@@ -400,15 +407,15 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
         n_main = n - n % RT  # whole tiles: every row < end
     if PREFETCH:
         x_next = _load_rows_pro(base, s_s, s_d, start, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D, PRO,
-                                PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
     for i in range(0, n_main, RT):
         if PREFETCH:
             x = x_next
             x_next = _load_rows_pro(base, s_s, s_d, start + i + RT, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows,
-                                    eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                    eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         else:
             x = _load_rows_pro(base, s_s, s_d, start + i, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
-                               PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                               PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + i, end, RT, F32DOT,
                                                    not TAIL)
     if TAIL:
@@ -417,7 +424,7 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
                 x = x_next
             else:
                 x = _load_rows_pro(base, s_s, s_d, start + n_main, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows,
-                                   eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                   eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
             acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + n_main, end, RT,
                                                        F32DOT, True)
     off = (bh64 * NC + c) * D + dd
@@ -676,7 +683,7 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
     end = tl.minimum(S, t * ROWS + n)  # rows to read: this program's, below S
     if PREFETCH:
         x_next = _load_rows_pro(base, s_s, s_d, t * ROWS, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
-                                PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
     for i in tl.range(0, n, BLOCK, num_stages=STAGES):
         rows = t * ROWS + i + tl.arange(0, BLOCK)
         r64 = rows.to(tl.int64)
@@ -684,10 +691,10 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
         if PREFETCH:
             x = x_next
             x_next = _load_rows_pro(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr,
-                                    text_rows, eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                    text_rows, eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         else:
             x = _load_rows_pro(base, s_s, s_d, t * ROWS + i, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
-                               D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                               D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         xr = _rot_dot(x, rot, F32DOT)
         if IS_Q:
             xr = xr * (1.0 / D)  # a power of two: exact
