@@ -163,7 +163,7 @@ def test_a_branched_prep_forks_after_the_stats_and_joins_before_returning(monkey
     monkeypatch.setattr(PT.torch.cuda, "default_stream", default_stream)
     monkeypatch.setattr(PT.torch.cuda, "ExternalStream", external)
     plan = object.__new__(PT.PrepPlan)
-    plan._arguments = lambda q, k, v, bufs, key_lens: ("stats args", "quant args")
+    plan._arguments = lambda q, k, v, bufs, key_lens, pro=None: ("stats args", "quant args")
     plan.stats = lambda args, stream: log.append(("stats", stream))
     plan.quants = [lambda args, stream: log.append(("quant qk", stream)),
                    lambda args, stream: log.append(("quant v", stream))]

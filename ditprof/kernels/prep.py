@@ -39,6 +39,13 @@ Numerics, identical in both implementations here:
   more work (the attention kernel) and then calls ``Fp8Prepared.check_finite()``, which waits only for the copy
   (i.e. for the prep), so the sync no longer stalls the GPU queue. ``interface.fp8_attention`` does this.
 
+Fused prologue (``fp8_prepare_prologue``, INT8 Q/K mode): q and k are the projections' raw rows; the processor's
+per-head RMSNorm and RoPE (``kernels/prologue.py``, ``prologue_torch``: fp32, one rounding to the inputs' dtype) are
+applied to them first, then everything above follows unchanged. The Triton kernels apply it to each Q/K tile right
+after loading it, in the K stats pass and in the Q/K quantize pass (no normed / rotated copy of q or k is written);
+the torch chain is ``prologue_torch`` then ``fp8_prepare_torch(qk_int8=True)``. The two agree to the INT8 tolerance
+above (a prologue value may also round to the other neighbouring 16-bit value, now and then).
+
 ``fp8_prepare`` runs the fused Triton kernels (``prep_triton.py``) on CUDA tensors; ``fp8_prepare_torch`` is the
 naive chain of torch ops (reference for tests, fallback where Triton is missing or the tensors are on the CPU).
 """
@@ -56,6 +63,7 @@ from ditprof.kernels.checks import check_qkv
 from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.key_order import key_order_for_positions
 from ditprof.kernels.prep_layout import padded_lengths
+from ditprof.kernels.prologue import PrologueSpec, check_prologue_inputs, prologue_torch
 from ditprof.kernels.rotation import rotation_pm1
 
 FP8_MAX = 448.0
@@ -229,6 +237,71 @@ def fp8_prepare(
     elif check_finite:
         _raise_if_nonfinite(scales)
     return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, q_scales=q_scales, _pending=pending)
+
+
+def fp8_prepare_prologue(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: PrologueSpec,
+    wq: Optional[torch.Tensor],
+    wk: Optional[torch.Tensor],
+    cos: Optional[torch.Tensor],
+    sin: Optional[torch.Tensor],
+    text_rows: int = 0,
+    *,
+    smooth_k: bool = True,
+    check_finite: Union[bool, str] = True,
+    config: PrepConfig = PrepConfig(),
+    backend: str = "auto",
+    out: Optional[Fp8Prepared] = None,
+) -> Fp8Prepared:
+    """The INT8 Q/K prep of RAW q and k (B, S, H, D) (the projections' output, before the processor's norm_q /
+    norm_k and RoPE) with the prologue ``spec`` fused in: norm weights ``wq``/``wk`` (G, D) (G = 2: rows below
+    ``text_rows`` take row 0), rotary table ``cos``/``sin`` (S, rope_dim); q and k of one sequence length. The same
+    outputs as ``fp8_prepare(prologue_torch(q), prologue_torch(k), v, qk_int8=True)`` within the INT8 tolerance.
+    ``backend``, ``check_finite``, ``config``, ``out``: as for ``fp8_prepare``."""
+    if backend not in ("auto", "triton", "torch"):
+        raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if check_finite not in (True, False, "defer"):
+        raise DitprofError(f"check_finite must be True, False or 'defer', got {check_finite!r}")
+    if not isinstance(spec, PrologueSpec):
+        raise DitprofError(f"spec must be a PrologueSpec, got {type(spec).__name__}")
+    qs, ks, vs = _check_inputs(q, k, v, "BSHD")
+    if qs.shape[1] != ks.shape[1]:
+        raise DitprofError(f"the fused prologue needs q and k of one sequence length, got {qs.shape[1]} and "
+                           f"{ks.shape[1]}")
+    check_prologue_inputs(spec, qs, wq, cos, sin, text_rows, "q")
+    check_prologue_inputs(spec, ks, wk, cos, sin, text_rows, "k")
+    if spec.norm is not None and wq.shape[0] != wk.shape[0]:
+        raise DitprofError(f"prologue wq and wk must have the same rows (G), got {wq.shape[0]} and {wk.shape[0]}")
+    if backend == "auto":
+        backend = "triton" if triton_available(qs.device)[0] else "torch"
+    if backend == "torch":
+        qn, kn = (prologue_torch(spec, x, w, cos, sin, text_rows) for x, w in ((qs, wq), (ks, wk)))
+        return fp8_prepare(qn, kn, vs, smooth_k, backend="torch", check_finite=bool(check_finite), out=out,
+                           qk_int8=True)
+    ok, why = triton_available(qs.device)
+    if not ok:
+        raise DitprofError(f"fp8_prepare_prologue(backend='triton'): {why}")
+    bufs = _check_out(out, qs, ks, True) if out is not None else None
+    pro = (*(_aligned(w) for w in (wq, wk)), *(_aligned(t, torch.float32) for t in (cos, sin)), int(text_rows))
+    q8, k8, v8t, scales, k_mean, q_scales = _triton_module().prepare_triton(
+        qs, ks, vs, smooth_k, out=bufs, qk_int8=True, config=config, prologue=spec, pro=pro)
+    pending = None
+    if check_finite == "defer" and scales.is_cuda:
+        pending = _start_finite_check(scales)
+    elif check_finite:
+        _raise_if_nonfinite(scales)
+    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, q_scales=q_scales, _pending=pending)
+
+
+def _aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    # a prologue tensor as the Triton plan takes it: contiguous, 16-byte aligned (and in ``dtype`` when given)
+    if t is None:
+        return None
+    t = t.contiguous() if dtype is None else t.to(dtype).contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _check_out(out, qs, ks, qk_int8: bool = False):
@@ -407,6 +480,7 @@ __all__ = [
     "INT8_MAX",
     "Fp8Prepared",
     "fp8_prepare",
+    "fp8_prepare_prologue",
     "fp8_prepare_torch",
     "int8_descale",
     "k_mean_original_basis",

@@ -104,6 +104,7 @@ import triton
 import triton.language as tl
 
 from ditprof.kernels.fp8_config import PrepConfig
+from ditprof.kernels.prologue import PrologueSpec
 from ditprof.kernels.prep_layout import padded_lengths
 from ditprof.kernels.rotation import rotation_pm1
 from ditprof.kernels.triton_launch import FixedLaunch, sm_count
@@ -290,6 +291,75 @@ def _load_rows(base, s_s, s_d, first, end, d, ROWS: tl.constexpr):
 
 
 @triton.jit
+def _prologue_weight(w_ptr, c, rows, text_rows, D: tl.constexpr, G2: tl.constexpr):
+    # the norm weight of channels c (int64 [D]) as fp32, [1, D]; G2: [ROWS, D], row 0 for rows < text_rows,
+    # else row 1
+    w = tl.load(w_ptr + c).to(tl.float32)[None, :]
+    if G2:
+        w1 = tl.load(w_ptr + D + c).to(tl.float32)[None, :]
+        w = tl.where((rows < text_rows)[:, None], w, w1)
+    return w
+
+
+@triton.jit
+def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
+                   D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr, G2: tl.constexpr,
+                   INTERP: tl.constexpr):
+    # the fused prologue (kernels/prologue.py, ``prologue_torch``) on rows [first, first + ROWS) of one (b, h), x
+    # as ``_load_rows`` gave it (zeros from ``end`` on), d the channels (int64): per row in fp32,
+    # n = x * 1/sqrt(mean(x^2) + eps) * w, then on channels < R  n * cos + rotate(n) * sin, one rounding to x's
+    # dtype. rotate(n)'s channel d is -+n[p(d)]: the partner tile is a second load of the same rows at the permuted
+    # channels (cache hits), normed with the same per-row factor. Rows >= end stay exact zeros. INTERP: the
+    # interpreter (triton 3.9) truncates fp32 -> bf16, so there the bits are rounded to nearest even first.
+    rows = first + tl.arange(0, ROWS)
+    ok = (rows < end)[:, None]
+    n = x.to(tl.float32)
+    if ROPE != 0:
+        if ROPE == 1:  # "half": d < R/2 pairs with d + R/2 (sign -), d in [R/2, R) with d - R/2
+            neg = d < R // 2
+            p = tl.where(neg, d + R // 2, tl.where(d < R, d - R // 2, d))
+        else:  # "interleaved": 2i pairs with 2i + 1 (sign -), 2i + 1 with 2i
+            neg = d % 2 == 0
+            p = tl.where(d < R, d ^ 1, d)
+        xp = tl.load(base + rows.to(tl.int64)[:, None] * s_s + p[None, :] * s_d, mask=ok & (d < R)[None, :],
+                     other=0.0)
+        np_ = xp.to(tl.float32)
+    if NORM:
+        ms = tl.sum(n * n, axis=1) * (1.0 / D)  # 1 / D: a power of two
+        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
+        n = n * rs * _prologue_weight(w_ptr, d, rows, text_rows, D, G2)
+        if ROPE != 0:
+            np_ = np_ * rs * _prologue_weight(w_ptr, p, rows, text_rows, D, G2)
+    if ROPE != 0:
+        cs = rows.to(tl.int64)[:, None] * R + d[None, :]
+        m = ok & (d < R)[None, :]
+        c = tl.load(cos_ptr + cs, mask=m, other=0.0)
+        sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
+        r = n * c + tl.where(neg[None, :], -np_, np_) * sn
+        if R < D:
+            r = tl.where((d < R)[None, :], r, n)
+        n = r
+    n = tl.where(ok, n, 0.0)
+    if INTERP:
+        if x.dtype == tl.bfloat16:
+            bits = n.to(tl.int32, bitcast=True)
+            n = ((bits + (0x7FFF + ((bits >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+    return n.to(x.dtype)
+
+
+@triton.jit
+def _load_rows_pro(base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
+                   D: tl.constexpr, PRO: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
+                   G2: tl.constexpr, INTERP: tl.constexpr):
+    # ``_load_rows``, then (PRO) the fused prologue on the rows
+    x = _load_rows(base, s_s, s_d, first, end, d, ROWS)
+    if PRO:
+        x = _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D, NORM,
+                           ROPE, R, G2, INTERP)
+    return x
+
+
+@triton.jit
 def _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, first, end, RT: tl.constexpr, F32DOT: tl.constexpr,
                    MASKED: tl.constexpr):
     # the rotated tile of rows [first, first + RT) into the [RT, D] accumulators; rows >= end (MASKED: the tile may
@@ -308,8 +378,10 @@ def _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, first, end, RT: tl.constex
 
 @triton.jit
 def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, c, S, NC,
+                 w_ptr, cos_ptr, sin_ptr, text_rows, eps,
                  D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
-                 PREFETCH: tl.constexpr, TAIL: tl.constexpr):
+                 PREFETCH: tl.constexpr, TAIL: tl.constexpr, PRO: tl.constexpr, PRO_NORM: tl.constexpr,
+                 PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr):
     # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
     # matrix, fp32 accumulation), the rotated tiles folded elementwise into [RT, D] accumulators and reduced over
     # rows once, after the loop, so the loop carries no cross-thread reduction (faster than reducing each tile in
@@ -319,6 +391,7 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     # otherwise every tile is masked. The sum runs in fp32 across the chunk's tiles (CHUNK / RT terms per
     # accumulator, at most 32 at the shipped sizes) and in float64 from the row reduction on; the mean may differ
     # from a float64 sum's in its last bits (the K descale is exact: max and min are).
+    # PRO: the fused prologue (``_prologue_rows``) on each tile as it is loaded, before the rotation.
     base = src + b * s_b + h * s_h
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, S)
@@ -333,13 +406,16 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     if TAIL:
         n_main = n - n % RT  # whole tiles: every row < end
     if PREFETCH:
-        x_next = _load_rows(base, s_s, s_d, start, end, d, RT)
+        x_next = _load_rows_pro(base, s_s, s_d, start, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D, PRO,
+                                PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
     for i in range(0, n_main, RT):
         if PREFETCH:
             x = x_next
-            x_next = _load_rows(base, s_s, s_d, start + i + RT, end, d, RT)
+            x_next = _load_rows_pro(base, s_s, s_d, start + i + RT, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows,
+                                    eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         else:
-            x = _load_rows(base, s_s, s_d, start + i, end, d, RT)
+            x = _load_rows_pro(base, s_s, s_d, start + i, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
+                               PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + i, end, RT, F32DOT,
                                                    not TAIL)
     if TAIL:
@@ -347,7 +423,8 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
             if PREFETCH:
                 x = x_next
             else:
-                x = _load_rows(base, s_s, s_d, start + n_main, end, d, RT)
+                x = _load_rows_pro(base, s_s, s_d, start + n_main, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows,
+                                   eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
             acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + n_main, end, RT,
                                                        F32DOT, True)
     off = (bh64 * NC + c) * D + dd
@@ -356,7 +433,7 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     tl.store(kmin_ptr + off, tl.min(acc_min, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["text_rows"])  # per call: a value 1 or a multiple of 16 must not be baked in
 def _stats_kernel(
     q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
@@ -365,10 +442,12 @@ def _stats_kernel(
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
     H, Sq, Sk, NCQ, NCK, NCV,
+    wq_ptr, wk_ptr, cos_ptr, sin_ptr, text_rows, eps,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, V_MULT: tl.constexpr,
     V_FIRST: tl.constexpr, TAIL: tl.constexpr,
+    PRO: tl.constexpr, PRO_NORM: tl.constexpr, PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr,
 ):
     # programs: NCQ Q chunks, NCK K chunks, NCV V chunks of V_MULT * CHUNK rows (V_FIRST: the V chunks first)
     t = tl.program_id(0)
@@ -386,7 +465,8 @@ def _stats_kernel(
     elif t < NCQ + NCK:
         if QK_INT8:
             _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
-                         n_keys, NCK, D, CHUNK, RT, F32DOT, PREFETCH, TAIL)
+                         n_keys, NCK, wk_ptr, cos_ptr, sin_ptr, text_rows, eps, D, CHUNK, RT, F32DOT, PREFETCH, TAIL,
+                         PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
         else:
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
@@ -583,13 +663,16 @@ def _codes_k(xr, m, mu, ds, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, RECIP: t
 
 @triton.jit
 def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_ptr, mean_ptr, ds, qs_ptr,
-                     scales_ptr, flags_ptr, D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     scales_ptr, flags_ptr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
+                     D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
-                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, RECIP: tl.constexpr):
+                     STAGES: tl.constexpr, PREFETCH: tl.constexpr, RECIP: tl.constexpr, PRO: tl.constexpr,
+                     PRO_NORM: tl.constexpr, PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
     # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
-    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero.
+    # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero. PRO: the fused
+    # prologue (``_prologue_rows``, weight ``w_ptr``) on each block of rows as it is loaded, before the rotation.
     d = tl.arange(0, D).to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
     mu = tl.zeros([D], dtype=tl.float32)
@@ -599,16 +682,19 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
     n = tl.minimum(ROWS, S_pad - t * ROWS)
     end = tl.minimum(S, t * ROWS + n)  # rows to read: this program's, below S
     if PREFETCH:
-        x_next = _load_rows(base, s_s, s_d, t * ROWS, end, d, BLOCK)
+        x_next = _load_rows_pro(base, s_s, s_d, t * ROWS, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
+                                PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
     for i in tl.range(0, n, BLOCK, num_stages=STAGES):
         rows = t * ROWS + i + tl.arange(0, BLOCK)
         r64 = rows.to(tl.int64)
         m = (rows < S)[:, None]
         if PREFETCH:
             x = x_next
-            x_next = _load_rows(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK)
+            x_next = _load_rows_pro(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr,
+                                    text_rows, eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         else:
-            x = _load_rows(base, s_s, s_d, t * ROWS + i, end, d, BLOCK)
+            x = _load_rows_pro(base, s_s, s_d, t * ROWS + i, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
+                               D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
         xr = _rot_dot(x, rot, F32DOT)
         if IS_Q:
             xr = xr * (1.0 / D)  # a power of two: exact
@@ -626,7 +712,7 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
                  mask=(rows < S_pad)[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["text_rows"])  # as in _stats_kernel
 def _quant_kernel(
     q_ptr, k_ptr, v_ptr,
     sqb, sqs, sqh, sqd,
@@ -634,10 +720,12 @@ def _quant_kernel(
     svb, svs, svh, svd,
     q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
     H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
+    wq_ptr, wk_ptr, cos_ptr, sin_ptr, text_rows, eps,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
     DO_V: tl.constexpr, RECIP: tl.constexpr,
+    PRO: tl.constexpr, PRO_NORM: tl.constexpr, PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr,
 ):
     # DO_QK / DO_V: which operands this launch quantizes (``split_v`` gives V a launch of its own: NQ = NK = 0)
     t = tl.program_id(0)
@@ -649,16 +737,18 @@ def _quant_kernel(
         if t < NQ:
             if QK_INT8:
                 _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
-                                 1.0, qs_ptr, scales_ptr, flags_ptr, D, QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT,
-                                 QK_STAGES, PREFETCH, RECIP)
+                                 1.0, qs_ptr, scales_ptr, flags_ptr, wq_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
+                                 QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT, QK_STAGES, PREFETCH, RECIP, PRO,
+                                 PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
             else:
                 _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
         elif t < NQ + NK:
             if QK_INT8:
                 _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr,
-                                 mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, D,
-                                 QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT, QK_STAGES, PREFETCH, RECIP)
+                                 mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, wk_ptr,
+                                 cos_ptr, sin_ptr, text_rows, eps, D, QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT,
+                                 QK_STAGES, PREFETCH, RECIP, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
             else:
                 _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
@@ -736,6 +826,22 @@ def quant_constants(config: PrepConfig, *, D: int, smooth_k: bool, qk_int8: bool
                 QK_STAGES=config.qk_stages, PREFETCH=config.qk_prefetch, RECIP=config.qk_recip)
 
 
+# the prologue's per-call kernel arguments (``PrepPlan.launch(pro=...)``), after each launch's own ones
+_PRO_ARGS = ("wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "text_rows")
+_ROPE_CODES = {None: 0, "half": 1, "interleaved": 2}
+
+
+def prologue_constants(spec: "PrologueSpec | None", D: int, groups: int = 1) -> dict:
+    """The prologue's fixed kernel arguments for one build (both kernels). Without a prologue every prologue pointer
+    and scalar is None, which Triton takes as a constexpr: the kernels then compile to exactly the code they had
+    before the prologue existed (no parameter more, the same SASS)."""
+    if spec is None:
+        return dict(wq_ptr=None, wk_ptr=None, cos_ptr=None, sin_ptr=None, text_rows=None, eps=None, PRO=False,
+                    PRO_NORM=False, PRO_ROPE=0, PRO_R=0, PRO_G2=False)
+    return dict(eps=float(spec.eps), PRO=True, PRO_NORM=spec.norm is not None, PRO_ROPE=_ROPE_CODES[spec.rope],
+                PRO_R=spec.rotated(D), PRO_G2=groups == 2)
+
+
 def quant_launches(config: PrepConfig, qk_int8: bool) -> tuple[tuple[bool, bool], ...]:
     """(DO_QK, DO_V) of each quantize launch: one launch for all three operands, or with ``split_v`` in INT8 mode
     Q/K's and then V's."""
@@ -782,10 +888,17 @@ class PrepPlan:
     call."""
 
     def __init__(self, q, k, v, smooth_k: bool, *, key_lens: bool = False, qk_int8: bool = False,
-                 skip_q: bool = False, config: PrepConfig = PrepConfig()):
+                 skip_q: bool = False, config: PrepConfig = PrepConfig(), prologue: PrologueSpec | None = None,
+                 pro_groups: int = 1):
         # skip_q (INT8 Q/K only): no Q programs, q8 and q_scales are not written -- for a kernel that rotates and
         # quantizes Q itself (fp8-sm90's q_rot build)
+        # prologue (INT8 Q/K, with the prep's Q): q and k are the projections' raw rows, and both kernels apply the
+        # processor's norm + RoPE to them as they load them (``_prologue_rows``); pro_groups: rows of the norm
+        # weights (1, or 2 for a joint sequence's text / rest weights), fixed per plan like every constexpr
         check_config(config)
+        check_prologue_plan(prologue, pro_groups, q, k, qk_int8, skip_q)
+        self.prologue = prologue
+        self.pro_groups = int(pro_groups)
         self.config = config
         B, Sq, H, D = q.shape
         Sk = k.shape[1]
@@ -820,20 +933,22 @@ class PrepPlan:
         for pre, x in (("sq", q), ("sk", k), ("sv", v)):
             for axis, st in zip("bshd", x.stride()):
                 strides[pre + axis] = st
-        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, NCV=ncv,
+        pro = prologue_constants(prologue, D, pro_groups)
+        stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, NCV=ncv, **pro,
                      **stats_constants(config, D=D, chunk=stats_chunk, smooth_k=self.smooth_k,
                                        key_lens=self.key_lens, qk_int8=self.qk_int8, interpret=INTERPRET,
                                        rot_rows=stats_rot_rows_for(D, (ncq + 2 * nck) * BH, q.device, config)))
-        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad,
+        quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, **pro,
                      **quant_constants(config, D=D, smooth_k=self.smooth_k, qk_int8=self.qk_int8,
                                        interpret=INTERPRET))
+        pro_args = _PRO_ARGS if prologue is not None else ()
         self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": config.stats_warps}, stats,
-                                 _STATS_ARGS)
+                                 _STATS_ARGS + pro_args)
         warps = {"num_warps": config.quant_warps}
         self.quants = tuple(
             FixedLaunch(_quant_kernel, ((nq + nk if do_qk else 0) + (nv if do_v else 0), BH), warps,
                         dict(quant, NQ=nq if do_qk else 0, NK=nk if do_qk else 0, DO_QK=do_qk, DO_V=do_v),
-                        _QUANT_ARGS)
+                        _QUANT_ARGS + pro_args)
             for do_qk, do_v in quant_launches(config, self.qk_int8))
         self.launches = (self.stats, *self.quants)
 
@@ -886,15 +1001,17 @@ class PrepPlan:
             count=torch.zeros((BH,), dtype=torch.int32, device=device),
         )
 
-    def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None, branch=None) -> None:
+    def launch(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None, branch=None, *,
+               pro=None) -> None:
         """The launches (two; three with ``split_v`` in INT8 mode) on ``stream`` (a raw CUDA stream handle; None:
         Triton's JIT path, which launches on the current stream). The current device must be the tensors'
         device. ``branch`` (a ``torch.cuda.Stream``, with ``stream`` given): V's own quantize launch runs on it,
         beside the Q/K one (a fork after the stats launch and a join at the end, by events): the quantize launches
         do not read each other's output, and side by side they fill the SMs their short grids leave idle.
         ``Fp8Launch._launch_all`` passes it when the launches are captured (the fork and join cost no
-        host time in a replay) and for problems too large to reuse a workspace."""
-        stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens)
+        host time in a replay) and for problems too large to reuse a workspace. ``pro``: the prologue's tensors
+        (wq, wk, cos, sin, text_rows), required iff the plan has a prologue (``_arguments``)."""
+        stats_args, quant_args = self._arguments(q, k, v, bufs, key_lens, pro=pro)
         self.stats(stats_args, stream)
         if branch is None or stream is None or len(self.quants) < 2:
             for launch in self.quants:
@@ -907,20 +1024,23 @@ class PrepPlan:
             launch(quant_args, branch.cuda_stream)
         main.wait_stream(branch)
 
-    def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
+    def launch_stats(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None, *, pro=None) -> None:
         """The stats launch(es) alone (benchmarks time the two passes apart)."""
-        self.stats(self._arguments(q, k, v, bufs, key_lens)[0], stream)
+        self.stats(self._arguments(q, k, v, bufs, key_lens, pro=pro)[0], stream)
 
-    def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None) -> None:
+    def launch_quant(self, q, k, v, bufs: dict, stream: int | None = None, key_lens=None, *, pro=None) -> None:
         """The quantize launch(es) alone: read what an earlier stats launch on ``bufs`` wrote."""
-        quant_args = self._arguments(q, k, v, bufs, key_lens)[1]
+        quant_args = self._arguments(q, k, v, bufs, key_lens, pro=pro)[1]
         for quant in self.quants:
             quant(quant_args, stream)
 
-    def _arguments(self, q, k, v, bufs: dict, key_lens) -> tuple[tuple, tuple]:
+    def _arguments(self, q, k, v, bufs: dict, key_lens, pro=None) -> tuple[tuple, tuple]:
         b = bufs
         if self.key_lens and key_lens is None:
             raise ValueError("this plan reads per-batch key counts: pass key_lens")
+        if (pro is None) != (self.prologue is None):
+            raise ValueError("this plan has a prologue: pass pro=(wq, wk, cos, sin, text_rows)" if pro is None else
+                             "this plan has no prologue: pro must be None")
         # without them the pointer is never read (any int32 tensor does)
         if self.qk_int8:
             rot, kmr, qs = b["rot"], b["k_mean_rot"], b["q_scales"]
@@ -931,22 +1051,72 @@ class PrepPlan:
         # the quantize pass subtracts the mean of the basis it quantizes in
         quant = (q, k, v, b["q8"], b["k8"], b["v8t"], kmr if self.qk_int8 else b["k_mean"], b["scales"], qs, rot,
                  b["flags"])
+        if pro is not None:
+            extra = self._prologue_arguments(pro)
+            stats, quant = stats + extra, quant + extra
         return stats, quant
+
+    def _prologue_arguments(self, pro) -> tuple:
+        # the per-call prologue tensors in _PRO_ARGS order; those the spec does not use become None (the build's
+        # constexpr). Checked here because the compiled kernel is specialised on the first call's dtypes and
+        # 16-byte alignment (as for q, k, v)
+        if not isinstance(pro, tuple) or len(pro) != 5:
+            raise ValueError("pro must be the tuple (wq, wk, cos, sin, text_rows)")
+        wq, wk, cos, sin, text_rows = pro
+        spec, G = self.prologue, self.pro_groups
+        if spec.norm is None:
+            wq = wk = None
+        for name, w in (("wq", wq), ("wk", wk)) if spec.norm is not None else ():
+            if not (w.is_floating_point() and tuple(w.shape) == (G, self.D) and w.is_contiguous()):
+                raise ValueError(f"prologue {name} must be a contiguous float ({G}, {self.D}) tensor (the plan's "
+                                 f"pro_groups), got {w.dtype} {tuple(w.shape)}")
+        R = spec.rotated(self.D)
+        if not R:
+            cos = sin = None
+        for name, t in (("cos", cos), ("sin", sin)) if R else ():
+            if t.dtype != torch.float32 or tuple(t.shape) != (self.Sq, R) or not t.is_contiguous():
+                raise ValueError(f"prologue {name} must be a contiguous float32 ({self.Sq}, {R}) tensor, got "
+                                 f"{t.dtype} {tuple(t.shape)}")
+        for t in (wq, wk, cos, sin):
+            if t is not None and t.data_ptr() % 16:
+                raise ValueError("prologue tensors must be 16-byte aligned (the kernels are specialised on it)")
+        return wq, wk, cos, sin, int(text_rows)
+
+
+def check_prologue_plan(spec: PrologueSpec | None, groups: int, q, k, qk_int8: bool, skip_q: bool) -> None:
+    """ValueError (one line) unless a prep plan can take the prologue ``spec`` for these q and k."""
+    if spec is None:
+        return
+    if not qk_int8:
+        raise ValueError("the fused prologue needs the INT8 Q/K prep (qk_int8=True)")
+    if skip_q:
+        raise ValueError("the fused prologue needs the prep's Q (skip_q=False): the kernel's own Q rotation has none")
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"the fused prologue needs q and k of one sequence length, got {q.shape[1]} and "
+                         f"{k.shape[1]}")
+    if groups not in (1, 2):
+        raise ValueError(f"pro_groups must be 1 or 2, got {groups}")
+    if spec.rotated(q.shape[3]) > q.shape[3]:
+        raise ValueError(f"prologue rope_dim {spec.rope_dim} exceeds head_dim {q.shape[3]}")
 
 
 def prepare_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: bool, *, out=None, key_lens=None,
-                   qk_int8: bool = False, config: PrepConfig = PrepConfig()):
+                   qk_int8: bool = False, config: PrepConfig = PrepConfig(), prologue: PrologueSpec | None = None,
+                   pro=None):
     """Run the kernels on (B, S, H, D)-indexed views (any strides) with the launch configuration ``config``. Returns
     (q8, k8, v8t, scales, k_mean, q_scales); q_scales is None unless ``qk_int8``.
 
     ``out``: optional (q8, k8, v8t, scales[, q_scales]) contiguous buffers to write into (checked by
     ``prep.fp8_prepare``). No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
+    ``prologue``, ``pro``: the fused prologue's spec and tensors (wq, wk, cos, sin, text_rows), q and k raw.
     """
-    plan = PrepPlan(q, k, v, smooth_k, key_lens=key_lens is not None, qk_int8=qk_int8, config=config)
+    groups = pro[0].shape[0] if prologue is not None and prologue.norm is not None else 1
+    plan = PrepPlan(q, k, v, smooth_k, key_lens=key_lens is not None, qk_int8=qk_int8, config=config,
+                    prologue=prologue, pro_groups=groups)
     bufs = plan.buffers(q.device, out)
     ctx = torch.cuda.device(q.device) if q.device.type == "cuda" else _NullCtx()
     with ctx:
-        plan.launch(q, k, v, bufs, key_lens=key_lens)
+        plan.launch(q, k, v, bufs, key_lens=key_lens, pro=pro)
     return (bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], (bufs["k_mean"] if smooth_k else None),
             bufs.get("q_scales"))
 
@@ -960,13 +1130,15 @@ class _NullCtx:
 
 
 def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128, smooth_k: bool = True,
-                    qk_int8: bool = False, config: PrepConfig = PrepConfig()):
+                    qk_int8: bool = False, config: PrepConfig = PrepConfig(), prologue: PrologueSpec | None = None,
+                    pro_groups: int = 1):
     """Compile the kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas), with the
     specializations a real launch gets (16-divisible pointers, strides and padded lengths; unit feature stride) and
     the launch configuration ``config`` (its ``stats_chunk`` as the chunk; ``stats_rot_rows`` 0 builds 32-row
     rotated tiles). Returns {kernel name: CompiledKernel} (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``):
     "stats", "quant" and, with ``split_v`` in INT8 mode, "quant_v". For tests and inspection (vectorized
-    loads/stores, IEEE division, e4m3 cvt); not used at run time.
+    loads/stores, IEEE division, e4m3 cvt); not used at run time. ``prologue``: the fused prologue's build (INT8
+    Q/K; norm weights in the inputs' dtype).
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -983,7 +1155,11 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         "mean_ptr": "*fp32", "scales_ptr": "*fp32", "flags_ptr": "*i32", "count_ptr": "*i32", "klens_ptr": "*i32",
         "q8_ptr": qk, "k8_ptr": qk, "v8t_ptr": "*fp8e4nv",
         "rot_ptr": elem, "kmr_ptr": "*fp32", "qs_ptr": "*fp32",
+        "wq_ptr": elem, "wk_ptr": elem, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "eps": "fp32",
     }
+    pro = prologue_constants(prologue, head_dim, pro_groups)
+    if prologue is not None:
+        del pro["eps"]  # a runtime fp32 argument, as in the plan's launches
 
     def build(fn, consts, num_warps):
         sig, constexprs, attrs = {}, dict(consts), {}
@@ -995,7 +1171,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
                 constexprs[name] = 1
             else:
                 sig[name] = ptr_types.get(name, "i32")
-                if name in ptr_types or name in div16:
+                if name.endswith("_ptr") or name in div16:
                     attrs[(i,)] = [["tt.divisibility", 16]]
         src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
         return triton.compile(src, target=target, options={"num_warps": num_warps, "enable_fp_fusion": True})
@@ -1003,7 +1179,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     stats = stats_constants(config, D=head_dim, chunk=config.stats_chunk, rot_rows=config.stats_rot_rows or 32,
                             smooth_k=smooth_k, key_lens=False, qk_int8=qk_int8, interpret=False)
     quant = quant_constants(config, D=head_dim, smooth_k=smooth_k, qk_int8=qk_int8, interpret=False)
-    kernels = {"stats": build(_stats_kernel, stats, config.stats_warps)}
+    kernels = {"stats": build(_stats_kernel, dict(stats, **pro), config.stats_warps)}
     for name, (do_qk, do_v) in zip(("quant", "quant_v"), quant_launches(config, qk_int8)):
-        kernels[name] = build(_quant_kernel, dict(quant, DO_QK=do_qk, DO_V=do_v), config.quant_warps)
+        kernels[name] = build(_quant_kernel, dict(quant, DO_QK=do_qk, DO_V=do_v, **pro), config.quant_warps)
     return kernels
