@@ -44,6 +44,15 @@ before they rotate the current one (``qk_prefetch``). Tensor-core sums are not t
 code may be one off (tests/test_prep_int8.py states the tolerance). Under the interpreter the dot runs in fp32
 (``F32DOT``: its numpy dot mishandles bf16).
 
+Fused prologue (INT8 Q/K with the prep's Q; ``PrepPlan(prologue=spec, pro_groups=G)``, ``launch(pro=(wq, wk, cos,
+sin, text_rows))``): q and k are the projections' raw rows, and every Q/K tile the rotating loops load (the K stats
+pass and the Q/K quantize pass) first goes through ``_prologue_rows``: the processor's per-head RMSNorm with its
+weight (G = 2: rows below ``text_rows`` take row 0) and RoPE over the first R channels, in fp32, rounded once to the
+inputs' dtype, as ``prologue.prologue_torch``; the RoPE partner channels come from a second load of the same rows.
+The rest is unchanged. The constexprs PRO, PRO_NORM, PRO_ROPE (0 none, 1 half, 2 interleaved), PRO_R, PRO_G2 gate
+it; without a prologue its pointers and scalars are None (constexpr), so those builds are the code they were.
+``text_rows`` is never specialised on (``do_not_specialize``): a plan's compiled launch serves every value.
+
 The division X / descale of Q and K (e4m3 mode; INT8 without ``qk_recip``) is the IEEE (correctly rounded) fp32
 quotient, computed without a divide per element (``_div_by_descale``): inv = RN(1 / descale) once per program, q =
 RN(x * inv), then two Markstein corrections q <- RN(q + RN(x - q * descale) * inv) (fma). After the first, q is within
@@ -104,8 +113,8 @@ import triton
 import triton.language as tl
 
 from ditprof.kernels.fp8_config import PrepConfig
-from ditprof.kernels.prologue import PrologueSpec
 from ditprof.kernels.prep_layout import padded_lengths
+from ditprof.kernels.prologue import PrologueSpec
 from ditprof.kernels.rotation import rotation_pm1
 from ditprof.kernels.triton_launch import FixedLaunch, sm_count
 
