@@ -160,3 +160,18 @@ def test_prologue_weights_are_made_once_and_remade_when_a_weight_changes():
     assert fresh[0] is not wq and torch.equal(fresh[0][1], a.weight)
     with pytest.raises(DitprofError, match="computes an RMSNorm"):
         pw(torch.nn.Module(), (torch.nn.LayerNorm(32),), (a,), 32, x)
+
+
+def test_profile_and_each_swap_runs_carry_the_prologue(tmp_path):
+    import json
+
+    assert cli.main(["profile", "--preset", "minimax-h3-tiny", "--device", "cpu", "--attention", "fp8-emulated",
+                     "--prologue", "--iters", "1", "--warmup", "0", "--out", str(tmp_path / "p")]) in (0, None)
+    rep = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert rep["baseline"]["attention_backend"] == "fp8-emulated+prologue"
+    assert rep["baseline"]["prologue"]["fused_modules"] == ["attn"]
+    assert cli.main(["compare", "--preset", "flux-tiny", "--device", "cpu", "--prologue", "--linears", "rowwise",
+                     "--each-swap", "--iters", "1", "--warmup", "0", "--out", str(tmp_path / "c")]) in (0, None)
+    rep = json.loads((tmp_path / "c" / "report.json").read_text())
+    assert [c["configuration"] for c in rep["configurations"]] == [
+        "sdpa", "fp8-emulated+prologue", "fp8-emulated+prologue + fp8-linears-rowwise"]
