@@ -109,7 +109,7 @@ class _FakePlan:
     def __init__(self, log):
         self.log = log
 
-    def launch(self, q, k, v, ws, stream, key_lens=None, branch=None):
+    def launch(self, q, k, v, ws, stream, key_lens=None, branch=None, pro=None):
         self.log.append(("prep", stream, branch))
 
 
@@ -127,7 +127,6 @@ def test_the_prep_branches_when_captured_or_without_a_reused_workspace(monkeypat
     log = []
     rec = object.__new__(L.Fp8Launch)  # the fields _launch_all reads; building one needs a GPU
     rec.plan, rec.reuse, rec.device, rec.branch = _FakePlan(log), reuse, "cuda:0", enabled
-    rec.prologue = None  # no fused prologue: the plan is launched as before
     rec._launch_kernel = lambda ws, q, out, lse, key_lens, scale, stream: log.append(("kernel", stream))
     monkeypatch.setattr(L, "branch_stream", lambda device: f"branch of {device}")
     rec._launch_all({}, "q", "k", "v", "out", None, None, 0.1, 7, captured)

@@ -9,28 +9,11 @@ Exploration, not a shipped benchmark: prints a table and writes JSON beside the 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import cuda_ready, environment, fmt, print_table, results_path, write_json  # noqa: E402
-
-
-def _events(fn, iters=20):
-    import torch
-
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        out.append((a, b))
-    torch.cuda.synchronize()
-    return statistics.median(x.elapsed_time(y) for x, y in out)
+from common import cuda_ready, environment, fmt, print_table, results_path, time_cuda, write_json  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -58,15 +41,15 @@ def main(argv=None) -> int:
                 "norm+rope, 2 weight groups": (PrologueSpec("rms", 1e-6, args.form), 2)}
     rows, out = [], {}
     for name, (spec, G) in variants.items():
-        plan = PrepPlan(q, k, v, True, qk_int8=True, prologue=spec, **({"pro_groups": G} if spec else {}))
+        plan = PrepPlan(q, k, v, True, qk_int8=True, prologue=spec, pro_groups=G)
         bufs = plan.buffers(q.device)
         kw = {}
         if spec is not None:
             w = (torch.rand((G, D), device="cuda", generator=g) + 0.5).bfloat16()
             kw = {"pro": (w, w.clone(), cos, sin, S // 9 if G == 2 else 0)}
-        stats = _events(lambda: plan.launch_stats(q, k, v, bufs, **kw))
-        quant = _events(lambda: plan.launch_quant(q, k, v, bufs, **kw))
-        both = _events(lambda: plan.launch(q, k, v, bufs, **kw))
+        stats, quant, both = (time_cuda(fn, iters=20)["ms"] for fn in (
+            lambda: plan.launch_stats(q, k, v, bufs, **kw), lambda: plan.launch_quant(q, k, v, bufs, **kw),
+            lambda: plan.launch(q, k, v, bufs, **kw)))
         out[name] = {"stats_ms": stats, "quant_ms": quant, "prep_ms": both}
         rows.append([name, fmt(stats), fmt(quant), fmt(both)])
     path = write_json({"environment": environment(), "shape": [B, H, S, D], "form": args.form, "variants": out},

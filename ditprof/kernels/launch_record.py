@@ -101,10 +101,8 @@ class Fp8Launch:
         # the descales over each item's own keys
         # prologue (kernels.prologue.PrologueSpec): q and k are raw projections, the processor's norm and RoPE run
         # in the prep's loads (the launch choice keeps Q in the prep for it)
-        self.prologue = prologue
         self.plan = PrepPlan(q, k, v, options.smooth_k, key_lens=self.spec.key_lens, qk_int8=self.spec.qk_int8,
-                             skip_q=self.q_rot, config=options.prep,
-                             **({} if prologue is None else {"prologue": prologue, "pro_groups": pro_groups}))
+                             skip_q=self.q_rot, config=options.prep, prologue=prologue, pro_groups=pro_groups)
         self.sq_pad, self.sk_pad = self.plan.Sq_pad, self.plan.Sk_pad
         self.merge = None
         with torch.cuda.device(self.device):
@@ -215,8 +213,7 @@ class Fp8Launch:
         join cost no host time in a replay) or the problem is too large to reuse a workspace (milliseconds of GPU
         work against a little host time for the fork and join)."""
         branch = branch_stream(self.device) if self.branch and (captured or not self.reuse) else None
-        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch,
-                         **({} if self.prologue is None else {"pro": pro}))
+        self.plan.launch(q, k, v, ws, stream, key_lens=key_lens, branch=branch, pro=pro)
         self._launch_kernel(ws, q, out, lse, key_lens, scale, stream)
 
     def _launch_kernel(self, ws: dict, q, out, lse, key_lens, softmax_scale: float, stream: int) -> None:

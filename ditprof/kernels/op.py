@@ -119,38 +119,26 @@ _LIB.define('fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor? wq, Te
 
 
 def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue):
-    from ditprof.kernels.prologue import check_prologue_inputs, spec_from_key
+    from ditprof.kernels.prologue import check_prologue_call, spec_from_key
 
     spec = spec_from_key(prologue)
     if q.device.type == "cuda" or q.device.type == "meta":  # the kernel's head dims; the emulation takes any 2^n
         check(q, k, v, None)
     else:
         check_qkv(q, k, v, who="fp8 attention (fused prologue)", same_dtype=True, pow2_head_dim=True)
-    if q.shape[1] != k.shape[1]:
-        raise DitprofError(f"the fused prologue is for self-attention (one RoPE table): q has {q.shape[1]} rows, "
-                           f"k {k.shape[1]}")
-    check_prologue_inputs(spec, q, wq, cos, sin, text_rows, who="q")
-    check_prologue_inputs(spec, k, wk, cos, sin, text_rows, who="k")
+    check_prologue_call(spec, q, k, wq, wk, cos, sin, text_rows)
     return spec
-
-
-def _aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
-    # the prep reads the prologue's tensors contiguous and 16-byte aligned (its kernels are specialised on it); a
-    # model's own tensors already are, so this is no copy and their addresses stay the launch graphs' keys
-    if t is None:
-        return None
-    t = t.to(dtype).contiguous() if dtype is not None else t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def fp8_attention_prologue_cuda_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
                                      options: str = "") -> torch.Tensor:
     """o (B, S, H, D): the prologue in the prep, then our kernel (``launch_record.fp8_call``)."""
     from ditprof.kernels.launch_record import fp8_call
+    from ditprof.kernels.prologue import prologue_tensors
 
     spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
-    pro = (_aligned(wq), _aligned(wk), _aligned(cos, torch.float32), _aligned(sin, torch.float32), int(text_rows))
-    return fp8_call(q, k, v, scale, options=options_for(options), prologue=spec, pro=pro)
+    return fp8_call(q, k, v, scale, options=options_for(options), prologue=spec,
+                    pro=prologue_tensors(wq, wk, cos, sin, text_rows))
 
 
 def fp8_attention_prologue_cpu_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,

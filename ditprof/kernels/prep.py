@@ -63,7 +63,7 @@ from ditprof.kernels.checks import check_qkv
 from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.key_order import key_order_for_positions
 from ditprof.kernels.prep_layout import padded_lengths
-from ditprof.kernels.prologue import PrologueSpec, check_prologue_inputs, prologue_torch
+from ditprof.kernels.prologue import PrologueSpec, check_prologue_call, prologue_tensors, prologue_torch
 from ditprof.kernels.rotation import rotation_pm1
 
 FP8_MAX = 448.0
@@ -229,14 +229,9 @@ def fp8_prepare(
     ok, why = triton_available(qs.device)
     if not ok:
         raise DitprofError(f"fp8_prepare(backend='triton'): {why}")
-    q8, k8, v8t, scales, k_mean, q_scales = _triton_module().prepare_triton(
-        qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, qk_int8=qk_int8, config=config)
-    pending = None
-    if check_finite == "defer" and scales.is_cuda:
-        pending = _start_finite_check(scales)
-    elif check_finite:
-        _raise_if_nonfinite(scales)
-    return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, q_scales=q_scales, _pending=pending)
+    res = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, key_lens=key_lens, qk_int8=qk_int8,
+                                          config=config)
+    return _prepared(res, qs, ks, check_finite)
 
 
 def fp8_prepare_prologue(
@@ -268,13 +263,7 @@ def fp8_prepare_prologue(
     if not isinstance(spec, PrologueSpec):
         raise DitprofError(f"spec must be a PrologueSpec, got {type(spec).__name__}")
     qs, ks, vs = _check_inputs(q, k, v, "BSHD")
-    if qs.shape[1] != ks.shape[1]:
-        raise DitprofError(f"the fused prologue needs q and k of one sequence length, got {qs.shape[1]} and "
-                           f"{ks.shape[1]}")
-    check_prologue_inputs(spec, qs, wq, cos, sin, text_rows, "q")
-    check_prologue_inputs(spec, ks, wk, cos, sin, text_rows, "k")
-    if spec.norm is not None and wq.shape[0] != wk.shape[0]:
-        raise DitprofError(f"prologue wq and wk must have the same rows (G), got {wq.shape[0]} and {wk.shape[0]}")
+    check_prologue_call(spec, qs, ks, wq, wk, cos, sin, text_rows)
     if backend == "auto":
         backend = "triton" if triton_available(qs.device)[0] else "torch"
     if backend == "torch":
@@ -285,23 +274,21 @@ def fp8_prepare_prologue(
     if not ok:
         raise DitprofError(f"fp8_prepare_prologue(backend='triton'): {why}")
     bufs = _check_out(out, qs, ks, True) if out is not None else None
-    pro = (*(_aligned(w) for w in (wq, wk)), *(_aligned(t, torch.float32) for t in (cos, sin)), int(text_rows))
-    q8, k8, v8t, scales, k_mean, q_scales = _triton_module().prepare_triton(
-        qs, ks, vs, smooth_k, out=bufs, qk_int8=True, config=config, prologue=spec, pro=pro)
+    res = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, qk_int8=True, config=config,
+                                          prologue=spec, pro=prologue_tensors(wq, wk, cos, sin, text_rows))
+    return _prepared(res, qs, ks, check_finite)
+
+
+def _prepared(res: tuple, qs: torch.Tensor, ks: torch.Tensor, check_finite) -> Fp8Prepared:
+    """The Triton prep's outputs (q8, k8, v8t, scales, k_mean, q_scales) as an ``Fp8Prepared``, with the finiteness
+    check of ``check_finite`` (True: now; "defer": started, read later; False: none)."""
+    q8, k8, v8t, scales, k_mean, q_scales = res
     pending = None
     if check_finite == "defer" and scales.is_cuda:
         pending = _start_finite_check(scales)
     elif check_finite:
         _raise_if_nonfinite(scales)
     return Fp8Prepared(q8, k8, v8t, scales, qs.shape[1], ks.shape[1], k_mean, q_scales=q_scales, _pending=pending)
-
-
-def _aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
-    # a prologue tensor as the Triton plan takes it: contiguous, 16-byte aligned (and in ``dtype`` when given)
-    if t is None:
-        return None
-    t = t.contiguous() if dtype is None else t.to(dtype).contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _check_out(out, qs, ks, qk_int8: bool = False):

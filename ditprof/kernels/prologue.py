@@ -18,6 +18,7 @@ values are as accurate or more, and equal to the unfused ones to a few rounding 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -56,11 +57,13 @@ class PrologueSpec:
         return self.rope_dim or head_dim
 
 
+@functools.lru_cache(maxsize=64)  # per call on the op's path: a spec's key is made once
 def spec_key(spec: PrologueSpec) -> str:
     """``spec`` as the custom op's string argument (a constant of a compiled graph): "norm,eps,rope,rope_dim"."""
     return f"{spec.norm or ''},{spec.eps!r},{spec.rope or ''},{spec.rope_dim}"
 
 
+@functools.lru_cache(maxsize=64)
 def spec_from_key(key: str) -> PrologueSpec:
     """The ``PrologueSpec`` of ``spec_key``'s string; a one-line error for anything else."""
     parts = key.split(",")
@@ -95,6 +98,34 @@ def check_prologue_inputs(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch
                 raise DitprofError(f"prologue {name} must be ({S}, {R}), got {None if t is None else tuple(t.shape)}")
 
 
+def check_prologue_call(spec: PrologueSpec, q: torch.Tensor, k: torch.Tensor, wq: Optional[torch.Tensor],
+                        wk: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
+                        text_rows: int) -> None:
+    """One-line DitprofErrors for a fused-prologue call: q and k (B, S, H, D) of one sequence length (one RoPE
+    table), each fitting ``spec`` with its weights, and wq / wk with the same rows."""
+    if q.dim() == 4 and k.dim() == 4 and q.shape[1] != k.shape[1]:
+        raise DitprofError(f"the fused prologue needs q and k of one sequence length (one RoPE table), got "
+                           f"{q.shape[1]} and {k.shape[1]}")
+    check_prologue_inputs(spec, q, wq, cos, sin, text_rows, who="q")
+    check_prologue_inputs(spec, k, wk, cos, sin, text_rows, who="k")
+    if spec.norm is not None and wq.shape[0] != wk.shape[0]:
+        raise DitprofError(f"prologue wq and wk must have the same rows (G), got {wq.shape[0]} and {wk.shape[0]}")
+
+
+def aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
+    """A prologue tensor as the Triton prep takes it: contiguous, 16-byte aligned, in ``dtype`` when given. A
+    model's own tensors already are, so this copies nothing and their addresses stay the launch graphs' keys."""
+    if t is None:
+        return None
+    t = t.contiguous() if dtype is None else t.to(dtype).contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def prologue_tensors(wq, wk, cos, sin, text_rows: int) -> tuple:
+    """(wq, wk, cos, sin, text_rows) as the prep's plan takes them (``aligned``; the table in float32)."""
+    return aligned(wq), aligned(wk), aligned(cos, torch.float32), aligned(sin, torch.float32), int(text_rows)
+
+
 def _rotate(n: torch.Tensor, form: str) -> torch.Tensor:
     if form == "half":
         n1, n2 = n.chunk(2, dim=-1)
@@ -127,5 +158,5 @@ def prologue_torch(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor
     return n.to(x.dtype)
 
 
-__all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "check_prologue_inputs", "prologue_torch", "spec_from_key",
-           "spec_key"]
+__all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "aligned", "check_prologue_call", "check_prologue_inputs",
+           "prologue_tensors", "prologue_torch", "spec_from_key", "spec_key"]

@@ -491,6 +491,15 @@ class PrologueWeights:
         return cat([w for w, _ in qs]), cat([w for w, _ in ks]), qs[-1][1]
 
 
+class PrologueProcessor:
+    """Base of a family's fused-prologue processor: ``attend`` (harness.swaps.prologue) takes the raw projections;
+    ``weights`` makes the norm weights once per attention module."""
+
+    def __init__(self, attend: Callable):
+        self.attend = attend
+        self.weights = PrologueWeights()
+
+
 def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:
     """Seeded normal tensor drawn on CPU (so values match across devices), then moved (meta: shapes only)."""
     if torch.device(device).type == "meta":

@@ -15,19 +15,18 @@ from diffusers.models.transformers.transformer_flux import (
 
 from ditprof.errors import DitprofError
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueWeights, SeqSplit, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueProcessor, SeqSplit, randn
 
 
-class FusedPrologueProcessor:
+class FusedPrologueProcessor(PrologueProcessor):
     """``FluxAttnProcessor`` with its norms (norm_q/norm_k, and norm_added_q/norm_added_k of the text stream: two
     weights, the text rows first) and its RoPE (interleaved pairs, over the joint [text, image] rows) handed to
     ``attend`` with the raw projections (the fused prologue). ``projections``: the model module's
     ``_get_qkv_projections`` (FLUX.2's double blocks share this processor's shape with their own)."""
 
     def __init__(self, attend, projections=_get_qkv_projections):
-        self.attend = attend
+        super().__init__(attend)
         self.projections = projections
-        self.weights = PrologueWeights()
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):

@@ -23,17 +23,13 @@ from diffusers.models.transformers.transformer_flux2 import (
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, PrologueWeights, randn
+from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueProcessor, SeqSplit, randn
 from .flux import FusedPrologueProcessor
 
 
-class FusedParallelPrologueProcessor:
+class FusedParallelPrologueProcessor(PrologueProcessor):
     """``Flux2ParallelSelfAttnProcessor`` (single blocks: one projection makes QKV and the MLP input) with its
     norms and RoPE (interleaved pairs) handed to ``attend``; q, k, v stay views of the fused projection."""
-
-    def __init__(self, attend):
-        self.attend = attend
-        self.weights = PrologueWeights()
 
     def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
         if attention_mask is not None:

@@ -27,7 +27,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 
 from ditprof.errors import DitprofError
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, PrologueWeights, randn
+from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueProcessor, SeqSplit, randn
 
 # The pipeline's geometry constants (its ModularPipeline properties with no VAE loaded).
 VAE_SPATIAL = 16  # MiniMaxH3ModularPipeline.vae_spatial_compression_ratio
@@ -117,13 +117,9 @@ def rows_layout(rows: int, text: int, audio_channels: int = 2, aspect: float = 1
     return best[1]
 
 
-class FusedPrologueProcessor:
+class FusedPrologueProcessor(PrologueProcessor):
     """``MiniMaxH3AttnProcessor`` with its norm_q/norm_k (RMSNorm per head) and its RoPE ("half" form, over the
     table's leading channels) handed to ``attend`` with the raw projections (the fused prologue)."""
-
-    def __init__(self, attend):
-        self.attend = attend
-        self.weights = PrologueWeights()
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
         if attention_mask is not None:
