@@ -96,6 +96,17 @@ def test_numerics_only_attention_and_linears_get_a_rate_but_no_share():
     assert row[-1] == "n/a (numerics only)"
 
 
+def test_a_rate_above_the_measured_rate_says_so():
+    """The measured rate is the plan's probe, not a ceiling: a share above it is marked, a datasheet share is not."""
+    sec = _section({"attention": 4.0, "gemm": 6.0}, qk_format="e4m3")
+    for device, marked in ((None, True), ("NVIDIA H100 80GB HBM3", False)):
+        got = limits.run_limits(sec, PLAN, device, "bfloat16")
+        got["gemm"] = {**got["gemm"], "share_of_peak": 4.25}
+        row = next(r for r in summary.limit_rows({"baseline": {**sec, "limits": got}, "swapped": None})
+                   if r[1].startswith("gemm"))
+        assert row[-1] == "425.0%" + (" (above the measured rate)" if marked else "")
+
+
 # ----------------------------------------------------------------------------------------- bytes from a trace
 
 def _op(name, ts, dur, dims, types, strides=None, tid=1):
