@@ -57,13 +57,12 @@ class PrologueSpec:
         return self.rope_dim or head_dim
 
 
-@functools.lru_cache(maxsize=64)  # per call on the op's path: a spec's key is made once
 def spec_key(spec: PrologueSpec) -> str:
     """``spec`` as the custom op's string argument (a constant of a compiled graph): "norm,eps,rope,rope_dim"."""
     return f"{spec.norm or ''},{spec.eps!r},{spec.rope or ''},{spec.rope_dim}"
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)  # the op parses its argument on every call; not traced by dynamo (spec_key is)
 def spec_from_key(key: str) -> PrologueSpec:
     """The ``PrologueSpec`` of ``spec_key``'s string; a one-line error for anything else."""
     parts = key.split(",")
