@@ -41,6 +41,10 @@ class PrepConfig:
     stats_v_mult: int = 2
     stats_v_first: bool = False
     stats_rot_tail: bool = True
+    # with the fused prologue (its fp32 rows and RoPE tables take registers): the INT8 quantize's rows per tl.dot
+    # and the stats pass's rotated K tile rows, in place of qk_block / stats_rot_rows
+    prologue_qk_block: int = 32
+    prologue_stats_rot_rows: int = 16
 
 
 @dataclass(frozen=True)

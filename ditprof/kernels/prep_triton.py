@@ -94,6 +94,9 @@ default; benchmarks/prep_check.py and the INT8 sweep time alternatives):
   way, so they stay bit for bit.
 - ``stats_v_mult`` (INT8 Q/K): V amax programs of this many K chunks each (fewer, longer V programs beside the
   rotating K programs, which are the launch's latency); ``stats_v_first`` puts them at the front of the grid.
+- ``prologue_qk_block``, ``prologue_stats_rot_rows``: ``qk_block`` and ``stats_rot_rows`` of a plan with the fused
+  prologue (``build_config``): its fp32 rows, partners and RoPE tables live beside the tiles, and at 64 / 32 rows
+  the kernels ran out of registers (spills).
 - ``stats_rot_tail``: the stats pass's rotating K loop folds the chunk's whole tiles without per-element row masks
   and masks only a ragged last tile (fewer instructions per tile, same bits; the same split in the K quantize loop
   measured slower).
@@ -106,6 +109,7 @@ on the GPU the hardware ``cvt.rn.satfinite.e4m3x2.f32`` does it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -311,40 +315,59 @@ def _prologue_weight(w_ptr, c, rows, text_rows, D: tl.constexpr, G2: tl.constexp
 
 
 @triton.jit
+def _rotate_half_partner(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, D: tl.constexpr, NORM: tl.constexpr,
+                         R: tl.constexpr, G2: tl.constexpr):
+    # the "half" form's partner of every channel d < R, normed like n: d < R/2 takes d + R/2, d in [R/2, R) takes
+    # d - R/2. R/2 need not divide D (96 of 128), so the partner is two loads of the same rows shifted by +-R/2
+    # (each a contiguous run: vector loads, cache hits), not a gather at computed channels.
+    lo = d < R // 2
+    row_off = rows.to(tl.int64)[:, None] * s_s
+    x_hi = tl.load(base + row_off + (d + R // 2)[None, :] * s_d, mask=ok & lo[None, :], other=0.0)
+    x_lo = tl.load(base + row_off + (d - R // 2)[None, :] * s_d, mask=ok & (~lo & (d < R))[None, :], other=0.0)
+    np_ = tl.where(lo[None, :], x_hi, x_lo).to(tl.float32)
+    if NORM:
+        p = tl.where(lo, d + R // 2, tl.where(d < R, d - R // 2, d))
+        np_ = np_ * rs * _prologue_weight(w_ptr, p, rows, text_rows, D, G2)
+    return tl.where(lo[None, :], -np_, np_)
+
+
+@triton.jit
+def _rotate_interleaved(n, ROWS: tl.constexpr, D: tl.constexpr):
+    # the "interleaved" form's rotate(n) in registers: channel 2i takes -n[2i + 1], 2i + 1 takes n[2i] (a pair
+    # sits in one thread's registers, so the swap moves no data between threads)
+    even, odd = tl.split(tl.reshape(n, [ROWS, D // 2, 2]))
+    return tl.reshape(tl.join(-odd, even), [ROWS, D])
+
+
+@triton.jit
 def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
                    D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr, G2: tl.constexpr,
                    INTERP: tl.constexpr):
     # the fused prologue (kernels/prologue.py, ``prologue_torch``) on rows [first, first + ROWS) of one (b, h), x
     # as ``_load_rows`` gave it (zeros from ``end`` on), d the channels (int64): per row in fp32,
     # n = x * 1/sqrt(mean(x^2) + eps) * w, then on channels < R  n * cos + rotate(n) * sin, one rounding to x's
-    # dtype. rotate(n)'s channel d is -+n[p(d)]: the partner tile is a second load of the same rows at the permuted
-    # channels (cache hits), normed with the same per-row factor. Rows >= end stay exact zeros. INTERP: the
-    # interpreter (triton 3.9) truncates fp32 -> bf16, so there the bits are rounded to nearest even first.
+    # dtype. rotate(n): in registers for "interleaved" (``_rotate_interleaved``), from two shifted loads of the
+    # same rows for "half" (``_rotate_half_partner``); either way normed with the same per-row factor, the same
+    # arithmetic. Rows >= end stay exact zeros. INTERP: the interpreter (triton 3.9) truncates fp32 -> bf16, so
+    # there the bits are rounded to nearest even first.
     rows = first + tl.arange(0, ROWS)
     ok = (rows < end)[:, None]
     n = x.to(tl.float32)
-    if ROPE != 0:
-        if ROPE == 1:  # "half": d < R/2 pairs with d + R/2 (sign -), d in [R/2, R) with d - R/2
-            neg = d < R // 2
-            p = tl.where(neg, d + R // 2, tl.where(d < R, d - R // 2, d))
-        else:  # "interleaved": 2i pairs with 2i + 1 (sign -), 2i + 1 with 2i
-            neg = d % 2 == 0
-            p = tl.where(d < R, d ^ 1, d)
-        xp = tl.load(base + rows.to(tl.int64)[:, None] * s_s + p[None, :] * s_d, mask=ok & (d < R)[None, :],
-                     other=0.0)
-        np_ = xp.to(tl.float32)
+    rs = tl.full([ROWS, 1], 1.0, tl.float32)
     if NORM:
         ms = tl.sum(n * n, axis=1) * (1.0 / D)  # 1 / D: a power of two
         rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
         n = n * rs * _prologue_weight(w_ptr, d, rows, text_rows, D, G2)
-        if ROPE != 0:
-            np_ = np_ * rs * _prologue_weight(w_ptr, p, rows, text_rows, D, G2)
     if ROPE != 0:
+        if ROPE == 1:
+            rot = _rotate_half_partner(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, D, NORM, R, G2)
+        else:
+            rot = _rotate_interleaved(n, ROWS, D)
         cs = rows.to(tl.int64)[:, None] * R + d[None, :]
         m = ok & (d < R)[None, :]
         c = tl.load(cos_ptr + cs, mask=m, other=0.0)
         sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
-        r = n * c + tl.where(neg[None, :], -np_, np_) * sn
+        r = n * c + rot * sn
         if R < D:
             r = tl.where((d < R)[None, :], r, n)
         n = r
@@ -788,6 +811,15 @@ def check_config(config: PrepConfig) -> None:
         raise ValueError(f"stats_v_mult must be >= 1, got {config.stats_v_mult}")
 
 
+def build_config(config: PrepConfig, prologue: "PrologueSpec | None") -> PrepConfig:
+    """The launch configuration the kernels are built with: ``config``, with a fused prologue its
+    ``prologue_qk_block`` / ``prologue_stats_rot_rows`` as ``qk_block`` / ``stats_rot_rows``."""
+    if prologue is None:
+        return config
+    return dataclasses.replace(config, qk_block=config.prologue_qk_block,
+                               stats_rot_rows=config.prologue_stats_rot_rows)
+
+
 def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device, config: PrepConfig = PrepConfig()) -> int:
     """Rows per stats program: ``config.stats_chunk``, or in INT8 Q/K mode on a GPU the largest of it, /2, ... (at
     least 128) that gives the K and V stats grid ``config.stats_programs_per_sm`` programs per SM."""
@@ -906,6 +938,7 @@ class PrepPlan:
         # weights (1, or 2 for a joint sequence's text / rest weights), fixed per plan like every constexpr
         check_config(config)
         check_prologue_plan(prologue, pro_groups, q, k, qk_int8, skip_q)
+        config = build_config(config, prologue)
         self.prologue = prologue
         self.pro_groups = int(pro_groups)
         self.config = config
@@ -1153,6 +1186,7 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
     from triton.compiler import ASTSource
 
     check_config(config)
+    config = build_config(config, prologue)
     target = GPUTarget("cuda", arch, 32)
     elem = {"bf16": "*bf16", "fp16": "*fp16"}[dtype]
     div16 = {"sqb", "sqs", "sqh", "skb", "sks", "skh", "svb", "svs", "svh", "Sq_pad", "Sk_pad"}
