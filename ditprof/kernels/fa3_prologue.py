@@ -273,9 +273,6 @@ def fa3_prologue_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     check_config(config)
     qs, ks, vs = check_qkv(q, k, v, who="fa3_prologue_inputs", pow2_head_dim=True)
     check_prologue_call(spec, qs, ks, wq, wk, cos, sin, text_rows)
-    if qs.device.type != "cuda" and not INTERPRET:
-        raise DitprofError(f"fa3_prologue_inputs needs CUDA tensors (got {qs.device}); set TRITON_INTERPRET=1 to "
-                           f"interpret on CPU")
     wq, wk, cos, sin, text_rows = prologue_tensors(wq, wk, cos, sin, text_rows)
     if spec.norm is None:
         wq = wk = None
@@ -283,12 +280,14 @@ def fa3_prologue_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
         cos = sin = None
     pro = (wq, wk, cos, sin, text_rows)
     B, S, H, D = qs.shape
-    if out is None:
-        f8 = torch.float8_e4m3fn
-        out = tuple(torch.empty((B, S, H, D), dtype=f8, device=qs.device) for _ in range(3)) + \
-            (torch.empty((3, B, H), dtype=torch.float32, device=qs.device),)
-    else:
+    if out is not None:
         out = _check_out(out, (B, S, H, D), qs.device)
+    if qs.device.type != "cuda" and not INTERPRET:
+        raise DitprofError(f"fa3_prologue_inputs needs CUDA tensors (got {qs.device}); set TRITON_INTERPRET=1 to "
+                           f"interpret on CPU")
+    if out is None:
+        out = tuple(torch.empty((B, S, H, D), dtype=torch.float8_e4m3fn, device=qs.device) for _ in range(3)) + \
+            (torch.empty((3, B, H), dtype=torch.float32, device=qs.device),)
     plan = _plan_for(qs, ks, vs, spec, pro, config)
     if qs.device.type == "cuda":
         with torch.cuda.device(qs.device):
@@ -299,4 +298,46 @@ def fa3_prologue_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     return out[0], out[1], out[2], desc[0], desc[1], desc[2]
 
 
-__all__ = ["Fa3ProloguePlan", "check_config", "fa3_prologue_inputs", "stats_chunk_for", "tile_rows"]
+def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128, spec: PrologueSpec = PrologueSpec(),
+                    groups: int = 1, config: Fa3PrologueConfig = Fa3PrologueConfig()) -> dict:
+    """Compile both kernels for ``sm_<arch>`` without a GPU (triton.compile + the wheel's ptxas) with a real
+    launch's specialisations (16-divisible pointers and b/s/h strides, unit feature stride), for tests and inspection
+    (spills, vector loads, the e4m3 cvt). Returns {"stats": CompiledKernel, "quant": CompiledKernel}."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    check_config(config)
+    elem = {"bf16": "*bf16", "fp16": "*fp16"}[dtype]
+    types = {"q_ptr": elem, "k_ptr": elem, "v_ptr": elem, "wq_ptr": elem, "wk_ptr": elem, "cos_ptr": "*fp32",
+             "sin_ptr": "*fp32", "part_ptr": "*i32", "desc_ptr": "*fp32", "q8_ptr": "*fp8e4nv", "k8_ptr": "*fp8e4nv",
+             "v8_ptr": "*fp8e4nv", "eps": "fp32"}
+    div16 = {p + a for p in ("sq", "sk", "sv") for a in "bsh"}
+    D = head_dim
+    pro = prologue_constants(spec, D, groups)
+    del pro["eps"]  # a runtime fp32 argument, as in the plan's launches
+    common = dict(H=8, D=D, ROWS=tile_rows(D), INTERP=False, **pro)
+    consts = {"stats": dict(common, CHUNK=config.stats_chunk, R=PrepConfig().stats_r,
+                            W=config.warps * stats_rows_per_warp(D)),
+              "quant": dict(common, NCP=32, QUANT_ROWS=config.quant_rows)}
+    for name, t in (("wq_ptr", spec.norm), ("wk_ptr", spec.norm), ("cos_ptr", spec.rope), ("sin_ptr", spec.rope)):
+        if t is None:
+            for c in consts.values():
+                c[name] = None
+    out = {}
+    for name, fn in (("stats", _stats_kernel), ("quant", _quant_kernel)):
+        sig, constexprs, attrs = {}, dict(consts[name]), {}
+        for i, arg in enumerate(fn.arg_names):
+            if arg in constexprs or arg in ("sqd", "skd", "svd"):
+                sig[arg] = "constexpr"
+                constexprs.setdefault(arg, 1)
+                continue
+            sig[arg] = types.get(arg, "i32")
+            if arg.endswith("_ptr") or arg in div16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+        out[name] = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                   options={"num_warps": config.warps, "enable_fp_fusion": True})
+    return out
+
+
+__all__ = ["Fa3ProloguePlan", "check_config", "compile_offline", "fa3_prologue_inputs", "stats_chunk_for", "tile_rows"]
