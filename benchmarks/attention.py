@@ -54,7 +54,8 @@ ROPE_FORMS = {"flux": "interleaved", "ltx": "interleaved", "cogvideox": "half", 
 ALL_ENTRIES = [
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "fa3-bf16", "fa3-fp8", "fa3-fp8+quant", "sage",
     "cudnn-fp8", "sdpa-cudnn+norm-rope", "fa3-fp8+norm-rope+quant",
-    "prep-torch", "prep-triton", "prep-triton-int8", "fa3-prologue-prep", "fa3-fp8+prologue", "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
+    "prep-torch", "prep-triton", "prep-triton-int8", "fa3-prologue-prep", "fa3-fp8+prologue",
+    "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
     "fp8+norm-rope", "fp8+prologue",
 ]
 

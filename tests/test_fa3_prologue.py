@@ -127,6 +127,7 @@ def test_bad_inputs_are_one_line_errors():
         ((q, k, v, spec), dict(good, out=out[:3]), "out must be"),
         ((q, k, v, spec), dict(good, out=(*out[:3], out[3][:2])), "out descales"),
         ((q, k, v, spec), dict(good, out=(out[0].view(torch.uint8), *out[1:])), "out q8"),
+        ((q, k, v, spec), dict(good, out=(*out[:3], torch.empty(3 * 2 + 1)[1:].view(3, 1, 2))), "aligned"),
     ]
     for args, kw, word in cases:
         with pytest.raises(DitprofError, match=word) as err:

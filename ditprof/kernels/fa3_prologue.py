@@ -253,10 +253,12 @@ def _check_out(out, shape, device) -> tuple:
     want = ((B, S, H, D), torch.float8_e4m3fn), ((B, S, H, D), torch.float8_e4m3fn), \
         ((B, S, H, D), torch.float8_e4m3fn), ((3, B, H), torch.float32)
     for name, t, (shp, dt) in zip(("q8", "k8", "v8", "descales"), out, want):
+        # 16-byte aligned: the cached launches are compiled for the aligned buffers they allocate themselves
         if not (isinstance(t, torch.Tensor) and tuple(t.shape) == shp and t.dtype == dt and t.is_contiguous()
-                and t.device == device):
+                and t.device == device and t.data_ptr() % 16 == 0):
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise DitprofError(f"out {name} must be a contiguous {dt} {shp} tensor on {device}, got {got}")
+            raise DitprofError(f"out {name} must be a contiguous, 16-byte aligned {dt} {shp} tensor on {device}, "
+                               f"got {got}")
     return tuple(out)
 
 
