@@ -20,7 +20,10 @@ same with that quantization (torch ops, ``quantize_per_head``) inside the timed 
 The attention's prologue (issue: quantize Q/K where they are made): the ``+norm-rope`` entries start from the raw
 projections and run the processor's per-head RMSNorm and RoPE as the model does (torch ops, diffusers' RoPE
 functions) before the attention -- what a block spends today; ``fp8+prologue`` runs them inside our FP8 prep
-(``kernels.op.fp8_attention_prologue``). The RoPE form follows the shape's family (``ROPE_FORMS``).
+(``kernels.op.fp8_attention_prologue``). The fair pair of issue 43: ``fa3-fp8+prologue`` is FA3 FP8 fed by the same
+fused prologue (``kernels.fa3_prologue.fa3_prologue_inputs``: norm + RoPE + per-(batch, head) e4m3 quantization,
+two Triton launches, timed with the kernel), ``fa3-prologue-prep`` that prep alone (so the table shows prep vs
+kernel). The RoPE form follows the shape's family (``ROPE_FORMS``).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ ROPE_FORMS = {"flux": "interleaved", "ltx": "interleaved", "cogvideox": "half", 
 ALL_ENTRIES = [
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "fa3-bf16", "fa3-fp8", "fa3-fp8+quant", "sage",
     "cudnn-fp8", "sdpa-cudnn+norm-rope", "fa3-fp8+norm-rope+quant",
-    "prep-torch", "prep-triton", "prep-triton-int8", "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
+    "prep-torch", "prep-triton", "prep-triton-int8", "fa3-prologue-prep", "fa3-fp8+prologue",
+    "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
     "fp8+norm-rope", "fp8+prologue",
 ]
 
@@ -106,6 +110,34 @@ def make_prologue_entries(q, k, v, scale, form):
 
         return fp8_attention(qq, kk, vv, layout="BSHD", scale=scale)
 
+    def fa3_fused(prep_only):
+        def make():
+            try:
+                from ditprof.kernels.fa3_prologue import fa3_prologue_inputs
+                from ditprof.kernels.prep import triton_available
+                from ditprof.kernels.prologue import PrologueSpec
+            except Exception as exc:
+                raise Skip(f"ditprof.kernels.fa3_prologue not importable ({type(exc).__name__}: {exc})")
+            ok, why = triton_available(q.device)
+            if not ok:
+                raise Skip(why)
+            flash_attn_func = None if prep_only else _fa3_func(q, "fp8")
+            spec = PrologueSpec("rms", 1e-6, form, D)
+
+            def prep():
+                return fa3_prologue_inputs(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin)
+
+            def fn():
+                q8, k8, v8, dq, dk, dv = prep()
+                return flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=dq, k_descale=dk,
+                                       v_descale=dv)
+
+            run = prep if prep_only else fn
+            run()  # compiles (cached afterwards)
+            return run
+
+        return make
+
     def fused():
         from ditprof.kernels.op import fp8_attention_prologue
         from ditprof.kernels.prologue import PrologueSpec
@@ -124,6 +156,12 @@ def make_prologue_entries(q, k, v, scale, form):
                                                                        f"quantization (torch ops) + FA3 FP8"),
         "fp8+norm-rope": (unfused(ours), "attention", f"norm + RoPE ({form}, torch ops) + ditprof fp8 (its prep "
                                                        f"included): the unfused block path"),
+        "fa3-prologue-prep": (fa3_fused(True), "prep", f"FA3 FP8's inputs from the raw projections: norm + RoPE "
+                                                        f"({form}) + per-head e4m3 quantization fused (Triton, "
+                                                        f"2 launches), prep only"),
+        "fa3-fp8+prologue": (fa3_fused(False), "attention", f"FA3 FP8 fed by the fused prologue: norm + RoPE "
+                                                             f"({form}) + per-head e4m3 quantization (Triton) + "
+                                                             f"FA3 FP8, both timed"),
         "fp8+prologue": (fused, "attention", f"ditprof fp8 from the raw projections: norm + RoPE ({form}) fused "
                                              f"into its prep"),
     }

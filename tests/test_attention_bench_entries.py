@@ -209,3 +209,67 @@ def test_fa3_bf16_skips_fp16_when_the_wheel_has_no_fp16(bench, monkeypatch):
     entries = bench.make_entries(q, k, v, 0.25)
     with pytest.raises(bench.Skip, match="FP16"):
         entries["fa3-bf16"][0]()
+
+
+# ------------------------------------------------------------------------------------------ FA3 fed by our prologue
+
+FA3_PROLOGUE_ENTRIES = ("fa3-prologue-prep", "fa3-fp8+prologue")
+
+
+def test_fa3_prologue_entries_beside_ours_in_the_prologue_group(bench):
+    names = bench.ALL_ENTRIES
+    q = k = v = torch.randn((1, 8, 2, 16)).to(torch.bfloat16)
+    group = bench.make_prologue_entries(q, k, v, 0.25, "half")
+    for n in FA3_PROLOGUE_ENTRIES:
+        assert names.count(n) == 1 and n in group, n
+        assert names.index("prep-triton-int8") < names.index(n) < names.index("fp8"), names
+    assert group["fa3-prologue-prep"][1] == "prep" and group["fa3-fp8+prologue"][1] == "attention"
+    assert "(half)" in group["fa3-fp8+prologue"][2]
+
+
+def test_fa3_prologue_entries_skip_without_triton_kernels(bench, monkeypatch):
+    """On CPU (no interpreter) both entries are a Skip with the reason, whether or not FA3 is there."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.cuda.is_available():
+        pytest.skip("the Triton kernels can run here")
+    q = k = v = torch.randn((1, 8, 2, 16)).to(torch.bfloat16)
+    for fa3 in (False, True):
+        if fa3:
+            _fake_fa3(monkeypatch, [])
+        else:
+            monkeypatch.setitem(sys.modules, "fa3_fwd_interface", None)
+        group = bench.make_prologue_entries(q, k, v, 0.25, "interleaved")
+        for n in FA3_PROLOGUE_ENTRIES:
+            with pytest.raises(bench.Skip, match="CUDA tensors|triton unavailable"):
+                group[n][0]()
+
+
+def test_triton_interpreter_fa3_prologue_entries():
+    """Runs the inner test below in a subprocess with TRITON_INTERPRET=1 (set before triton is imported)."""
+    from triton_interpreter import run_under_interpreter
+
+    run_under_interpreter(__file__, "test_interpreter_fa3_prologue_entries_inner")
+
+
+@pytest.mark.skipif(os.environ.get("DITPROF_PREP_INTERP_INNER") != "1", reason="run by the interpreter test")
+@pytest.mark.parametrize("form", ["half", "interleaved"])
+def test_interpreter_fa3_prologue_entries_inner(bench, monkeypatch, form):
+    """fa3-fp8+prologue passes FA3 what fa3_prologue_inputs makes of the raw projections (fresh each call: the prep
+    is timed), the entry's norm + RoPE applied (the codes differ from the raw q's); fa3-prologue-prep returns it."""
+    calls = []
+    _fake_fa3(monkeypatch, calls)
+    g, seed = _fresh_generator()
+    B, S, H, D = 1, 24, 2, 32
+    q, k, v = (torch.randn((B, S, H, D), generator=g).to(torch.bfloat16) for _ in range(3))
+    group = bench.make_prologue_entries(q, k, v, D**-0.5, form)
+    prep = group["fa3-prologue-prep"][0]()
+    got = prep()
+    fn = group["fa3-fp8+prologue"][0]()
+    fn()
+    assert len(calls) == 2 and calls[0]["q"] is not calls[1]["q"], f"seed {seed}"
+    c = calls[-1]
+    assert c["softmax_scale"] == D**-0.5 and c["causal"] is False
+    for i, (name, ds) in enumerate((("q", "q_descale"), ("k", "k_descale"), ("v", "v_descale"))):
+        assert torch.equal(c[name].view(torch.uint8), got[i].view(torch.uint8)), f"{name} seed {seed}"
+        assert torch.equal(c[ds], got[3 + i]) and c[ds].shape == (B, H), f"{name} seed {seed}"
+    assert not torch.equal(c["q"].view(torch.uint8), bench.quantize_per_head(q)[0].view(torch.uint8)), f"seed {seed}"
+    assert torch.equal(c["v"].view(torch.uint8), bench.quantize_per_head(v)[0].view(torch.uint8)), f"seed {seed}"

@@ -48,6 +48,19 @@ class PrepConfig:
 
 
 @dataclass(frozen=True)
+class Fa3PrologueConfig:
+    """Launch configuration of ``kernels.fa3_prologue`` (FA3 FP8's inputs made by the fused prologue):
+    ``stats_chunk`` rows per amax program (on a GPU halved, down to 128, while the amax grid has fewer than
+    ``stats_programs_per_sm`` programs per SM), ``quant_rows`` rows per quantize program (a multiple of 64),
+    ``warps`` per program of both launches."""
+
+    stats_chunk: int = 1024
+    stats_programs_per_sm: int = 4
+    quant_rows: int = 128
+    warps: int = 4
+
+
+@dataclass(frozen=True)
 class Fp8Options:
     """What a caller may choose about an FP8 attention call; the defaults are what ships."""
 
