@@ -31,7 +31,7 @@ from ditprof.kernels.fp8_config import Fp8Options, default_options
 from ditprof.kernels.kernel_args import launch_kernel
 from ditprof.kernels.launch_choice import LaunchChoice, arch_of, check_options, choose_launch, q_in_kernel_ok
 from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph, side_stream
-from ditprof.kernels.self_check import CHECKER, checked
+from ditprof.kernels import self_check as _self_check
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: small against their kernel time
 
@@ -339,7 +339,7 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prolo
                            f"LSE {return_lse})")
     verdict = None
     if choice.spec.kernel == "fp8-sm120" and options.self_check:  # before any capture of this record's launches
-        verdict = checked(choice.spec, q.device.index)
+        verdict = _self_check.checked(choice.spec, q.device.index)
         if verdict.spec is None:  # neither P V form passed: torch SDPA on this configuration
             from ditprof.kernels.sdpa_fallback import SdpaLaunch
 
@@ -376,7 +376,7 @@ def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
 def clear_cache() -> None:
     """Drop every launch record, compiled kernel and self-check verdict (tests that compile a forced schedule)."""
     clear_compiled()
-    CHECKER.clear()
+    _self_check.CHECKER.clear()
     _RECORDS.clear()
 
 
