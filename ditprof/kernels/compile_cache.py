@@ -29,6 +29,7 @@ class KernelSpec:
     qk_int8: bool = False  # Q and K int8 with per-row Q descales (kernels.qk_format "int8")
     streamk: bool = False  # fp8-sm90 on the stream-K grid (fp8_fwd_sm90_streamk: workspace + merge)
     q_rot: bool = False  # fp8-sm90 INT8 with Q rotated and quantized in the kernel (16-bit q, the rotation matrix)
+    pv_mma: str = "f32"  # fp8-sm120's P V mma: "f32" (QMMA.F32) or "block_scaled" (QMMA.SF, unit scales; sm_12x)
     # fp8-sm90's Sm90Config as picked for the call (launch_choice.choose_launch); None: config_for(arch, head_dim)
     config: Optional[Any] = None
 

@@ -61,6 +61,21 @@ class Fa3PrologueConfig:
 
 
 @dataclass(frozen=True)
+class SelfCheckConfig:
+    """fp8-sm120's first-use self-check (``kernels.self_check``): the fixed problem (fresh seeded Gaussian q, k, v
+    of (batch, seq, heads, head_dim) on the device) and the rel-RMS bound of the kernel's output against the
+    emulation's. The bound is the kernel-vs-emulation agreement the GPU tests require (tests/test_fp8_kernel_gpu.py,
+    tests/test_fp8_sm120_two_level_gpu.py: below 1 %); a flipped e4m3 rounding of a P element is the typical
+    difference, a wrong mma gives tens of percent."""
+
+    batch: int = 1
+    heads: int = 2
+    seq: int = 256
+    seed: int = 0
+    bound: float = 0.01
+
+
+@dataclass(frozen=True)
 class Fp8Options:
     """What a caller may choose about an FP8 attention call; the defaults are what ships."""
 
@@ -74,6 +89,9 @@ class Fp8Options:
     check: str = "defer"  # "defer": NaN/Inf checks read later without a sync; "sync": every call waits for its own
     prep: PrepConfig = field(default_factory=PrepConfig)
     smooth_k: bool = True  # subtract each (batch, head)'s K mean before quantizing (softmax-invariant)
+    # fp8-sm120's first call per configuration compares the kernel with its emulation on a small problem and
+    # falls back (pv_mma "f32", then SDPA) where they disagree (kernels.self_check)
+    self_check: bool = True
 
 
 _DEFAULTS: dict = {}  # (DITPROF_FP8_QK, DITPROF_FP8_CHECK) -> the one Fp8Options of those values

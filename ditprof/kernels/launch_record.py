@@ -18,6 +18,7 @@ with or without the LSE, on this one record.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -30,6 +31,7 @@ from ditprof.kernels.fp8_config import Fp8Options, default_options
 from ditprof.kernels.kernel_args import launch_kernel
 from ditprof.kernels.launch_choice import LaunchChoice, arch_of, check_options, choose_launch, q_in_kernel_ok
 from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph, side_stream
+from ditprof.kernels import self_check as _self_check
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: small against their kernel time
 
@@ -80,6 +82,11 @@ def streamk_workspace(plan: tuple, D: int, dtype: torch.dtype, device) -> tuple[
 class Fp8Launch:
     """Everything one call configuration needs, computed once (see the module docstring). ``return_lse``: calls
     return (o, lse) with the LSE (B, H, Sq) float32 of the original scores (the smoothing shift added back)."""
+
+    # fp8-sm120's self-check (``kernels.self_check``): None (a kernel without one), "passed", "failed" (``fallback``
+    # says what runs instead), "off" or "not run" (the record was first made inside a CUDA graph capture)
+    self_check: Optional[str] = None
+    fallback: Optional[str] = None  # None, or "pv_mma f32: <why>" (the P V form that passed its check)
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, choice: LaunchChoice,
                  options: Fp8Options, return_lse: bool = False, prologue=None, pro_groups: int = 1):
@@ -206,6 +213,17 @@ class Fp8Launch:
                 torch.cuda.set_device(prev)
         return out if lse is None else (out, lse)
 
+    def launch_into(self, q, k, v, out, softmax_scale: float, key_lens: Optional[torch.Tensor] = None) -> None:
+        """One call writing into the caller's ``out`` (the self-check's NaN-filled output), on a fresh workspace and
+        the current stream: no graph, no NaN/Inf check; the LSE, where the build writes one, into a scratch
+        tensor."""
+        with torch.cuda.device(self.device):
+            ws = self._workspace()
+            stream, _ = _current_stream(self.device_index)
+            lse = torch.empty((self.B, self.H, self.Sq), dtype=torch.float32, device=self.device) \
+                if self.return_lse else None
+            self._launch_all(ws, q, k, v, out, lse, key_lens, float(softmax_scale), stream)
+
     def _launch_all(self, ws: dict, q, k, v, out, lse, key_lens, scale: float, stream: int,
                     captured: bool = False, pro=None) -> None:
         """The call's launches on ``stream``: the prep, the kernel (and the stream-K merge). The prep's V quantize
@@ -238,11 +256,15 @@ class Fp8Launch:
         if self.streamk is not None:
             n_full, n_tail, n_ctas_tail, n_kt = self.streamk
             grid = {"n_full": n_full, "n_tail": n_tail, "tail_ctas": n_ctas_tail, "key_tiles": n_kt}
+        kernel = self.spec.kernel  # what ran: fp8-sm120 with its P V form
+        if kernel == "fp8-sm120":
+            kernel += f" {self.spec.pv_mma}"
         return {"q_shape": list(self.out_shape), "k_len": self.Sk, "dtype": DTYPE_NAMES[self.dtype],
-                "kernel": self.spec.kernel, "qk_format": "int8" if self.spec.qk_int8 else "e4m3",
+                "kernel": kernel, "qk_format": "int8" if self.spec.qk_int8 else "e4m3",
                 "key_lens": self.spec.key_lens, "grid": "stream-K" if grid else "plain", "streamk": grid,
                 "q_in_kernel": self.spec.q_rot,
-                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit"}
+                "launch": "tvm_ffi" if self.spec.tvm_ffi else "jit", "self_check": self.self_check,
+                "fallback": self.fallback}
 
     def replays(self) -> int:
         """Calls of this record replayed as a CUDA graph so far (``launch_graphs``)."""
@@ -284,7 +306,8 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
                options: Optional[Fp8Options] = None, return_lse: bool = False, prologue=None,
                pro_groups: int = 1) -> Fp8Launch:
     """The launch record of this call's configuration (built, with the full input checks, on first use); keyed on
-    the inputs' layout and the (canonical) options object."""
+    the inputs' layout and the (canonical) options object. fp8-sm120's first record per configuration runs its
+    self-check first (``self_check``; an ``SdpaLaunch`` where no build passed)."""
     opts = canonical_options(options)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device,
@@ -297,7 +320,9 @@ def record_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: bool
 
 
 def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prologue=None,
-           pro_groups: int = 1) -> Fp8Launch:
+           pro_groups: int = 1):
+    """The record of a configuration (checked once): an ``Fp8Launch``, or for a fp8-sm120 configuration whose
+    builds failed their self-check (``self_check``) an ``sdpa_fallback.SdpaLaunch``."""
     from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_qkv
 
     check_qkv(q, k, v, who="fp8 attention", head_dims=SUPPORTED_HEAD_DIMS, device_type="cuda", same_dtype=True,
@@ -312,7 +337,19 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prolo
         raise DitprofError("the fused prologue needs the INT8 Q/K format, no key mask and no returned LSE "
                            f"(this call: Q/K {'int8' if choice.spec.qk_int8 else 'e4m3'}, key mask {key_lens}, "
                            f"LSE {return_lse})")
-    return Fp8Launch(q, k, v, choice, options, return_lse, prologue, pro_groups)
+    verdict = None
+    if choice.spec.kernel == "fp8-sm120" and options.self_check:  # before any capture of this record's launches
+        verdict = _self_check.checked(choice.spec, q.device.index)
+        if verdict.spec is None:  # neither P V form passed: torch SDPA on this configuration
+            from ditprof.kernels.sdpa_fallback import SdpaLaunch
+
+            return SdpaLaunch(q, k, key_lens, return_lse, prologue, verdict.fallback)
+        choice = dataclasses.replace(choice, spec=verdict.spec)
+    rec = Fp8Launch(q, k, v, choice, options, return_lse, prologue, pro_groups)
+    if choice.spec.kernel == "fp8-sm120":
+        rec.self_check = "off" if verdict is None else verdict.status
+        rec.fallback = None if verdict is None else verdict.fallback
+    return rec
 
 
 def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
@@ -337,8 +374,9 @@ def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
 
 
 def clear_cache() -> None:
-    """Drop every launch record and compiled kernel (tests that compile a forced schedule)."""
+    """Drop every launch record, compiled kernel and self-check verdict (tests that compile a forced schedule)."""
     clear_compiled()
+    _self_check.CHECKER.clear()
     _RECORDS.clear()
 
 

@@ -68,7 +68,9 @@ def _attention_format(sec: dict, dtype: str) -> tuple[str, str | None]:
     from ditprof.kernels import registry
 
     name = sec.get("attention_backend") or ""
-    precision = "fp8" if sec.get("qk_format") or sec.get("fp8_launches") else PRECISION_OF_DTYPE.get(dtype, dtype)
+    launches = sec.get("fp8_launches") or []
+    fp8 = (sec.get("qk_format") or launches) and not (launches and all(la["kernel"] == "sdpa" for la in launches))
+    precision = "fp8" if fp8 else PRECISION_OF_DTYPE.get(dtype, dtype)  # sdpa: fp8-sm120's self-check fallback
     if registry.is_numerics_only(name):
         return precision, f"numerics only: {name} emulates the FP8 kernel's numerics, its time is no speed"
     return precision, None

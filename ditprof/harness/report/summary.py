@@ -93,12 +93,20 @@ def fp8_launch_lines(report: dict) -> list[str]:
         sk = la.get("streamk")
         grid = (f"stream-K ({sk['n_full']} whole + {sk['n_tail']} spread over {sk['tail_ctas']} CTAs)"
                 if sk else la["grid"])
-        qk = la["qk_format"] + (", Q quantized in the kernel" if la.get("q_in_kernel") else "")
+        qk = (la["qk_format"] or "none") + (", Q quantized in the kernel" if la.get("q_in_kernel") else "")
         replays = la.get("graph_replays")
         how = la["launch"] + (f", {replays} graph replays" if replays else "")
         lines.append(f"| {label} | {tuple(la['q_shape'])} | {la['k_len']} | {la['kernel']} | {qk} "
                      f"| {grid} | {how} | {la['calls']} |")
-    return lines + [""]
+    fallbacks = fallback_lines(report)
+    return lines + [""] + (fallbacks + [""] if fallbacks else [])
+
+
+def fallback_lines(report: dict) -> list[str]:
+    """One line per FP8 call configuration that runs a fallback after fp8-sm120's self-check failed on this GPU
+    (``kernels.self_check``; none where every build passed)."""
+    return [f"- fallback ({sec['label']}, q {tuple(la['q_shape'])}): {la['fallback']}"
+            for sec in sections_of(report) if sec for la in sec.get("fp8_launches") or [] if la.get("fallback")]
 
 
 INTERLEAVED_NOTE = ("- The baseline's and the swap's measurements run one after the other, so a host or clock that "
@@ -436,6 +444,8 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
             console.print(f"{none}linears kept bf16 ({sec['label']}): "
                           + "; ".join(f"{n} ({why})" for n, why in lin["kept"].items()),
                           highlight=False, soft_wrap=True)
+    for line in fallback_lines(report):
+        console.print(line[2:], highlight=False, soft_wrap=True)
     console.print(f"outputs: {out_dir}")
 
 
