@@ -29,6 +29,7 @@ class KernelSpec:
     qk_int8: bool = False  # Q and K int8 with per-row Q descales (kernels.qk_format "int8")
     streamk: bool = False  # fp8-sm90 on the stream-K grid (fp8_fwd_sm90_streamk: workspace + merge)
     q_rot: bool = False  # fp8-sm90 INT8 with Q rotated and quantized in the kernel (16-bit q, the rotation matrix)
+    pv_mma: str = "f32"  # fp8-sm120's P V mma: "f32" (QMMA.F32) or "block_scaled" (QMMA.SF, unit scales; sm_12x)
     # fp8-sm90's Sm90Config as picked for the call (launch_choice.choose_launch); None: config_for(arch, head_dim)
     config: Optional[Any] = None
 
@@ -42,6 +43,9 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
     """Compile ``spec`` (``fake``: no GPU needed, for inspection on any machine)."""
     if spec.kernel == "fp8-sm90":
         from ditprof.kernels import fp8_fwd_sm90 as K
+
+        if spec.pv_mma != "f32":
+            raise ValueError("fp8-sm90's P V is its wgmma (pv_mma is fp8-sm120's choice)")
 
         if not spec.write_lse:
             raise ValueError("fp8-sm90 always writes the LSE")
@@ -64,7 +68,7 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
             raise ValueError("fp8-sm120 launches through cute's JIT executor, on its plain grid, with the prep's Q")
         return K.compile_fp8_fwd(spec.arch, spec.head_dim, spec.out_dtype, write_lse=spec.write_lse,
                                  early_v=K.default_early_v(spec.arch), extra_options=options_extra,
-                                 key_lens=spec.key_lens, qk_int8=spec.qk_int8)
+                                 key_lens=spec.key_lens, qk_int8=spec.qk_int8, pv_mma=spec.pv_mma)
     raise DitprofError(f"unknown fp8 kernel {spec.kernel!r}")
 
 

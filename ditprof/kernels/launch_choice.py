@@ -114,7 +114,10 @@ def choose_launch(arch: str, shape: tuple, dtype_name: str, options: Fp8Options,
     kernel = kernel_name_for_arch(arch, options.kernel)
     qk_int8 = qk_format(options.qk_format, D) == "int8"
     if kernel != "fp8-sm90":
-        return LaunchChoice(KernelSpec(kernel, arch, D, dtype_name, write_lse, key_lens, qk_int8=qk_int8))
+        from ditprof.kernels.fp8_fwd_sm120 import default_pv_mma
+
+        return LaunchChoice(KernelSpec(kernel, arch, D, dtype_name, write_lse, key_lens, qk_int8=qk_int8,
+                                       pv_mma=default_pv_mma(arch)))
     from ditprof.kernels.fp8_fwd_sm90 import config_for
     from ditprof.kernels.streamk_schedule import streamk_plan
 
