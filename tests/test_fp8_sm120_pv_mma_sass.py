@@ -2,7 +2,9 @@
 P V mma as the MX block-scaled e4m3 mma (``QMMA.SF.16832.F32.E4M3.E4M3.E8``, the full FP8 rate on sm_120) from a zero
 accumulator, with no ``QMMA.16832.F32`` left for P V, the Q K^T mmas unchanged and 0 spills on sm_120a for head_dim
 64/128, e4m3 and int8 Q/K, key_lens and LSE on/off; the "f32" build is the recorded machine code of the kernel before
-the option; the launcher picks "block_scaled" on sm_120a / sm_121a only."""
+the option, and the block-scaled path with the plain mma's text in place of the block-scaled one is byte for byte
+the f32 build (the same registers: only the instruction differs); the launcher picks "block_scaled" on sm_120a /
+sm_121a only."""
 
 import glob
 import hashlib
@@ -76,25 +78,46 @@ def test_block_scaled_sm121a():
     assert r["spill_bytes"] == 0
 
 
+def _text(arch: str, head_dim: int, qk_int8: bool, pv_mma: str, tmp) -> bytes:
+    """The kernel's .text sections (names + machine code) of one build."""
+    from ditprof.kernels import fp8_fwd_sm120 as K
+
+    os.makedirs(tmp, exist_ok=True)
+    K.compile_fp8_fwd(arch, head_dim, "bfloat16", write_lse=True, qk_int8=qk_int8, pv_mma=pv_mma,
+                      extra_options=f"--keep-cubin --dump-dir {tmp}")
+    (cubin,) = glob.glob(os.path.join(tmp, "*.cubin"))
+    data = open(cubin, "rb").read()
+    return b"".join(name.encode() + data[off:off + size]
+                    for name, _type, off, size in _elf_sections(data) if name.startswith(".text."))
+
+
+# the f32 e4m3 mma with the block-scaled path's operand numbering ($11, the scale register, unused)
+_PLAIN_MMA_ASM = ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                  "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $10, $10, $10};")
+
+
+@pytest.mark.parametrize("arch,head_dim,qk_int8", [("sm_120a", 128, True), ("sm_120a", 64, False),
+                                                   ("sm_89", 128, False)])
+def test_block_scaled_path_with_the_plain_mma_is_the_f32_kernel(arch, head_dim, qk_int8, tmp_path, monkeypatch):
+    """The block-scaled path's register plumbing (A, B, D words of each mma in cute.gemm's order for MmaFP8Op),
+    checked without the instruction: with the plain e4m3 mma's text in its inline PTX, the build is byte for byte
+    the f32 one (cute.gemm), so the block-scaled build differs from it in the mma instruction alone."""
+    from ditprof.kernels import fp8_fwd_sm120 as K
+
+    f32 = _text(arch, head_dim, qk_int8, "f32", tmp_path / "f32")
+    monkeypatch.setattr(K, "BLOCK_SCALED_ARCHS", (arch,))
+    monkeypatch.setattr(K, "_PV_MMA_BLOCK_SCALED_ASM", _PLAIN_MMA_ASM)
+    assert _text(arch, head_dim, qk_int8, "block_scaled", tmp_path / "path") == f32
+
+
 def test_f32_is_the_recorded_kernel(tmp_path):
     """pv_mma="f32" (named explicitly) compiles to the machine code recorded before the option (sm_120a, head_dim
     128, bf16, LSE, e4m3; the hash of test_fp8_sm120_key_lens_sass, which also pins sm_89)."""
     import cutlass
 
-    from ditprof.kernels import fp8_fwd_sm120 as K
-
     if getattr(cutlass, "__version__", None) != "4.8.1":
         pytest.skip("machine code recorded with nvidia-cutlass-dsl 4.8.1")
-    K.compile_fp8_fwd("sm_120a", 128, "bfloat16", write_lse=True, pv_mma="f32",
-                      extra_options=f"--keep-cubin --dump-dir {tmp_path}")
-    (cubin,) = glob.glob(os.path.join(tmp_path, "*.cubin"))
-    data = open(cubin, "rb").read()
-    h = hashlib.sha256()
-    for name, _type, off, size in _elf_sections(data):
-        if name.startswith(".text."):
-            h.update(name.encode())
-            h.update(data[off:off + size])
-    assert h.hexdigest() == _TEXT_SHA256["sm_120a"]
+    assert hashlib.sha256(_text("sm_120a", 128, False, "f32", tmp_path)).hexdigest() == _TEXT_SHA256["sm_120a"]
 
 
 def test_default_pv_mma_and_launch_choice():

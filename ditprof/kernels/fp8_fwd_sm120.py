@@ -1,7 +1,7 @@
 """FP8 (e4m3) FlashAttention forward, mma.sync m16n8k32, written in CuTe DSL.
 
-Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the same PTX runs emulated
-(correct, not fast).  Design (see docs/ARCHITECTURE.md "FP8 numerics" for the exact arithmetic):
+Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``; P.V as the block-scaled ``QMMA.SF`` on sm_120a /
+sm_121a, ``pv_mma``); on sm_90 the same PTX runs emulated (correct, not fast).  Design (see docs/ARCHITECTURE.md "FP8 numerics" for the exact arithmetic):
 
 * CTA = 128 query rows x 32-key strips, 4 warps, each warp owns 32 query rows (two m16 tiles:
   rows ``w*16 + i`` and ``64 + w*16 + i``).
@@ -20,6 +20,14 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
   (``PV_WAVE_COLS``) so that ptxas cannot hoist them all (0 spills on sm_120a and sm_89).  This is
   ``fp8_emulation``'s ``acc_promote=True``; the sm_89 / sm_120 accuracy is modelled there (``acc_bits=13``), not
   run (no such GPU here).
+* ``pv_mma`` (compile time): the P.V mma as ``"f32"`` (``mma.sync ... .f32.e4m3.e4m3.f32``, ``QMMA.16832.F32``,
+  ``warp.MmaFP8Op``; half the FP8 rate on GeForce Blackwell) or ``"block_scaled"`` (``mma.sync ...
+  .kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0``, ``QMMA.SF.16832.F32.E4M3.E4M3.E8``, the full
+  rate), issued as inline PTX with every ue8m0 scale factor 2^0 (0x7F in all four bytes: whichever byte and lane the
+  selectors pick) and C = 0: the same products and FP32 result, so the two-level accumulation and the numerics are
+  unchanged.  Same A / B / C / D fragments and registers as the f32 mma.  Arch-specific: sm_120a / sm_121a only
+  (``default_pv_mma`` picks it there; sm_89 and the sm_90 emulation keep ``"f32"``, whose SASS is the kernel's from
+  before the option).
 * O is scaled by ``dv / 256 / l`` at the end; LSE (natural log) = (m + log2 l) * ln 2.
 * ``qk_int8`` (compile time): q8 and k8 are int8 and S = Q8 K8^T is an s8 x s8 -> s32 mma.sync m16n8k32
   (``IMMA.16832.S8.S8``, native on sm_80+; same fragment layouts, smem tiles and ldmatrix as e4m3), exact in int32.
