@@ -1,7 +1,8 @@
 """FP8 (e4m3) FlashAttention forward, mma.sync m16n8k32, written in CuTe DSL.
 
 Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``; P.V as the block-scaled ``QMMA.SF`` on sm_120a /
-sm_121a, ``pv_mma``); on sm_90 the same PTX runs emulated (correct, not fast).  Design (see docs/ARCHITECTURE.md "FP8 numerics" for the exact arithmetic):
+sm_121a, ``pv_mma``); on sm_90 the same PTX runs emulated (correct, not fast).  Design (see docs/ARCHITECTURE.md
+"FP8 numerics" for the exact arithmetic):
 
 * CTA = 128 query rows x 32-key strips, 4 warps, each warp owns 32 query rows (two m16 tiles:
   rows ``w*16 + i`` and ``64 + w*16 + i``).
