@@ -49,16 +49,16 @@ class _Capture(_CaptureFds):
 
 
 def _compile(arch: str, head_dim: int, key_lens: bool, write_lse: bool, qk_int8: bool = True,
-             out_dtype: str = "bfloat16") -> dict:
+             out_dtype: str = "bfloat16", pv_mma: str = "f32") -> dict:
     """SASS, opcode counts, spills and registers of one configuration (compiled once per test session)."""
-    key = (arch, head_dim, key_lens, write_lse, qk_int8, out_dtype)
+    key = (arch, head_dim, key_lens, write_lse, qk_int8, out_dtype, pv_mma)
     if key not in _CACHE:
         from ditprof.kernels import fp8_fwd_sm120 as K
 
         with tempfile.TemporaryDirectory() as tmp:
             with _Capture() as cap:
                 K.compile_fp8_fwd(arch, head_dim, out_dtype, write_lse=write_lse, key_lens=key_lens, qk_int8=qk_int8,
-                                  extra_options=f"--keep-cubin --dump-dir {tmp} remarks{{ptx}}")
+                                  extra_options=f"--keep-cubin --dump-dir {tmp} remarks{{ptx}}", pv_mma=pv_mma)
             (cubin,) = glob.glob(os.path.join(tmp, "*.cubin"))
             res = cubin_resources(cubin)
             sass = subprocess.run([find_nvdisasm(), "-c", cubin], capture_output=True, text=True, check=True).stdout

@@ -67,8 +67,9 @@ def test_accuracy_bad_input(capsys, args, message):
 def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
     calls = []
     fake = types.ModuleType("ditprof.kernels.inspect_sass")
-    fake.inspect_kernel = lambda kernel, arch, key_lens=False, qk_format=None, grid="plain", q_in_kernel=False: \
-        calls.append((kernel, arch, key_lens, qk_format, grid) + (("q_in_kernel",) if q_in_kernel else ())) or {
+    fake.inspect_kernel = lambda kernel, arch, key_lens=False, qk_format=None, grid="plain", q_in_kernel=False, \
+        pv_mma=None: calls.append((kernel, arch, key_lens, qk_format, grid) + (("q_in_kernel",) if q_in_kernel else ())
+                                  + ((pv_mma,) if pv_mma else ())) or {
         "kernel": kernel, "arch": arch, "registers": 168, "spill_bytes": 0, "smem_bytes": 40960,
         "compile_s": 1.5, "instructions": {"QMMA": 256, "LDSM": 96}}
     monkeypatch.setitem(sys.modules, "ditprof.kernels.inspect_sass", fake)
@@ -88,6 +89,8 @@ def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
     assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--qk-format", "int8",
                  "--q-in-kernel", "--json"]) == 0
     assert calls[-1] == ("fp8-sm90", "sm_90a", False, "int8", "plain", "q_in_kernel")
+    assert main(["kernels", "inspect", "--arch", "sm_120a", "--pv-mma", "f32", "--json"]) == 0
+    assert calls[-1] == ("fp8-sm120", "sm_120a", False, None, "plain", "f32")  # no --pv-mma: the launcher's (None)
 
 
 def test_inspect_without_the_module_says_not_yet(capsys, monkeypatch):

@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     ins.add_argument("--q-in-kernel", action="store_true",
                      help="fp8-sm90 INT8's build that rotates and quantizes Q itself (what the op runs on the "
                           "plain grid)")
+    ins.add_argument("--pv-mma", choices=("f32", "block_scaled"), default=None,
+                     help="fp8-sm120's P V mma: f32 (QMMA.F32) or block_scaled (QMMA.SF, unit scales; sm_120a / "
+                          "sm_121a); default: what the launcher compiles for the arch")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
 
@@ -95,7 +98,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise DitprofError("kernel inspection not available yet") from None
         raise DitprofError(f"kernel inspection needs {exc.name}: {exc}") from None
     report = inspect_kernel(args.kernel, args.arch, key_lens=args.key_lens, qk_format=args.qk_format,
-                            grid=args.grid, q_in_kernel=args.q_in_kernel)
+                            grid=args.grid, q_in_kernel=args.q_in_kernel, pv_mma=args.pv_mma)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -44,6 +44,9 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
     if spec.kernel == "fp8-sm90":
         from ditprof.kernels import fp8_fwd_sm90 as K
 
+        if spec.pv_mma != "f32":
+            raise ValueError("fp8-sm90's P V is its wgmma (pv_mma is fp8-sm120's choice)")
+
         if not spec.write_lse:
             raise ValueError("fp8-sm90 always writes the LSE")
         if spec.streamk:
@@ -65,7 +68,7 @@ def compile_spec(spec: KernelSpec, *, fake: bool = False, options_extra: str = "
             raise ValueError("fp8-sm120 launches through cute's JIT executor, on its plain grid, with the prep's Q")
         return K.compile_fp8_fwd(spec.arch, spec.head_dim, spec.out_dtype, write_lse=spec.write_lse,
                                  early_v=K.default_early_v(spec.arch), extra_options=options_extra,
-                                 key_lens=spec.key_lens, qk_int8=spec.qk_int8)
+                                 key_lens=spec.key_lens, qk_int8=spec.qk_int8, pv_mma=spec.pv_mma)
     raise DitprofError(f"unknown fp8 kernel {spec.kernel!r}")
 
 

@@ -1,7 +1,8 @@
 """FP8 (e4m3) FlashAttention forward, mma.sync m16n8k32, written in CuTe DSL.
 
-Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the same PTX runs emulated
-(correct, not fast).  Design (see docs/ARCHITECTURE.md "FP8 numerics" for the exact arithmetic):
+Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``; P.V as the block-scaled ``QMMA.SF`` on sm_120a /
+sm_121a, ``pv_mma``); on sm_90 the same PTX runs emulated (correct, not fast).  Design (see docs/ARCHITECTURE.md
+"FP8 numerics" for the exact arithmetic):
 
 * CTA = 128 query rows x 32-key strips, 4 warps, each warp owns 32 query rows (two m16 tiles:
   rows ``w*16 + i`` and ``64 + w*16 + i``).
@@ -20,6 +21,14 @@ Native on sm_89 / sm_120 / sm_121 (``QMMA.16832.F32.E4M3.E4M3``); on sm_90 the s
   (``PV_WAVE_COLS``) so that ptxas cannot hoist them all (0 spills on sm_120a and sm_89).  This is
   ``fp8_emulation``'s ``acc_promote=True``; the sm_89 / sm_120 accuracy is modelled there (``acc_bits=13``), not
   run (no such GPU here).
+* ``pv_mma`` (compile time): the P.V mma as ``"f32"`` (``mma.sync ... .f32.e4m3.e4m3.f32``, ``QMMA.16832.F32``,
+  ``warp.MmaFP8Op``; half the FP8 rate on GeForce Blackwell) or ``"block_scaled"`` (``mma.sync ...
+  .kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0``, ``QMMA.SF.16832.F32.E4M3.E4M3.E8``, the full
+  rate), issued as inline PTX with every ue8m0 scale factor 2^0 (0x7F in all four bytes: whichever byte and lane the
+  selectors pick) and C = 0: the same products and FP32 result, so the two-level accumulation and the numerics are
+  unchanged.  Same A / B / C / D fragments and registers as the f32 mma.  Arch-specific: sm_120a / sm_121a only
+  (``default_pv_mma`` picks it there; sm_89 and the sm_90 emulation keep ``"f32"``, whose SASS is the kernel's from
+  before the option).
 * O is scaled by ``dv / 256 / l`` at the end; LSE (natural log) = (m + log2 l) * ln 2.
 * ``qk_int8`` (compile time): q8 and k8 are int8 and S = Q8 K8^T is an s8 x s8 -> s32 mma.sync m16n8k32
   (``IMMA.16832.S8.S8``, native on sm_80+; same fragment layouts, smem tiles and ldmatrix as e4m3), exact in int32.
@@ -71,6 +80,8 @@ from cutlass.cute.core import _pack_shape
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from ditprof.errors import DitprofError
+
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
@@ -108,6 +119,21 @@ FP8 = cutlass.Float8E4M3FN
 QK_I32_BIAS = 0x4B400000
 QK_F32_BIAS = 12582912.0
 FLT_MIN = 1.1754943508222875e-38  # smallest normal float: floor of the per-row qk scale (q_scales 0: no NaN)
+# P V mma forms (compile time, ``pv_mma``).  "f32": mma.sync e4m3 with FP32 accumulation (warp.MmaFP8Op,
+# QMMA.16832.F32.E4M3.E4M3), half the FP8 rate on sm_120.  "block_scaled": the MX block-scaled form of the same m16n8k32
+# (QMMA.SF.16832.F32.E4M3.E4M3.E8, the full rate on sm_120), with every ue8m0 scale factor 1 (2^0): the same products
+# and FP32 result.  It is arch-specific: sm_120a / sm_121a only (PTX ISA 8.7+; sm_89 and sm_90 have no such mma).
+PV_MMAS = ("f32", "block_scaled")
+BLOCK_SCALED_ARCHS = ("sm_120a", "sm_121a")
+# ue8m0 exponent byte 127 (= 2^0) in all four bytes of the scale register: whichever byte and lane the selectors pick,
+# the scale is 1
+UNIT_SCALE_UE8M0_X4 = 0x7F7F7F7F
+# operands: {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3} (all C = the zero register), scale-a, {byte-id-a, thread-id-a},
+# scale-b, {byte-id-b, thread-id-b}; A, B, C and D fragments are those of the e4m3 m16n8k32 (MmaFP8Op)
+_PV_MMA_BLOCK_SCALED_ASM = (
+    "mma.sync.aligned.m16n8k32.row.col.kind::mxf8f6f4.block_scale.scale_vec::1X.f32.e4m3.e4m3.f32.ue8m0 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $10, $10, $10}, $11, {0, 0}, $11, {0, 0};"
+)
 
 
 class _MmaS8Trait(Trait):
@@ -166,6 +192,19 @@ def _ffma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
                              "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"))
 
 
+@dsl_user_op
+def _mma_pv_block_scaled(a: list, b: list, *, loc=None, ip=None) -> list:
+    """One block-scaled e4m3 m16n8k32 from a zero accumulator with unit scales (``_PV_MMA_BLOCK_SCALED_ASM``):
+    ``a`` the 4 A registers, ``b`` the 2 B registers (Int32, fragment order) -> the 4 D values (Float32, (c, r)
+    order, as MmaFP8Op's C)."""
+    operands = [Int32(x).ir_value(loc=loc, ip=ip) for x in (*a, *b)]
+    operands += [Float32(0.0).ir_value(loc=loc, ip=ip), Int32(UNIT_SCALE_UE8M0_X4).ir_value(loc=loc, ip=ip)]
+    res = llvm.inline_asm(ir.Type.parse("!llvm.struct<(f32,f32,f32,f32)>"), operands, _PV_MMA_BLOCK_SCALED_ASM,
+                          "=f,=f,=f,=f,r,r,r,r,r,r,f,r", has_side_effects=False, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
 def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
     """Swizzled smem layout for an fp8 tile with ``row_bytes`` contiguous bytes per row.
 
@@ -184,14 +223,16 @@ def _smem_layout_fp8(rows: int, row_bytes: int, stages: int | None = None):
 
 
 class Fp8FlashAttentionSm120:
-    """One configuration of the kernel (head_dim, output dtype, LSE on/off, early V, key_lens on/off, int8 Q K^T);
-    tiles are fixed."""
+    """One configuration of the kernel (head_dim, output dtype, LSE on/off, early V, key_lens on/off, int8 Q K^T,
+    the P V mma form); tiles are fixed."""
 
     def __init__(self, head_dim: int = 128, out_dtype: type[cutlass.Numeric] = cutlass.BFloat16,
                  write_lse: bool = True, early_v: bool = True, key_lens: bool = False, qk_int8: bool = False,
-                 wave_cols: int = PV_WAVE_COLS):
+                 wave_cols: int = PV_WAVE_COLS, pv_mma: str = "f32"):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim {head_dim} not supported (use one of {SUPPORTED_HEAD_DIMS})")
+        if pv_mma not in PV_MMAS:
+            raise DitprofError(f"pv_mma must be one of {', '.join(PV_MMAS)}, got {pv_mma!r}")
         self.head_dim = head_dim
         self.out_dtype = out_dtype
         self.write_lse = write_lse
@@ -204,6 +245,8 @@ class Fp8FlashAttentionSm120:
         self.qk_dtype = Int8 if qk_int8 else FP8
         # output columns per wave of P V mmas in the steady-state strips (PV_WAVE_COLS; early V only)
         self.wave_cols = wave_cols
+        # the P V mma: "f32" (MmaFP8Op through cute.gemm) or "block_scaled" (inline PTX, unit scales; PV_MMAS)
+        self.pv_mma = pv_mma
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -610,9 +653,12 @@ class Fp8FlashAttentionSm120:
         """O[:, n8 tiles of chunk jj] += P V of those tiles, the mma accumulating from zero; returns one updated O
         element (the dependency for the next wave)."""
         acc_PV = cute.make_rmem_tensor(pv_shape, Float32)  # ((2,2), 2, PV_CHUNK)
-        acc_PV.fill(0.0)
-        tOrV_d = cute.logical_divide(tOrV, (None, PV_CHUNK, None))
-        cute.gemm(tiled_mma, acc_PV, tOrP[None, None, 0], tOrV_d[None, (None, jj), 0], acc_PV)
+        if cutlass.const_expr(self.pv_mma == "block_scaled"):
+            self.pv_block_scaled(acc_PV, tOrP, tOrV, jj)
+        else:
+            acc_PV.fill(0.0)
+            tOrV_d = cute.logical_divide(tOrV, (None, PV_CHUNK, None))
+            cute.gemm(tiled_mma, acc_PV, tOrP[None, None, 0], tOrV_d[None, (None, jj), 0], acc_PV)
         for mt in cutlass.range_constexpr(2):
             for r in cutlass.range_constexpr(2):
                 for i in cutlass.range_constexpr(PV_CHUNK):
@@ -621,6 +667,22 @@ class Fp8FlashAttentionSm120:
                         acc_O[(c, r), mt, j] = _fadd(acc_O[(c, r), mt, j], acc_PV[(c, r), mt, i])
         return acc_O[(1, 1), 1, jj * PV_CHUNK + PV_CHUNK - 1]
 
+    @cute.jit
+    def pv_block_scaled(self, acc_PV: cute.Tensor, tOrP: cute.Tensor, tOrV: cute.Tensor, jj: cutlass.Constexpr):
+        """acc_PV = P V of the n8 tiles of chunk jj through the block-scaled mma (unit scales, C = 0), in cute.gemm's
+        order for MmaFP8Op (m-tile outer, n8 tile inner) and with its registers: A = the 4 words of P's m-tile
+        (values (e, r, h), e fastest: a0..a3 = (r, h) = (0,0), (1,0), (0,1), (1,1)), B = the 2 words of V's n8 tile,
+        D = the 4 values (c, r) of acc_PV's tile."""
+        tOrP_w = cute.recast_tensor(tOrP, Int32)  # ((1,2,2), 2, 1)
+        tOrV_w = cute.recast_tensor(tOrV, Int32)  # ((1,2), D/8, 1)
+        for mt in cutlass.range_constexpr(2):
+            a = [tOrP_w[(0, w % 2, w // 2), mt, 0] for w in range(4)]
+            for i in cutlass.range_constexpr(PV_CHUNK):
+                b = [tOrV_w[(0, w), jj * PV_CHUNK + i, 0] for w in range(2)]
+                d = _mma_pv_block_scaled(a, b)
+                for w in cutlass.range_constexpr(4):
+                    acc_PV[(w % 2, w // 2), mt, i] = d[w]
+
 
 # ---------------------------------------------------------------------------------------------
 # compile helpers (shared by interface.py and inspect_sass.py)
@@ -628,6 +690,13 @@ class Fp8FlashAttentionSm120:
 # archs the kernel compiles for; QMMA is native on the sm_89 / sm_12x ones, emulated (HMMA) on sm_90 / sm_100
 NATIVE_ARCHS = ("sm_89", "sm_120", "sm_120a", "sm_121", "sm_121a")
 EMULATED_ARCHS = ("sm_90", "sm_90a", "sm_100a", "sm_103a")
+
+
+def default_pv_mma(arch: str) -> str:
+    """The P V mma the launcher compiles for ``arch``: "block_scaled" (QMMA.SF, the full FP8 rate) on sm_120a /
+    sm_121a, "f32" elsewhere (sm_89 and sm_90 cannot run the block-scaled form; plain sm_120 lacks the arch-specific
+    features)."""
+    return "block_scaled" if arch in BLOCK_SCALED_ARCHS else "f32"
 
 
 def default_early_v(arch: str) -> bool:
@@ -657,7 +726,7 @@ _DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 
 def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
                     write_lse: bool = True, early_v: bool | None = None, extra_options: str = "",
-                    key_lens: bool = False, qk_int8: bool = False):
+                    key_lens: bool = False, qk_int8: bool = False, pv_mma: str = "f32"):
     """Compile the kernel for ``arch`` (e.g. ``sm_120a``, ``sm_89``, ``sm_90a``) with placeholder
     pointers; works on a machine without a GPU.  Returns the compiled callable, called with
     ``(q8, k8, v8t, o, lse, scales, q_scales, key_lens, batch, heads, seqlen_q, seqlen_k, o_stride_b, o_stride_h,
@@ -665,15 +734,18 @@ def compile_fp8_fwd(arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
     pointer (int32, B elements); without it that pointer is never read (pass any int32 pointer).  ``qk_int8``:
     q8 and k8 are int8 (Int8 pointers), Q K^T is an s8 x s8 -> s32 mma, and ``q_scales`` (float32, (B, H, Sq_pad))
     holds each query row's descale (``scales[..., 0]`` unused); without it q8/k8 are e4m3 and ``q_scales`` is
-    never read (pass any float32 pointer)."""
+    never read (pass any float32 pointer).  ``pv_mma``: the P V mma, "f32" or "block_scaled" (sm_120a / sm_121a
+    only; ``default_pv_mma``)."""
     from ditprof.kernels.cute_arch import cute_dsl_arch
 
     if out_dtype not in _DTYPES:
         raise ValueError(f"out_dtype {out_dtype!r} not supported")
+    if pv_mma == "block_scaled" and arch not in BLOCK_SCALED_ARCHS:
+        raise DitprofError(f"pv_mma 'block_scaled' needs {' or '.join(BLOCK_SCALED_ARCHS)}, not {arch}")
     if early_v is None:
         early_v = default_early_v(arch)
     op = Fp8FlashAttentionSm120(head_dim, _DTYPES[out_dtype], write_lse, early_v, key_lens, qk_int8,
-                                wave_cols_for(arch, qk_int8))
+                                wave_cols_for(arch, qk_int8), pv_mma)
     gm = cute.AddressSpace.gmem
     qk_dtype = Int8 if qk_int8 else FP8
     args = (

@@ -23,7 +23,8 @@ from ditprof.errors import DitprofError
 KNOWN_KERNELS = {
     "fp8-sm120": {
         "description": "FP8 e4m3 FlashAttention forward, mma.sync m16n8k32 (CuTe DSL); native QMMA on "
-                       "sm_89/sm_120/sm_121, emulated (HMMA) on sm_90",
+                       "sm_89/sm_120/sm_121, emulated (HMMA) on sm_90; P V as the block-scaled QMMA.SF (unit "
+                       "scales, full FP8 rate) on sm_120a/sm_121a, QMMA.F32 elsewhere (pv_mma)",
         "archs": ("sm_120a", "sm_121a", "sm_120", "sm_89", "sm_90a"),
         "default_arch": "sm_120a",
     },
@@ -178,7 +179,7 @@ class _CaptureFds:
 # ---------------------------------------------------------------------------------------------- main
 
 def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
-                       qk_int8: bool = False, streamk: bool = False, q_rot: bool = False):
+                       qk_int8: bool = False, streamk: bool = False, q_rot: bool = False, pv_mma: str | None = None):
     from ditprof.kernels import fp8_fwd_sm120 as K
 
     if streamk:
@@ -189,14 +190,16 @@ def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, 
     return K.compile_fp8_fwd(
         arch, head_dim=head_dim, out_dtype=out_dtype, write_lse=True,
         extra_options=f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}", key_lens=key_lens,
-        qk_int8=qk_int8,
+        qk_int8=qk_int8, pv_mma=pv_mma or "f32",
     ), K.smem_bytes(head_dim)
 
 
 def _compile_fp8_sm90(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
-                      qk_int8: bool = False, streamk: bool = False, q_rot: bool = False):
+                      qk_int8: bool = False, streamk: bool = False, q_rot: bool = False, pv_mma: str | None = None):
     from ditprof.kernels import fp8_fwd_sm90 as K
 
+    if pv_mma not in (None, "f32"):
+        raise DitprofError("pv_mma is fp8-sm120's choice (fp8-sm90's P V is its wgmma)")
     options = f"--keep-cubin --keep-ptx --dump-dir {dump_dir} remarks{{ptx}}"
     if q_rot and (not qk_int8 or key_lens):
         raise DitprofError("Q in the kernel is fp8-sm90's INT8 build without key_lens (--qk-format int8)")
@@ -229,7 +232,8 @@ def _check_build(kernel: str, arch: str, grid: str) -> None:
 
 
 def _compile_to_sass(kernel: str, arch: str, head_dim: int, out_dtype: str, keep_sass: str | None, key_lens: bool,
-                     qk_int8: bool, grid: str, q_in_kernel: bool) -> tuple[str, dict, int, float, str]:
+                     qk_int8: bool, grid: str, q_in_kernel: bool,
+                     pv_mma: str | None = None) -> tuple[str, dict, int, float, str]:
     """Compile one build into a temporary dump directory and disassemble its cubin: (SASS text, the cubin's
     resources, dynamic shared memory bytes, compile seconds, what the compiler printed)."""
     nvdisasm = find_nvdisasm()
@@ -240,7 +244,8 @@ def _compile_to_sass(kernel: str, arch: str, head_dim: int, out_dtype: str, keep
         try:
             with _CaptureFds() as cap, cute_dsl_arch(arch):
                 _fn, dyn_smem = _COMPILERS[kernel](arch, tmp, head_dim, out_dtype, key_lens=key_lens,
-                                                   qk_int8=qk_int8, streamk=grid == "stream-K", q_rot=q_in_kernel)
+                                                   qk_int8=qk_int8, streamk=grid == "stream-K", q_rot=q_in_kernel,
+                                                   pv_mma=pv_mma)
         except DitprofError:
             raise
         except Exception as exc:  # compile errors are long; keep the first line
@@ -281,20 +286,26 @@ def _spills_and_registers(ptxas_text: str, res: dict) -> tuple[int, str, int | N
 
 def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str = "bfloat16",
                    keep_sass: str | None = None, key_lens: bool = False, qk_format: str | None = None,
-                   grid: str = "plain", q_in_kernel: bool = False) -> dict:
+                   grid: str = "plain", q_in_kernel: bool = False, pv_mma: str | None = None) -> dict:
     """Compile ``kernel`` for ``arch`` with placeholder arguments (CPU is enough) and report registers,
     spills, shared memory, compile time and SASS opcode counts.  ``keep_sass``: also write the SASS there.
     ``key_lens``: the variant with per-batch key counts read on the device (key-padding masks).
     ``qk_format``: "e4m3" or "int8" (Hadamard-rotated INT8 Q/K: the Q K^T MMA is IMMA / IGMMA); None: the process
     default (``kernels.qk_format``). ``grid``: "plain" or "stream-K" (fp8-sm90's build for few-round grids).
     ``q_in_kernel``: fp8-sm90 INT8's build that rotates and quantizes Q itself (``q_rot``, the build the op's launch
-    record runs on the plain grid; the stream-K grid takes the prep's Q)."""
+    record runs on the plain grid; the stream-K grid takes the prep's Q). ``pv_mma``: fp8-sm120's P V mma, "f32"
+    (QMMA.F32) or "block_scaled" (QMMA.SF, sm_120a / sm_121a); None: what the launcher compiles for ``arch``
+    (``fp8_fwd_sm120.default_pv_mma``)."""
     from ditprof.kernels.qk_format import qk_format as resolve_qk_format
 
     qk_int8 = resolve_qk_format(qk_format, head_dim) == "int8"
     _check_build(kernel, arch, grid)
+    if kernel == "fp8-sm120" and pv_mma is None:
+        from ditprof.kernels.fp8_fwd_sm120 import default_pv_mma
+
+        pv_mma = default_pv_mma(arch)
     sass, res, dyn_smem, compile_s, ptxas_text = _compile_to_sass(kernel, arch, head_dim, out_dtype, keep_sass,
-                                                                  key_lens, qk_int8, grid, q_in_kernel)
+                                                                  key_lens, qk_int8, grid, q_in_kernel, pv_mma)
     base, full = sass_opcodes(sass)
     instructions = {op: base.get(op, 0) for op in KEY_OPCODES}
     instructions.update(dict(sorted(base.items(), key=lambda kv: -kv[1])))
@@ -318,6 +329,7 @@ def inspect_kernel(kernel: str, arch: str, head_dim: int = 128, out_dtype: str =
         "qk_format": "int8" if qk_int8 else "e4m3",
         "grid": grid,
         "q_in_kernel": bool(q_in_kernel),
+        "pv_mma": pv_mma,
         "native_fp8_mma": mma_is_native(base),
     }
 

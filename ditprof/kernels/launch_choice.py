@@ -5,6 +5,7 @@ record is built from one choice; nothing here reads the environment (``Fp8Option
 
 - kernel: ``fp8-sm90`` (wgmma) on sm_90a, ``fp8-sm120`` (mma.sync) elsewhere; ``Fp8Options.kernel`` may force one
   (``fp8-sm120`` also runs on Hopper, emulated there: correct, slow, useful to compare the two).
+- fp8-sm120's P V mma: ``fp8_fwd_sm120.default_pv_mma(arch)`` (the block-scaled mma on sm_120a / sm_121a).
 - grid: fp8-sm90 runs on the stream-K grid (``fp8_fwd_sm90_streamk``) where ``streamk_schedule.streamk_plan``
   takes the problem (a partial last round after a few full ones, no key_lens) and ``Fp8Options.streamk`` is on.
 - Q in the kernel (``q_rot``): fp8-sm90 INT8 on the plain grid with a contiguous, 16-byte aligned (B, Sq, H, D) q,
@@ -114,7 +115,10 @@ def choose_launch(arch: str, shape: tuple, dtype_name: str, options: Fp8Options,
     kernel = kernel_name_for_arch(arch, options.kernel)
     qk_int8 = qk_format(options.qk_format, D) == "int8"
     if kernel != "fp8-sm90":
-        return LaunchChoice(KernelSpec(kernel, arch, D, dtype_name, write_lse, key_lens, qk_int8=qk_int8))
+        from ditprof.kernels.fp8_fwd_sm120 import default_pv_mma
+
+        return LaunchChoice(KernelSpec(kernel, arch, D, dtype_name, write_lse, key_lens, qk_int8=qk_int8,
+                                       pv_mma=default_pv_mma(arch)))
     from ditprof.kernels.fp8_fwd_sm90 import config_for
     from ditprof.kernels.streamk_schedule import streamk_plan
 
