@@ -55,6 +55,7 @@ ALL_ENTRIES = [
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "fa4", "fa3-bf16", "fa3-fp8", "fa3-fp8+quant", "sage",
     "cudnn-fp8", "sdpa-cudnn+norm-rope", "fa3-fp8+norm-rope+quant",
     "prep-torch", "prep-triton", "prep-triton-int8", "fa3-prologue-prep", "fa3-fp8+prologue",
+    "fa3-fp8+prologue-graph",
     "fp8", "fp8-sm90", "fp8-sm120", "fp8-e4m3", "fp8-int8",
     "fp8+norm-rope", "fp8+prologue",
 ]
@@ -110,7 +111,7 @@ def make_prologue_entries(q, k, v, scale, form):
 
         return fp8_attention(qq, kk, vv, layout="BSHD", scale=scale)
 
-    def fa3_fused(prep_only):
+    def fa3_fused(prep_only, graph=False):
         def make():
             try:
                 from ditprof.kernels.fa3_prologue import fa3_prologue_inputs
@@ -134,7 +135,7 @@ def make_prologue_entries(q, k, v, scale, form):
 
             run = prep if prep_only else fn
             run()  # compiles (cached afterwards)
-            return run
+            return _graph_replay(run) if graph else run
 
         return make
 
@@ -162,9 +163,30 @@ def make_prologue_entries(q, k, v, scale, form):
         "fa3-fp8+prologue": (fa3_fused(False), "attention", f"FA3 FP8 fed by the fused prologue: norm + RoPE "
                                                              f"({form}) + per-head e4m3 quantization (Triton) + "
                                                              f"FA3 FP8, both timed"),
+        "fa3-fp8+prologue-graph": (fa3_fused(False, graph=True), "attention", f"fa3-fp8+prologue ({form}) "
+                                                                             f"captured once and replayed as one "
+                                                                             f"CUDA graph, as fp8+prologue replays "
+                                                                             f"its launches"),
         "fp8+prologue": (fused, "attention", f"ditprof fp8 from the raw projections: norm + RoPE ({form}) fused "
-                                             f"into its prep"),
+                                             f"into its prep (a repeated call replays its launches as one CUDA "
+                                             f"graph)"),
     }
+
+
+def _graph_replay(fn):
+    """``fn`` captured once in a CUDA graph (after the warm-up call that compiled it); the returned callable replays
+    it: no host time per launch, as our op's repeated calls (``Fp8Options.graphs``)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # a warm-up on the capture's stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def parse_shape(text: str) -> tuple[str, dict]:

@@ -273,9 +273,10 @@ def test_torchao_linear_on_gpu_matches_the_emulation(granularity):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_each_linear_compiled_gives_torchaos_numbers_and_undoes():
-    """compile_each: the swapped linears are compiled torchao linears whose outputs match the eager torchao ones to
-    rounding (inductor fuses the activation quantization, the e4m3 values are the same), and undo restores the
-    block."""
+    """compile_each: the swapped linears are compiled torchao linears, as accurate against float64 as the eager
+    torchao ones, and undo restores the block. Not held equal to them: inductor fuses the activation quantization
+    into the code around it and need not round the same way, so e4m3 codes may differ and both are measured
+    against float64."""
     pytest.importorskip("torchao")
     dev = torch.device("cuda")
     if not fp8_linear.fp8_tensor_cores(dev):
@@ -295,8 +296,11 @@ def test_each_linear_compiled_gives_torchaos_numbers_and_undoes():
             y.copy_(block(x))
             outs[each] = y
         assert all(a is b for a, b in zip(block, originals))
+    with torch.no_grad():
+        ref = copy.deepcopy(block).double()(x.double())
+    errs = {each: _rel_rms(outs[each], ref) for each in outs}
     assert torch.isfinite(outs[True]).all()
-    assert _rel_rms(outs[True], outs[False].double()) < 4e-3
+    assert errs[True] < 0.05 and errs[True] < errs[False] + 5e-3, errs
 
 
 def test_linears_flags_reach_the_swap():
