@@ -300,7 +300,7 @@ def test_each_linear_compiled_gives_torchaos_numbers_and_undoes():
         ref = copy.deepcopy(block).double()(x.double())
     errs = {each: _rel_rms(outs[each], ref) for each in outs}
     assert torch.isfinite(outs[True]).all()
-    assert errs[True] < 0.05 and errs[True] < errs[False] + 5e-3, errs
+    assert errs[True] < 0.08 and errs[True] < errs[False] + 5e-3, errs  # two e4m3 linears and a GELU (one linear above: < 0.05)
 
 
 def test_linears_flags_reach_the_swap():
