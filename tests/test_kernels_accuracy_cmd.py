@@ -1,4 +1,5 @@
 import json
+import re
 import sys
 import types
 
@@ -71,7 +72,8 @@ def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
         pv_mma=None: calls.append((kernel, arch, key_lens, qk_format, grid) + (("q_in_kernel",) if q_in_kernel else ())
                                   + ((pv_mma,) if pv_mma else ())) or {
         "kernel": kernel, "arch": arch, "registers": 168, "spill_bytes": 0, "smem_bytes": 40960,
-        "compile_s": 1.5, "instructions": {"QMMA": 256, "LDSM": 96}}
+        "compile_s": 1.5, "instructions": {"QMMA": 256, "LDSM": 96},
+        "mma_variants": {"QMMA.SF.16832.F32.E4M3.E4M3.E8": 128, "QMMA.16832.F32.E4M3.E4M3": 128}}
     monkeypatch.setitem(sys.modules, "ditprof.kernels.inspect_sass", fake)
     assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89", "--json"]) == 0
     assert calls == [("fp8-sm120", "sm_89", False, None, "plain")]  # None: the process default
@@ -80,6 +82,9 @@ def test_inspect_json_calls_inspect_sass(capsys, monkeypatch):
     assert main(["kernels", "inspect", "--kernel", "fp8-sm120", "--arch", "sm_89"]) == 0
     table = capsys.readouterr().out
     assert "QMMA" in table and "spill_bytes" in table
+    # the instruction forms, each with its own count (the table wraps nothing this short)
+    assert re.search(r"QMMA\.SF\.16832\.F32\.E4M3\.E4M3\.E8\s*│\s*128", table)
+    assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3\s*│\s*128", table)
     assert main(["kernels", "inspect", "--arch", "sm_120a", "--key-lens", "--json"]) == 0
     assert calls[-1] == ("fp8-sm120", "sm_120a", True, None, "plain")
     assert main(["kernels", "inspect", "--kernel", "fp8-sm90", "--arch", "sm_90a", "--qk-format", "int8", "--json"]) == 0

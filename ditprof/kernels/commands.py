@@ -121,6 +121,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for op, count in instructions.items():
             ops.add_row(op, str(count))
         console.print(ops)
+    variants = report.get("mma_variants") or {}
+    if variants:  # the full instruction forms: which accumulator, block-scaled or not, per MMA
+        forms = Table(title="MMA instruction forms")
+        forms.add_column("instruction")
+        forms.add_column("count", justify="right")
+        for form, count in variants.items():
+            forms.add_row(form, str(count))
+        console.print(forms)
     return 0
 
 
