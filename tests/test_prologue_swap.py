@@ -38,7 +38,8 @@ def _outputs(loaded, inputs, swaps):
 
 @pytest.mark.parametrize("preset,kind,tokens", [("h3-mini", "main", 256), ("h3-mini", "refiner", None),
                                                 ("flux-tiny", "double", None), ("flux-tiny", "single", None),
-                                                ("flux2-tiny", "double", None), ("flux2-tiny", "single", None)])
+                                                ("flux2-tiny", "double", None), ("flux2-tiny", "single", None),
+                                                ("qwen-image-tiny", "main", None)])
 def test_fused_block_matches_the_unfused_fp8_block(preset, kind, tokens, monkeypatch):
     calls = []
     real = op.fp8_attention_prologue
@@ -120,10 +121,12 @@ def test_prologue_flag_errors_and_a_family_without_one(tmp_path, capsys):
     assert "wan has no fused prologue" in (err.out + err.err).replace("\n", " ")
 
 
-def test_fused_block_compiles_fullgraph():
-    """The op is opaque to torch.compile (its fake checks and shapes): the fused block traces fullgraph."""
+@pytest.mark.parametrize("preset,kind", [("flux-tiny", "single"), ("qwen-image-tiny", "main")])
+def test_fused_block_compiles_fullgraph(preset, kind):
+    """The op is opaque to torch.compile (its fake checks and shapes): the fused block traces fullgraph (Qwen-Image:
+    its joint RoPE table and its prompt-mask check in the graph too)."""
     torch.manual_seed(2)
-    loaded = synthetic_block("flux-tiny", 0, kind="single")
+    loaded = synthetic_block(preset, 0, kind=kind)
     inputs = make_inputs(loaded)
     fam = loaded.family
     swap = PrologueSwap(registry.get("fp8-emulated"), fam, uses_dispatcher=fam.uses_dispatcher)
@@ -175,3 +178,71 @@ def test_profile_and_each_swap_runs_carry_the_prologue(tmp_path):
     rep = json.loads((tmp_path / "c" / "report.json").read_text())
     assert [c["configuration"] for c in rep["configurations"]] == [
         "sdpa", "fp8-emulated+prologue", "fp8-emulated+prologue + fp8-linears-rowwise"]
+
+
+def _qwen_attention():
+    """The qwen-image-tiny block's attention with four different random norm weights (the groups must not mix)."""
+    torch.manual_seed(3)
+    loaded = synthetic_block("qwen-image-tiny", 0, kind="main", dtype=torch.float32)
+    attn = loaded.module.attn
+    with torch.no_grad():
+        for norm in (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k):
+            norm.weight.copy_(torch.rand_like(norm.weight) + 0.5)
+    return loaded, attn
+
+
+def test_qwen_joint_table_equals_the_per_stream_rotation():
+    """prologue_torch with the joint (cos, sin) table and the two weight groups == diffusers' own norm + complex
+    RoPE on each stream, then [text, image] concatenated, in float32 (to rounding)."""
+    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+    from ditprof.model_blocks.families.qwen_image import joint_rope_table
+
+    loaded, attn = _qwen_attention()
+    img_freqs, txt_freqs = make_inputs(loaded).kwargs["image_rotary_emb"]
+    T, S, H, D = txt_freqs.shape[0], img_freqs.shape[0], attn.heads, attn.inner_dim // attn.heads
+    cos, sin = joint_rope_table(img_freqs, txt_freqs)
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (T + S, D)
+    spec = PrologueSpec("rms", attn.norm_q.eps, "interleaved", D)
+    x = torch.randn(2, T + S, H, D) * 3
+    for txt_norm, img_norm in ((attn.norm_added_q, attn.norm_q), (attn.norm_added_k, attn.norm_k)):
+        txt = apply_rotary_emb_qwen(txt_norm(x[:, :T]), txt_freqs, use_real=False)
+        img = apply_rotary_emb_qwen(img_norm(x[:, T:]), img_freqs, use_real=False)
+        w = torch.stack([txt_norm.weight, img_norm.weight]).detach()
+        fused = prologue_torch(spec, x, w, cos, sin, text_rows=T)
+        torch.testing.assert_close(fused, torch.cat([txt, img], dim=1), rtol=1e-5, atol=1e-5)
+        # the groups matter: one weight for all rows is far off
+        assert not torch.allclose(prologue_torch(spec, x, w[1:], cos, sin), torch.cat([txt, img], 1), atol=1e-2)
+
+
+def test_qwen_fused_prologue_refuses_a_padded_prompt_and_mixed_eps():
+    loaded, attn = _qwen_attention()
+    inputs = make_inputs(loaded)
+    fam = loaded.family
+    swap = PrologueSwap(registry.get("fp8-emulated"), fam, uses_dispatcher=fam.uses_dispatcher)
+    inputs.kwargs["encoder_hidden_states_mask"][:, -2:] = False
+    inst = swap.install(loaded.module)
+    try:
+        with torch.no_grad(), pytest.raises(DitprofError, match="takes no key mask"):
+            inputs.run(loaded.module)
+    finally:
+        inst.undo()
+    attn.norm_added_k.eps = 1e-5
+    with pytest.raises(DitprofError, match="one RMSNorm eps"):
+        swap.install(loaded.module)
+    assert type(attn.processor).__name__ == "QwenDoubleStreamAttnProcessor2_0"  # the failed install undid itself
+
+
+def test_qwen_joint_table_is_made_once_and_remade_when_a_table_changes():
+    from ditprof.model_blocks.families.qwen_image import JointRopeTables
+
+    loaded, _ = _qwen_attention()
+    img_freqs, txt_freqs = make_inputs(loaded).kwargs["image_rotary_emb"]
+    tables = JointRopeTables()
+    cos, sin = tables(img_freqs, txt_freqs)
+    again = tables(img_freqs, txt_freqs[:])  # a new view of the same memory: the same table
+    assert again[0] is cos and again[1] is sin
+    txt_freqs.mul_(1j)  # rotated in place (the version counter moves): remade
+    fresh = tables(img_freqs, txt_freqs)
+    T = txt_freqs.shape[0]
+    assert fresh[0] is not cos and torch.allclose(fresh[0][:T], -sin[:T]) and torch.equal(fresh[0][T:], cos[T:])
