@@ -46,7 +46,7 @@ def cmd_validate(args) -> int:
     from ditprof.harness.cli.args import (check_counts, check_gpu_memory, check_size, default_out, fp8_options_of,
                                           source_of)
     from ditprof.harness.run.compile_mode import check_args as compile_mode_of
-    from ditprof.harness.run.runner import resolve_device
+    from ditprof.harness.run.runner import check_prologue, resolve_device
     from ditprof.harness.validate.report import summary_table, to_json, write
     from ditprof.harness.validate.run import ValidateSpec, validate
 
@@ -60,19 +60,21 @@ def cmd_validate(args) -> int:
         from ditprof.model_blocks import get_preset
 
         get_preset(source)
-    out = default_out(args.out, source, prefix="validate-")
-    atomic.check_writable(out)
     from ditprof.harness.swaps import backends
     from ditprof.harness.swaps.linears import linears_swaps
 
+    attention = args.attention or backends.DEFAULT_BASELINE
+    prologue = check_prologue(args, "validate", None, attention)  # one line where it cannot apply
+    out = default_out(args.out, source, prefix="validate-")
+    atomic.check_writable(out)
     spec = ValidateSpec(
         source=source, source_kind=source_kind, kind=args.kind, blocks=args.blocks,
-        attention=args.attention or backends.DEFAULT_BASELINE, device=device, tokens=args.tokens,
+        attention=attention, device=device, tokens=args.tokens,
         height=args.height, width=args.width, frames=args.frames, gpu_memory=args.gpu_memory, steps=args.steps,
         cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
         seed=args.seed, whole_step=not args.no_whole_step,
         stream=True if args.stream else None, compile=compile_as, fp8_options=fp8_options_of(args),
-        linears=args.linears, linears_compile=getattr(args, "linears_compile", True),
+        linears=args.linears, linears_compile=getattr(args, "linears_compile", True), prologue=prologue,
     )
     linears_swaps(args.linears, device)  # one line before any work where they cannot run (no torchao)
     console = _console(args.json)
@@ -149,7 +151,8 @@ def _preset_rows(preset, tokens: list[int], base, pairs: list, linears: str | No
     fam = get_family(preset.family)
     if progress:
         progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
-    lb = synthetic_block(preset, 0, device=device, seed=seed)
+    with torch.inference_mode(False):  # normal tensors: the fused prologue's weight cache reads their versions
+        lb = synthetic_block(preset, 0, device=device, seed=seed)
     heads, head_dim = lb.heads, lb.head_dim
     outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
     lin = linears_swaps(linears, device, fam)
@@ -396,7 +399,7 @@ def register(subparsers) -> None:
                     "CPU) and compare with the one-block extrapolation N x block time; also the whole-step "
                     "estimate (blocks + the model's non-block modules); with another attention backend or "
                     "--linears, the accuracy of the blocks' output against sdpa with bf16 linears, after one block "
-                    "and after the chain.")
+                    "and after the chain; with --prologue also the fused blocks against the unfused FP8 ones.")
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (default h3 on CUDA, h3-mini on CPU); distinct synthetic "
                                       "weights per block, generated on the device")
@@ -405,8 +408,9 @@ def register(subparsers) -> None:
     src.add_argument("--blocks", type=int, metavar="N",
                      help="blocks to chain (default: all the model's on CUDA, 4 on CPU)")
     src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
-    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag
+    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag, add_prologue_flag
 
+    add_prologue_flag(src)
     add_fp8_flags(src)
     add_linears_flag(p, False, where="(every block of the chain, after its attention swap; the accuracy is "
                                      "against sdpa with bf16 linears)")
