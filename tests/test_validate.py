@@ -256,6 +256,10 @@ def test_validate_prologue_against_the_unfused_chain_and_sdpa(tmp_path, capsys, 
         assert 0 < unfused < 0.1 and fused < 1.5 * unfused + 2e-3, (fused, unfused)
     md = (tmp_path / "f" / "validate.md").read_text()
     assert "## Fused attention prologue" in md and "- fused: attn;" in md
+    # streamed through one working block, the fused processors see each block's own norm weights (remade when
+    # the streamer copies the next block in)
+    st = _run(capsys, "--preset", "flux-tiny", *common, "--stream", "--out", str(tmp_path / "s"))
+    assert st["mode"] == "streamed" and st["accuracy"] == rep["accuracy"]
     assert "## Fused vs unfused prologue: `fp8-emulated+prologue` vs `fp8-emulated`" in md
 
 
