@@ -232,3 +232,59 @@ def test_validate_linears_torchao_cannot_take_and_bad_input(tmp_path, capsys, mo
         _call("validate", "--preset", "wan-tiny", "--device", "cpu", "--linears", "rowwise",
               "--out", str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
+
+
+def test_validate_prologue_against_the_unfused_chain_and_sdpa(tmp_path, capsys, one_thread):
+    """--prologue: every block's attention with the family's fused prologue; the accuracy holds the fused chain
+    against sdpa and against the same chain's unfused FP8 attention, both finite and bounded, and the fusion
+    keeps the chain as close to sdpa as the unfused one (it rounds less, not more)."""
+    common = ["--blocks", "2", "--device", "cpu", "--iters", "1", "--chain-iters", "1", "--no-whole-step",
+              "--attention", "fp8-emulated", "--prologue"]
+    rep = _run(capsys, "--preset", "flux-tiny", *common, "--out", str(tmp_path / "f"))
+    assert rep["configuration"] == "fp8-emulated+prologue" and rep["numerics_only"]
+    assert rep["prologue"]["fused"] and rep["prologue"]["fused_modules"] == ["attn"]
+    acc, vs = rep["accuracy"], rep["accuracy"]["vs_unfused"]
+    assert acc["reference"] == "sdpa" and vs["reference"] == "fp8-emulated"
+    for sec in (acc, vs):
+        assert len(sec["per_block_rel_rms"]) == 2 and sec["per_block_rel_rms"][-1] == sec["chain"]["rel_rms"]
+        for key in ("block", "chain"):
+            a = sec[key]
+            assert a["finite"] and math.isfinite(a["rel_rms"]) and a["cosine"] > 0.99, (key, a)
+    for key in ("block", "chain"):
+        assert 0 < acc[key]["rel_rms"] < 0.1 and 0 < vs[key]["rel_rms"] < 1.5e-2, key
+    for fused, unfused in zip(acc["per_block_rel_rms"], vs["unfused_vs_reference_rel_rms"]):
+        assert 0 < unfused < 0.1 and fused < 1.5 * unfused + 2e-3, (fused, unfused)
+    md = (tmp_path / "f" / "validate.md").read_text()
+    assert "## Fused attention prologue" in md and "- fused: attn;" in md
+    # streamed through one working block, the fused processors see each block's own norm weights (remade when
+    # the streamer copies the next block in)
+    st = _run(capsys, "--preset", "flux-tiny", *common, "--stream", "--out", str(tmp_path / "s"))
+    assert st["mode"] == "streamed" and st["accuracy"] == rep["accuracy"]
+    assert "## Fused vs unfused prologue: `fp8-emulated+prologue` vs `fp8-emulated`" in md
+
+
+def test_validate_prologue_family_without_one_and_bad_input(tmp_path, capsys, one_thread):
+    """A family without a fused prologue: its one line (prologue_missing), the unfused FP8 chain validated; a
+    backend with no fused prologue is one line before any work; the help lists the flag."""
+    assert main(["validate", "--preset", "wan-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1",
+                 "--chain-iters", "1", "--no-whole-step", "--attention", "fp8-emulated", "--prologue",
+                 "--out", str(tmp_path / "w"), "--json"]) == 0
+    cap = capsys.readouterr()
+    rep, err = json.loads(cap.out), " ".join(cap.err.split())
+    assert "--prologue: wan has no fused prologue (" + get_family("wan").prologue_missing + ")" in err
+    assert err.count("has no fused prologue") == 1
+    assert rep["configuration"] == "fp8-emulated" and "vs_unfused" not in rep["accuracy"]
+    assert rep["prologue"] == {"fused": False, "missing": get_family("wan").prologue_missing}
+    assert rep["accuracy"]["chain"]["finite"] and 0 < rep["accuracy"]["chain"]["rel_rms"] < 0.1
+    assert "none fused: its norm_q/norm_k" in (tmp_path / "w" / "validate.md").read_text()
+    for attention in ([], ["--attention", "sdpa-math"]):
+        assert main(["validate", "--preset", "flux-tiny", "--device", "cpu", "--prologue", *attention,
+                     "--out", str(tmp_path / "x")]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--prologue fuses the processor's norm and RoPE" in lines[0], lines
+    assert not (tmp_path / "x").exists()
+    from ditprof.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["validate", "--help"])
+    assert "--prologue" in capsys.readouterr().out

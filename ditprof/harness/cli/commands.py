@@ -46,7 +46,7 @@ def add_fp8_flags(group) -> None:
 
 
 def add_prologue_flag(group) -> None:
-    """``--prologue`` (profile, compare): the FP8 attention with the family's norm and RoPE fused into its prep."""
+    """``--prologue`` (profile, compare, validate): the FP8 attention with the family's norm and RoPE fused into its prep."""
     group.add_argument(
         "--prologue", action="store_true",
         help="fuse the attention processor's norm_q/norm_k (RMSNorm per head) and RoPE into the FP8 prep, which "

@@ -156,7 +156,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         linears=getattr(args, "linears", None), linears_compile=getattr(args, "linears_compile", True),
         fp8_options=fp8_options_of(args),
         each_swap=bool(getattr(args, "each_swap", False)),
-        prologue=_check_prologue(args, command, swap_name, baseline),
+        prologue=check_prologue(args, command, swap_name, baseline),
     )
 
 
@@ -169,7 +169,7 @@ def _check_linears(args: Any, device: torch.device) -> None:
     linears_swaps(args.linears, device)
 
 
-def _check_prologue(args: Any, command: str, swap_name: str | None, baseline: str) -> bool:
+def check_prologue(args: Any, command: str, swap_name: str | None, baseline: str) -> bool:
     """``--prologue``: a one-line error where it cannot apply (not an FP8 backend; --sp)."""
     if not getattr(args, "prologue", False):
         return False

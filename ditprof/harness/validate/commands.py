@@ -13,8 +13,9 @@ from typing import Any
 from ditprof.errors import DitprofError
 from ditprof.report_stdout import stdout_to_stderr
 
-# /2: rows per configuration (``config``, ``configuration``, ``linears``), the table's ``configs`` and ``linears``
-ACCURACY_SCHEMA = "ditprof.accuracy-table/2"
+# /2: rows per configuration (``config``, ``configuration``, ``linears``), the table's ``configs`` and ``linears``;
+# /3: rows' ``prologue`` (the fused-prologue rows of --prologue), the table's ``prologue``
+ACCURACY_SCHEMA = "ditprof.accuracy-table/3"
 # what a row measures against the baseline: a swap backend alone, with the block's linears in FP8, or the
 # baseline attention with FP8 linears (``--configs``; the linears ones need ``--linears``)
 CONFIGS = ("attention", "attention+linears", "linears")
@@ -46,7 +47,7 @@ def cmd_validate(args) -> int:
     from ditprof.harness.cli.args import (check_counts, check_gpu_memory, check_size, default_out, fp8_options_of,
                                           source_of)
     from ditprof.harness.run.compile_mode import check_args as compile_mode_of
-    from ditprof.harness.run.runner import resolve_device
+    from ditprof.harness.run.runner import check_prologue, resolve_device
     from ditprof.harness.validate.report import summary_table, to_json, write
     from ditprof.harness.validate.run import ValidateSpec, validate
 
@@ -60,19 +61,21 @@ def cmd_validate(args) -> int:
         from ditprof.model_blocks import get_preset
 
         get_preset(source)
-    out = default_out(args.out, source, prefix="validate-")
-    atomic.check_writable(out)
     from ditprof.harness.swaps import backends
     from ditprof.harness.swaps.linears import linears_swaps
 
+    attention = args.attention or backends.DEFAULT_BASELINE
+    prologue = check_prologue(args, "validate", None, attention)  # one line where it cannot apply
+    out = default_out(args.out, source, prefix="validate-")
+    atomic.check_writable(out)
     spec = ValidateSpec(
         source=source, source_kind=source_kind, kind=args.kind, blocks=args.blocks,
-        attention=args.attention or backends.DEFAULT_BASELINE, device=device, tokens=args.tokens,
+        attention=attention, device=device, tokens=args.tokens,
         height=args.height, width=args.width, frames=args.frames, gpu_memory=args.gpu_memory, steps=args.steps,
         cfg=bool(args.cfg), out=out, warmup=args.warmup, iters=args.iters, chain_iters=args.chain_iters,
         seed=args.seed, whole_step=not args.no_whole_step,
         stream=True if args.stream else None, compile=compile_as, fp8_options=fp8_options_of(args),
-        linears=args.linears, linears_compile=getattr(args, "linears_compile", True),
+        linears=args.linears, linears_compile=getattr(args, "linears_compile", True), prologue=prologue,
     )
     linears_swaps(args.linears, device)  # one line before any work where they cannot run (no torchao)
     console = _console(args.json)
@@ -120,11 +123,34 @@ def check_configs(configs: list[str], linears: str | None) -> list[str]:
     return list(dict.fromkeys(configs))
 
 
-def _configurations(configs: list[str], base, sw: list) -> list[tuple[str, Any]]:
-    """(configuration, attention backend) pairs in table order: each swap backend alone and with FP8 linears,
-    then the baseline attention with FP8 linears."""
-    pairs = [(c, s) for s in sw for c in configs if c != "linears"]
-    return pairs + ([("linears", base)] if "linears" in configs else [])
+def _configurations(configs: list[str], base, sw: list, prologue: bool = False) -> list[tuple[str, Any, bool]]:
+    """(configuration, attention backend, fused prologue) in table order: each swap backend alone and with FP8
+    linears -- with ``prologue`` each of these on a backend that has a fused prologue again with it -- then the
+    baseline attention with FP8 linears."""
+    from ditprof.harness.swaps.prologue import PROLOGUE_BACKENDS
+
+    out = []
+    for s in sw:
+        for c in configs:
+            if c != "linears":
+                out += [(c, s, False)] + ([(c, s, True)] if prologue and s.name in PROLOGUE_BACKENDS else [])
+    return out + ([("linears", base, False)] if "linears" in configs else [])
+
+
+def check_prologue_table(prologue: bool, configs: list[str], sw: list) -> None:
+    """``--prologue``: one line where no row can take it (no swap backend with a fused prologue; no attention
+    configuration)."""
+    from ditprof.harness.swaps.prologue import PROLOGUE_BACKENDS
+
+    if not prologue:
+        return
+    if not any(s.name in PROLOGUE_BACKENDS for s in sw):
+        raise DitprofError(f"--prologue fuses the processor's norm and RoPE into the FP8 prep: it needs the swap "
+                           f"backend {' or '.join(PROLOGUE_BACKENDS)} among --backends, not "
+                           f"{', '.join(s.name for s in sw)}")
+    if configs == ["linears"]:
+        raise DitprofError("--prologue adds a fused-prologue row to each attention configuration: --configs "
+                           "linears has none (add attention or attention+linears)")
 
 
 def _linears_cell(section: dict | None) -> dict | None:
@@ -135,13 +161,41 @@ def _linears_cell(section: dict | None) -> dict | None:
             "swapped_weight_share": section["swapped_weight_share"], "numerics_only": section["numerics_only"]}
 
 
-def _preset_rows(preset, tokens: list[int], base, pairs: list, linears: str | None, device, seed: int,
-                 qk_outliers: bool, progress, task) -> tuple[list[dict[str, Any]], dict | None]:
-    """The rows of one preset -- each token count, each configuration vs the baseline on the same inputs -- and
-    its FP8 linears' section (swapped / kept; None without --linears)."""
-    from ditprof.harness.report.document import accuracy
+def _attention(b, fam, fused: bool):
     from ditprof.harness.swaps.attention import AttentionSwap
+    from ditprof.harness.swaps.prologue import PrologueSwap
+
+    if fused:
+        return PrologueSwap(b, fam, uses_dispatcher=fam.uses_dispatcher)
+    return AttentionSwap(b, uses_dispatcher=fam.uses_dispatcher)
+
+
+def _row(lb, inputs, ref, c: str, b, fused: bool, lin: list, common: dict) -> tuple[dict, list]:
+    """One ok row: configuration ``c`` on ``b`` (``fused``: with the family's fused prologue) against ``ref``;
+    and the installations' records."""
+    from ditprof.harness.report.document import accuracy
     from ditprof.harness.swaps.base import label
+
+    swaps = [_attention(b, lb.family, fused)] + (lin if "linears" in c else [])
+    out, installed = _block_output(lb, inputs, swaps)
+    records = [i.record() for i in installed]
+    acc = accuracy(ref, out)
+    return ({**common, "backend": b.name, "config": c, "prologue": fused, "configuration": label(swaps),
+             "status": "ok", "route": records[0]["route"], "text_tokens": inputs.text_tokens,
+             "linears": _linears_cell(records[-1].get("linears")),
+             "rel_rms": acc["block_output_rel_rms"], "cosine": acc["block_output_cosine"],
+             "max_abs_diff": acc["block_output_max_abs_diff"], "finite": acc["finite"]}, records)
+
+
+def _preset_rows(preset, tokens: list[int], base, pairs: list, linears: str | None, device, seed: int,
+                 qk_outliers: bool, progress, task) -> tuple[list[dict[str, Any]], dict | None, dict | None]:
+    """The rows of one preset -- each token count, each configuration vs the baseline on the same inputs -- its
+    FP8 linears' section (swapped / kept; None without --linears) and its fused prologue's (the fused modules, or
+    why the family has none; None where no row asks for it). A family without a fused prologue has no fused
+    rows."""
+    import torch
+
+    from ditprof.harness.swaps.attention import AttentionSwap
     from ditprof.harness.swaps.linears import linears_swaps
     from ditprof.model_blocks import get_family, make_inputs
     from ditprof.model_blocks.synthetic import qk_outlier_norms, synthetic_block
@@ -149,42 +203,38 @@ def _preset_rows(preset, tokens: list[int], base, pairs: list, linears: str | No
     fam = get_family(preset.family)
     if progress:
         progress.update(task, description=f"accuracy table: {preset.name} (making block weights)")
-    lb = synthetic_block(preset, 0, device=device, seed=seed)
-    heads, head_dim = lb.heads, lb.head_dim
-    outliers = qk_outlier_norms(lb.module, head_dim, seed) if qk_outliers else []
+    with torch.inference_mode(False):  # normal tensors: the fused prologue's weight cache reads their versions
+        lb = synthetic_block(preset, 0, device=device, seed=seed)
+    outliers = qk_outlier_norms(lb.module, lb.head_dim, seed) if qk_outliers else []
     lin = linears_swaps(linears, device, fam)
+    pro = {"missing": fam.prologue_missing} if any(f for _, _, f in pairs) and fam.prologue_missing else None
+    pairs = [(c, b, f) for c, b, f in pairs if not (f and fam.prologue_missing)]
     rows: list[dict[str, Any]] = []
     section = None
     for t in tokens:
         if progress:
             progress.update(task, description=f"accuracy table: {preset.name}, {t} tokens")
-        common = dict(preset=preset.name, family=fam.name, kind=lb.kind, heads=heads, head_dim=head_dim,
+        common = dict(preset=preset.name, family=fam.name, kind=lb.kind, heads=lb.heads, head_dim=lb.head_dim,
                       tokens=t, baseline=base.name, qk_outlier_norms=len(outliers))
         try:
             inputs = make_inputs(lb, tokens=t, seed=seed, device=device)
         except DitprofError as exc:
-            rows += [{**common, "backend": b.name, "config": c, "status": "skipped", "reason": str(exc)}
-                     for c, b in pairs]
+            rows += [{**common, "backend": b.name, "config": c, "prologue": f, "status": "skipped",
+                      "reason": str(exc)} for c, b, f in pairs]
             if progress:
                 progress.advance(task)
             continue
         ref, _ = _block_output(lb, inputs, [AttentionSwap(base, uses_dispatcher=fam.uses_dispatcher)])
-        for c, b in pairs:
-            swaps = [AttentionSwap(b, uses_dispatcher=fam.uses_dispatcher)] + (lin if "linears" in c else [])
-            out, installed = _block_output(lb, inputs, swaps)
-            records = [i.record() for i in installed]
+        for c, b, f in pairs:
+            row, records = _row(lb, inputs, ref, c, b, f, lin, common)
+            rows.append(row)
             section = next((r["linears"] for r in records if "linears" in r), section)
-            acc = accuracy(ref, out)
-            rows.append({**common, "backend": b.name, "config": c, "configuration": label(swaps), "status": "ok",
-                         "route": records[0]["route"], "text_tokens": inputs.text_tokens,
-                         "linears": _linears_cell(records[-1].get("linears")),
-                         "rel_rms": acc["block_output_rel_rms"], "cosine": acc["block_output_cosine"],
-                         "max_abs_diff": acc["block_output_max_abs_diff"], "finite": acc["finite"]})
-            del out
+            pro = next(({k: r["prologue"][k] for k in ("fused_modules", "unfused_modules")}
+                        for r in records if "prologue" in r), pro)
         del inputs, ref
         if progress:
             progress.advance(task)
-    return rows, section
+    return rows, section, pro
 
 
 def _linears_section(linears: str | None, device, per_preset: dict) -> dict | None:
@@ -204,7 +254,7 @@ def _linears_section(linears: str | None, device, per_preset: dict) -> dict | No
 def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, swaps: list[str], *,
                    baseline: str = "sdpa", seed: int = 0, console=None, qk_outliers: bool = False,
                    presets_not_run: dict[str, str] | None = None, linears: str | None = None,
-                   configs: list[str] | None = None) -> dict:
+                   configs: list[str] | None = None, prologue: bool = False) -> dict:
     """Block-output rel-RMS and cosine of each configuration vs the baseline on the same inputs.
 
     One row per (preset, token count, configuration): ``configs`` (default: ``attention``, and with ``linears``
@@ -213,7 +263,10 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     A token count a family cannot take is recorded as a row with its reason, and the run goes on.
     ``qk_outliers``: the synthetic QK-norm weights get a few large channels per head
     (``synthetic.qk_outlier_norms``), as trained DiTs have. ``presets_not_run``: the default presets this run left
-    out, with why (recorded as given).
+    out, with why (recorded as given). ``prologue``: each attention configuration on a backend with a fused
+    prologue (``swaps.prologue.PROLOGUE_BACKENDS``) again with the family's norm_q/norm_k and RoPE fused into the
+    FP8 prep (``PrologueSwap``), where the family declares one; the table's ``prologue`` says per preset which
+    modules were fused, or why none.
     """
     from contextlib import nullcontext
 
@@ -229,20 +282,26 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
     base = backends.resolve(baseline, device)
     sw = [backends.resolve(s, device) for s in swaps]
     linears_swaps(linears, device)  # one line before any work where they cannot run (no torchao)
+    check_prologue_table(prologue, configs, sw)
     for t in tokens:
         if t < 1:
             raise DitprofError(f"--tokens must be positive (got {t})")
     resolved = [get_preset(p) for p in presets]
-    pairs = _configurations(configs, base, sw)
+    pairs = _configurations(configs, base, sw, prologue)
     rows: list[dict[str, Any]] = []
     per_preset: dict[str, dict | None] = {}
+    per_preset_prologue: dict[str, dict | None] = {}
     prog = make_progress(console) if console is not None else nullcontext()
     with prog as progress, torch.inference_mode():
         task = progress.add_task("accuracy table", total=len(resolved) * len(tokens)) if progress else None
         for preset in resolved:
-            got, per_preset[preset.name] = _preset_rows(preset, tokens, base, pairs, linears, device, seed,
-                                                        qk_outliers, progress, task)
+            got, per_preset[preset.name], per_preset_prologue[preset.name] = _preset_rows(
+                preset, tokens, base, pairs, linears, device, seed, qk_outliers, progress, task)
             rows += got
+            if console is not None and (per_preset_prologue[preset.name] or {}).get("missing"):
+                console.print(f"[yellow]--prologue[/]: {preset.family} has no fused prologue "
+                              f"({per_preset_prologue[preset.name]['missing']}); {preset.name} has the unfused "
+                              f"rows only", highlight=False)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return {
@@ -253,6 +312,9 @@ def accuracy_table(presets: list[str], tokens: list[int], device: torch.device, 
         "backends": [s.name for s in sw],
         "configs": configs,
         "linears": _linears_section(linears, device, per_preset),
+        "prologue": ({"backends": sorted({b.name for _, b, f in pairs if f}), "presets": per_preset_prologue,
+                      "spec": "the family's norm_q/norm_k (RMSNorm per head) and RoPE in the FP8 prep"}
+                     if prologue else None),
         "presets": presets,
         "presets_not_run": dict(presets_not_run or {}),
         "tokens": tokens,
@@ -277,6 +339,21 @@ def _linears_text(r: dict) -> str:
     return f"FP8: {lin['swapped']} ({lin['swapped_weight_share'] * 100:.0f} %)"
 
 
+def _backend_text(r: dict) -> str:
+    """A row's backend column: the backend, and whether the family's prologue was fused into its FP8 prep."""
+    return r["backend"] + (" + fused prologue" if r.get("prologue") else "")
+
+
+def _prologue_notes(rep: dict) -> list[str]:
+    """The markdown lines on --prologue: what the fused rows fuse and the presets whose family has none."""
+    pro = rep.get("prologue")
+    if not pro:
+        return []
+    missing = [f"{p} ({sec['missing']})" for p, sec in pro["presets"].items() if sec and sec.get("missing")]
+    return ([f"Fused prologue (`+ fused prologue` rows): {pro['spec']}, on {', '.join(pro['backends'])}"]
+            + ([f"No fused prologue, unfused rows only: {'; '.join(missing)}"] if missing else []) + [""])
+
+
 def accuracy_markdown(rep: dict) -> str:
     env = rep["environment"]
     where = env.get("gpu") or f"CPU ({env.get('cpu')}, {env.get('torch_threads')} threads)"
@@ -289,13 +366,14 @@ def accuracy_markdown(rep: dict) -> str:
     if lin:
         lines += [f"FP8 linears: {lin['granularity']} scales, {lin['path']}; the family's modulation projections "
                   f"and linears torchao cannot take stay bf16 (`linears` in the JSON lists them)", ""]
+    lines += _prologue_notes(rep)
     lines += [
         "| family | preset | heads × dim | tokens | backend |" + (" linears |" if lin else "") + " rel-RMS | cosine |",
         "|---|---|---|---:|---|" + ("---|" if lin else "") + "---:|---:|",
     ]
     for r in rep["rows"]:
         head = (f"| {r['family']} | {r['preset']} ({r['kind']}) | {r['heads']} × {r['head_dim']} | {r['tokens']} | "
-                f"{r['backend']} |")
+                f"{_backend_text(r)} |")
         if r["status"] == "ok":
             lines.append(head + (f" {_linears_text(r)} |" if lin else "") + f" {r['rel_rms']:.2e} | "
                          f"{r['cosine']:.6f} |")
@@ -311,13 +389,14 @@ def accuracy_rich(rep: dict):
     lin = rep.get("linears")
     t = Table(title=f"swap accuracy vs {rep['baseline']} ({rep['device']}): block output on the same inputs"
                     + (f"; FP8 linears {lin['granularity']}" + (" (numerics only)" if lin["numerics_only"] else "")
-                       if lin else ""), title_justify="left")
+                       if lin else "") + ("; + fused prologue rows" if rep.get("prologue") else ""),
+              title_justify="left")
     cols = [("family", "left"), ("preset", "left"), ("heads x dim", "right"), ("tokens", "right"),
             ("backend", "left")] + ([("linears", "left")] if lin else []) + [("rel-RMS", "right"), ("cosine", "right")]
     for c, j in cols:
         t.add_column(c, justify=j)
     for r in rep["rows"]:
-        head = [r["family"], r["preset"], f"{r['heads']} x {r['head_dim']}", str(r["tokens"]), r["backend"]]
+        head = [r["family"], r["preset"], f"{r['heads']} x {r['head_dim']}", str(r["tokens"]), _backend_text(r)]
         if r["status"] == "ok":
             t.add_row(*head, *([_linears_text(r)] if lin else []), f"{r['rel_rms']:.2e}", f"{r['cosine']:.6f}")
         else:
@@ -369,7 +448,7 @@ def cmd_accuracy_table(args) -> int:
     with stdout_to_stderr(args.json):
         rep = accuracy_table(presets, tokens, device, swaps, baseline=args.baseline, seed=args.seed,
                              console=console, qk_outliers=args.qk_outliers, presets_not_run=not_run,
-                             linears=args.linears, configs=configs)
+                             linears=args.linears, configs=configs, prologue=args.prologue)
     with atomic.staged_dir(out) as stage:
         atomic.write_text(stage / "accuracy-table.md", accuracy_markdown(rep))
         atomic.write_text(stage / "accuracy-table.json", json.dumps(rep, indent=2, default=_json_default) + "\n")
@@ -396,7 +475,7 @@ def register(subparsers) -> None:
                     "CPU) and compare with the one-block extrapolation N x block time; also the whole-step "
                     "estimate (blocks + the model's non-block modules); with another attention backend or "
                     "--linears, the accuracy of the blocks' output against sdpa with bf16 linears, after one block "
-                    "and after the chain.")
+                    "and after the chain; with --prologue also the fused blocks against the unfused FP8 ones.")
     src = p.add_argument_group("what to run")
     src.add_argument("--preset", help="built-in preset (default h3 on CUDA, h3-mini on CPU); distinct synthetic "
                                       "weights per block, generated on the device")
@@ -405,8 +484,9 @@ def register(subparsers) -> None:
     src.add_argument("--blocks", type=int, metavar="N",
                      help="blocks to chain (default: all the model's on CUDA, 4 on CPU)")
     src.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
-    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag
+    from ditprof.harness.cli.commands import add_compile_flag, add_fp8_flags, add_linears_flag, add_prologue_flag
 
+    add_prologue_flag(src)
     add_fp8_flags(src)
     add_linears_flag(p, False, where="(every block of the chain, after its attention swap; the accuracy is "
                                      "against sdpa with bf16 linears)")
@@ -440,7 +520,8 @@ def register(subparsers) -> None:
         "accuracy-table", help="swap accuracy per family: block-output rel-RMS and cosine vs sdpa",
         description="For one preset per family, block-output rel-RMS and cosine of fp8-emulated (and fp8 on "
                     "CUDA) vs the baseline on the same inputs, across token counts -- with --linears also with the "
-                    "block's linears in FP8; writes a table and JSON.")
+                    "block's linears in FP8, with --prologue also with the family's fused attention prologue; "
+                    "writes a table and JSON.")
     a.add_argument("--presets", help=_presets_help())
     a.add_argument("--tokens", help="comma list of token counts (default: "
                                     f"{','.join(map(str, CUDA_ACCURACY_TOKENS))} on CUDA; "
@@ -455,6 +536,10 @@ def register(subparsers) -> None:
                         "each backend with FP8 linears, and the baseline attention with FP8 linears")
     a.add_argument("--configs", help=f"comma list of the configurations to run, of {', '.join(CONFIGS)} (default: "
                                      f"attention; with --linears all three)")
+    a.add_argument("--prologue", action="store_true",
+                   help="also each attention configuration on fp8 / fp8-emulated with the family's norm_q/norm_k "
+                        "(RMSNorm per head) and RoPE fused into the FP8 prep (rows '+ fused prologue'); a family "
+                        "without a fused prologue says why and keeps its unfused rows only")
     a.add_argument("--device", metavar="cpu|cuda", help="default: cuda when available")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--qk-outliers", dest="qk_outliers", action="store_true",

@@ -28,17 +28,30 @@ def _linears_line(lin: dict) -> str:
     return f"{head}; kept bf16: {kept}; {lin['path']}"
 
 
+def _prologue_line(pro: dict) -> str:
+    """One line on the fused prologue: the fused (and unfused) modules, or why the family has none."""
+    if not pro["fused"]:
+        return f"none fused: {pro.get('missing') or 'no module of this block has a fused processor'}; the " \
+               f"attention runs the unfused FP8 path"
+    kept = "; ".join(f"{m} ({why})" for m, why in pro["unfused_modules"].items())
+    return f"fused: {', '.join(pro['fused_modules'])}" + (f"; unfused: {kept}" if kept else "") + f"; {pro['spec']}"
+
+
 def _accuracy_rows(rep: dict) -> list[tuple[str, str, str]]:
-    """(quantity, value, note) rows of the accuracy against the reference; none where the run is the reference."""
+    """(quantity, value, note) rows of the accuracy against the reference (and, a fused prologue run, against the
+    unfused FP8 blocks); none where the run is the reference."""
     acc = rep.get("accuracy")
     if not acc:
         return []
     out = []
-    for key, what in (("block", "one block"), ("chain", f"{rep['blocks']} blocks chained")):
-        a = acc[key]
-        out.append((f"accuracy, {what}", f"{a['rel_rms']:.2e}",
-                    f"rel-RMS vs {acc['reference']}; cosine {a['cosine']:.6f}" + ("" if a["finite"] else
-                                                                                   ", non-finite")))
+    for sec, vs in ((acc, ""), (acc.get("vs_unfused"), " vs unfused")):
+        if not sec:
+            continue
+        for key, what in (("block", "one block"), ("chain", f"{rep['blocks']} blocks chained")):
+            a = sec[key]
+            out.append((f"accuracy{vs}, {what}", f"{a['rel_rms']:.2e}",
+                        f"rel-RMS vs {sec['reference']}; cosine {a['cosine']:.6f}" + ("" if a["finite"] else
+                                                                                       ", non-finite")))
     return out
 
 
@@ -72,6 +85,9 @@ def summary_table(rep: dict):
         t.add_row("numerics only", "[yellow]emulated[/]", "an emulation runs in the blocks: its times are not a speed")
     if rep.get("linears"):
         t.add_row("linears", f"{len(rep['linears']['swapped'])} in FP8", _linears_line(rep["linears"]))
+    if rep.get("prologue"):
+        t.add_row("prologue", "fused" if rep["prologue"]["fused"] else "[yellow]none[/]",
+                  _prologue_line(rep["prologue"]))
     for row in _accuracy_rows(rep):
         t.add_row(*row)
     t.add_row("mode", rep["mode"], rep["memory"]["note"])
@@ -154,19 +170,28 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _accuracy_table_md(sec: dict, title: str, n: int) -> list[str]:
+    lines = ["", f"## {title}: `{sec['configuration']}` vs `{sec['reference']}`", "",
+             "| after | rel-RMS | cosine | max abs diff |", "|---|---:|---:|---:|"]
+    for key, what in (("block", "block 0 (one block)"), ("chain", f"{n} blocks chained")):
+        a = sec[key]
+        lines.append(f"| {what} | {a['rel_rms']:.2e} | {a['cosine']:.6f} | {a['max_abs_diff']:.3g} |")
+    return lines + ["", "Per block: " + ", ".join(f"{x:.2e}" for x in sec["per_block_rel_rms"]), "", sec["note"]]
+
+
 def _accuracy_markdown(rep: dict) -> list[str]:
-    """The FP8 linears and the accuracy sections of validate.md (none without them)."""
+    """The FP8 linears, fused prologue and accuracy sections of validate.md (none without them)."""
     lines: list[str] = []
     if rep.get("linears"):
         lines += ["", "## FP8 linears", "", "- " + _linears_line(rep["linears"])]
+    if rep.get("prologue"):
+        lines += ["", "## Fused attention prologue", "", "- " + _prologue_line(rep["prologue"])]
     acc = rep.get("accuracy")
     if acc:
-        lines += ["", f"## Accuracy: `{acc['configuration']}` vs `{acc['reference']}`", "",
-                  "| after | rel-RMS | cosine | max abs diff |", "|---|---:|---:|---:|"]
-        for key, what in (("block", "block 0 (one block)"), ("chain", f"{rep['blocks']} blocks chained")):
-            a = acc[key]
-            lines.append(f"| {what} | {a['rel_rms']:.2e} | {a['cosine']:.6f} | {a['max_abs_diff']:.3g} |")
-        lines += ["", "Per block: " + ", ".join(f"{x:.2e}" for x in acc["per_block_rel_rms"]), "", acc["note"]]
+        lines += _accuracy_table_md(acc, "Accuracy", rep["blocks"])
+        if acc.get("vs_unfused"):
+            lines += _accuracy_table_md({"configuration": acc["configuration"], **acc["vs_unfused"]},
+                                        "Fused vs unfused prologue", rep["blocks"])
     return lines
 
 

@@ -18,8 +18,9 @@ resident. Otherwise the blocks are kept in host memory and streamed, one at a ti
 the device; only the compute is timed (per-block events around the forward, copies left out) and the
 report says so. A budget that cannot hold one block plus its activations is an error naming the amount.
 
-Swaps: every block runs its attention on ``--attention`` and, with ``--linears``, its linears in FP8; where that
-is not the model's own configuration the report holds its accuracy against it (``validate.accuracy``).
+Swaps: every block runs its attention on ``--attention`` (with ``--prologue``: the family's fused prologue) and,
+with ``--linears``, its linears in FP8; where that is not the model's own configuration the report holds its
+accuracy against it (``validate.accuracy``), and with the fused prologue also against the unfused FP8 blocks.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class ValidateSpec:
     fp8_options: Fp8Options | None = None
     linears: str | None = None  # --linears GRANULARITY: every block's linears in FP8 too (harness.swaps.linears)
     linears_compile: bool = True  # eager runs: each FP8 linear compiled alone (--linears-eager: not)
+    # --prologue: every block's attention with the family's norm_q/norm_k and RoPE fused into the FP8 prep
+    # (harness.swaps.prologue); the accuracy then also holds the fused chain against the unfused FP8 one
+    prologue: bool = False
 
 
 def _stats(samples: list[float]) -> dict:
@@ -125,7 +129,9 @@ def _build_blocks(spec: ValidateSpec, src: Source, n: int, plan: MemoryPlan, con
     modules: list[torch.nn.Module] = []
     streamer = None
     t_build = time.perf_counter()
-    with make_progress(console) as progress:
+    # normal tensors, as the runner's blocks are, though the run is in inference mode: the fused prologue's
+    # weight cache (families.base.PrologueWeights) reads their version counters, and the streamer copies into them
+    with make_progress(console) as progress, torch.inference_mode(False):
         verb = "generating" if src.preset is not None else "loading"
         task = progress.add_task(f"{verb} {n} blocks" + (" into host memory" if plan.mode == "streamed" else ""),
                                  total=n)
@@ -179,10 +185,12 @@ def _time_interleaved(blocks: _Blocks, chain_modules: list, block0, inputs, chai
 
 
 def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], reference: Sequence[Swap] | None, n: int,
-             plan: MemoryPlan, warmup: int, iters: int, chain_iters: int, input_args: dict, console) -> dict:
+             plan: MemoryPlan, warmup: int, iters: int, chain_iters: int, input_args: dict, console, *,
+             unfused: Sequence[Swap] | None = None) -> dict:
     """Build the N blocks (resident or host copies); ``reference`` given: the chain's accuracy against it
-    (``accuracy.chain_accuracy``, untimed, eager); then time one block and the chain, interleaved, with ``swaps``
-    in every block (``run.measure.swapped``, as every harness measurement)."""
+    (``accuracy.chain_accuracy``, untimed, eager; ``unfused``: also against the run without its fused prologue);
+    then time one block and the chain, interleaved, with ``swaps`` in every block (``run.measure.swapped``, as
+    every harness measurement)."""
     from ditprof.model_blocks import make_inputs
 
     dev = spec.device
@@ -197,7 +205,8 @@ def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], reference: 
     with contextlib.ExitStack() as stack, make_progress(console) as progress:
         if reference is not None:
             task = progress.add_task(f"accuracy: {label(swaps)} vs {label(reference)}, {n} blocks", total=1)
-            acc = chain_accuracy(chain, blocks.modules, reference, swaps, streamer=blocks.streamer, n=n)
+            acc = chain_accuracy(chain, blocks.modules, reference, swaps, streamer=blocks.streamer, n=n,
+                                 unfused=unfused)
             progress.advance(task)
         installed = stack.enter_context(swapped(working, swaps))
         records: dict = {}
@@ -212,7 +221,7 @@ def _measure(spec: ValidateSpec, src: Source, swaps: Sequence[Swap], reference: 
                                 chain_iters, progress)
     peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
     return {**res, "inputs": inputs, "peak": peak, "build_s": blocks.build_s, "compile": compiled_stats,
-            "accuracy": acc, "linears": records.get("linears"),
+            "accuracy": acc, "linears": records.get("linears"), "prologue": records.get("prologue"),
             "pinned": None if blocks.streamer is None or dev.type != "cuda" else bool(blocks.streamer.pinned)}
 
 
@@ -318,21 +327,42 @@ def _whole_step(spec: ValidateSpec, src: Source, rep: dict, n: int, warmup: int,
     }
 
 
-def _swaps(spec: ValidateSpec, src: Source, b, swaps: Sequence[Swap] | None) -> tuple[list, list | None]:
-    """(what every block runs with: ``swaps``, default its attention on ``b`` then, with --linears, its linears in
-    FP8; the accuracy's reference -- the model's own attention, bf16 linears -- or None where the run is it)."""
-    head_dim = src.family.heads(src.config)[1]
-    if swaps is None:
-        if spec.compile:
-            from ditprof.harness.run.compile_backends import for_compile
+def _swaps(spec: ValidateSpec, src: Source, b, swaps: Sequence[Swap] | None,
+           console=None) -> tuple[list, list | None, list | None]:
+    """(what every block runs with: ``swaps``, default its attention on ``b`` -- with --prologue the family's fused
+    prologue, or the unfused path after one line where the family has none (``runner.attention_swap``) -- then,
+    with --linears, its linears in FP8; the accuracy's reference -- the model's own attention, bf16 linears -- or
+    None where the run is it; the same swaps with the unfused FP8 attention where the prologue is fused, else
+    None)."""
+    from types import SimpleNamespace
 
-            b = for_compile(b)
-        swaps = [AttentionSwap(b, uses_dispatcher=src.family.uses_dispatcher, head_dim=head_dim)]
-        swaps += linears_swaps(spec.linears, spec.device, src.family,
-                               compile_each=spec.linears_compile and not spec.compile)
+    from ditprof.harness.run.runner import attention_swap
+    from ditprof.harness.swaps.prologue import PrologueSwap
+
+    head_dim = src.family.heads(src.config)[1]
+    uses = src.family.uses_dispatcher
+    if swaps is None:
+        att = attention_swap(spec, SimpleNamespace(family=src.family, head_dim=head_dim), b, fuse=True,
+                             console=console)
+        swaps = [att] + linears_swaps(spec.linears, spec.device, src.family,
+                                      compile_each=spec.linears_compile and not spec.compile)
+    swaps = list(swaps)
+    unfused = None
+    if swaps and isinstance(swaps[0], PrologueSwap):
+        unfused = [AttentionSwap(swaps[0].backend, uses_dispatcher=uses, head_dim=head_dim)] + swaps[1:]
     base = backends.resolve(backends.DEFAULT_BASELINE, spec.device, spec.fp8_options)
-    reference = [AttentionSwap(base, uses_dispatcher=src.family.uses_dispatcher, head_dim=head_dim)]
-    return list(swaps), (None if label(swaps) == label(reference) else reference)
+    reference = [AttentionSwap(base, uses_dispatcher=uses, head_dim=head_dim)]
+    return swaps, (None if label(swaps) == label(reference) else reference), unfused
+
+
+def _prologue_section(spec: ValidateSpec, src: Source, record: dict | None) -> dict | None:
+    """The report's ``prologue``: block 0's fused / unfused modules, or why the family has none; None without
+    --prologue."""
+    if not spec.prologue:
+        return None
+    if record is not None:
+        return {"fused": bool(record["fused_modules"]), **record}
+    return {"fused": False, "missing": src.family.prologue_missing or "no module of this block was fused"}
 
 
 def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None = None) -> dict:
@@ -345,7 +375,7 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
     src = open_source(spec.source, spec.source_kind, spec.kind)
     n, warmup, iters, chain_iters = _counts(spec, src)
     input_args = dict(tokens=spec.tokens, height=spec.height, width=spec.width, frames=spec.frames, seed=spec.seed)
-    swaps, reference = _swaps(spec, src, b, swaps)
+    swaps, reference, unfused = _swaps(spec, src, b, swaps, console)
 
     params, bbytes = block_size(src.family, src.config, src.kind, spec.dtype)
     est = estimate_forward_bytes(src.family, src.config, src.kind, preset=src.preset, dtype=spec.dtype, **input_args)
@@ -358,7 +388,8 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
 
     budget_cm = memory_budget(spec.gpu_memory if spec.device.type == "cuda" else None, spec.device)
     with budget_cm, torch.inference_mode():
-        res = _measure(spec, src, swaps, reference, n, plan, warmup, iters, chain_iters, input_args, console)
+        res = _measure(spec, src, swaps, reference, n, plan, warmup, iters, chain_iters, input_args, console,
+                       unfused=unfused)
     model = _model_section(spec, src, res.pop("inputs"), params, bbytes)
     if spec.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -374,6 +405,7 @@ def validate(spec: ValidateSpec, console=None, *, swaps: Sequence[Swap] | None =
         "numerics_only": any(s.numerics_only for s in swaps),
         "linears": res["linears"],  # --linears: block 0's swapped / kept linears and how they ran; None without
         "accuracy": res["accuracy"],  # against the model's own attention with bf16 linears; None: the run is that
+        "prologue": _prologue_section(spec, src, res["prologue"]),  # --prologue: fused modules or why none
         "blocks": n,
         "mode": plan.mode,
         "memory": {**plan.as_dict(), "peak_allocated_bytes": res["peak"],
