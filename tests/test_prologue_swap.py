@@ -165,6 +165,24 @@ def test_prologue_weights_are_made_once_and_remade_when_a_weight_changes():
         pw(torch.nn.Module(), (torch.nn.LayerNorm(32),), (a,), 32, x)
 
 
+def test_prologue_weights_of_inference_mode_norms():
+    """Norms made under torch.inference_mode (no version counter): the weights are made once and kept, by storage."""
+    from diffusers.models.normalization import RMSNorm
+
+    from ditprof.model_blocks.families.base import PrologueWeights
+
+    with torch.inference_mode():
+        a = RMSNorm(32, eps=1e-6)
+        torch.nn.init.normal_(a.weight)
+        x = torch.randn(1, 4, 2, 32)
+    attn, pw = torch.nn.Module(), PrologueWeights()
+    wq, wk, _ = pw(attn, (a,), (a,), 32, x)
+    assert torch.equal(wq[0], a.weight) and pw(attn, (a,), (a,), 32, x)[0] is wq
+    with torch.inference_mode():
+        a.weight = torch.nn.Parameter(a.weight * 2)  # a new storage: remade
+    assert torch.equal(pw(attn, (a,), (a,), 32, x)[0][0], a.weight)
+
+
 def test_profile_and_each_swap_runs_carry_the_prologue(tmp_path):
     import json
 

@@ -476,7 +476,7 @@ class PrologueWeights:
     def __call__(self, attn, norms_q, norms_k, head_dim: int, like: torch.Tensor):
         if torch.compiler.is_compiling():
             return self._build(norms_q, norms_k, head_dim, like)
-        stamp = tuple((id(n), None if getattr(n, "weight", None) is None else (n.weight.data_ptr(), n.weight._version))
+        stamp = tuple((id(n), None if getattr(n, "weight", None) is None else _weight_stamp(n.weight))
                       for n in (*norms_q, *norms_k))
         hit = self._cache.get(id(attn))
         if hit is None or hit[0] != stamp:
@@ -489,6 +489,13 @@ class PrologueWeights:
         ks = [rms_weight(n, head_dim, like) for n in norms_k]
         cat = (lambda ws: ws[0] if len(ws) == 1 else torch.cat(ws))  # noqa: E731
         return cat([w for w, _ in qs]), cat([w for w, _ in ks]), qs[-1][1]
+
+
+def _weight_stamp(w: torch.Tensor) -> tuple:
+    """What says a norm weight changed: its storage and version counter. An inference-mode tensor has no version
+    counter, so it is told apart by its storage only (weights made under ``torch.inference_mode`` are taken as
+    fixed once loaded)."""
+    return (w.data_ptr(), None if w.is_inference() else w._version)
 
 
 class PrologueProcessor:
