@@ -97,3 +97,54 @@ def test_swap_in_the_h3_mini_block_matches_the_unfused_fp8_block():
     assert torch.isfinite(outs["fused"]).all()
     assert _rel(outs["fused"], outs["unfused"]) < 1.5e-2
     assert _rel(outs["fused"], outs["sdpa"]) < 1.5 * _rel(outs["unfused"], outs["sdpa"]) + 2e-3
+
+
+@cuda
+def test_op_with_key_lens_and_identity_rows_vs_float64_and_the_unfused_kernel():
+    """HunyuanVideo's shape of the problem: [video, prompt] rows, the prompt's own norm weights (the G = 2 split at
+    the video rows), no RoPE on the prompt (cos = 1, sin = 0 rows) and a padded prompt (key counts per item)."""
+    from ditprof.kernels.interface import fp8_attention
+    from ditprof.model_blocks.families.base import PrologueTables
+
+    S, T, H, D = 3000, 256, 3, 128
+    q, k, v, wq, wk, cos, sin, _ = _case(S + T, H, D, "interleaved", D, True, 11)
+    q, k, v = (torch.cat([x, x[:1]]) for x in (q, k, v))  # two batch items
+    cos, sin = PrologueTables()(cos[:S], sin[:S], T)
+    lens = torch.tensor([S + T, S + 100], dtype=torch.int32, device="cuda")
+    spec = PrologueSpec("rms", 1e-6, "interleaved", D)
+    scale = 1 / math.sqrt(D)
+    out = op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, text_rows=S, key_lens=lens)
+    qp, kp = (prologue_torch(spec, x, w, cos, sin, S) for x, w in ((q, wq), (k, wk)))
+    keep = torch.arange(S + T, device="cuda")[None, :] < lens[:, None].long()
+    unfused = fp8_attention(qp, kp, v, layout="BSHD", scale=scale, key_mask=keep)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    for b in range(2):
+        n = int(lens[b])
+        ref = _f64_attention(qp[b:b + 1], kp[b:b + 1, :n], v[b:b + 1, :n], scale)
+        assert _rel(out[b:b + 1], ref) < 0.055, (b, _rel(out[b:b + 1], ref))
+        assert _rel(out[b:b + 1], unfused[b:b + 1]) < 1e-2, (b, _rel(out[b:b + 1], unfused[b:b + 1]))
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["double", "single"])
+def test_swap_in_a_padded_hunyuan_video_block_matches_the_unfused_fp8_block(kind):
+    from ditprof.harness.swaps.attention import AttentionSwap
+    from ditprof.harness.swaps.prologue import PrologueSwap
+    from ditprof.kernels import registry
+    from ditprof.model_blocks import make_inputs
+    from ditprof.model_blocks.synthetic import synthetic_block
+
+    loaded = synthetic_block("hunyuan-video", 0, kind=kind, device="cuda")
+    inputs = make_inputs(loaded, tokens=1536, batch=2, text_tokens=128)
+    inputs.kwargs["attention_mask"][1, ..., -40:] = False
+    fam, fp8 = loaded.family, registry.get("fp8")
+    outs = {}
+    for name, swap in (("unfused", AttentionSwap(fp8, uses_dispatcher=fam.uses_dispatcher)),
+                       ("fused", PrologueSwap(fp8, fam, uses_dispatcher=fam.uses_dispatcher)),
+                       ("sdpa", AttentionSwap(registry.get("sdpa"), uses_dispatcher=fam.uses_dispatcher))):
+        with torch.no_grad(), swap.applied(loaded.module):
+            outs[name] = inputs.run(loaded.module).clone()
+    assert torch.isfinite(outs["fused"]).all()
+    assert _rel(outs["fused"], outs["unfused"]) < 1.5e-2
+    assert _rel(outs["fused"], outs["sdpa"]) < 1.5 * _rel(outs["unfused"], outs["sdpa"]) + 2e-3

@@ -39,7 +39,9 @@ def _outputs(loaded, inputs, swaps):
 @pytest.mark.parametrize("preset,kind,tokens", [("h3-mini", "main", 256), ("h3-mini", "refiner", None),
                                                 ("flux-tiny", "double", None), ("flux-tiny", "single", None),
                                                 ("flux2-tiny", "double", None), ("flux2-tiny", "single", None),
-                                                ("qwen-image-tiny", "main", None)])
+                                                ("qwen-image-tiny", "main", None),
+                                                ("hunyuan-video-tiny", "double", None),
+                                                ("hunyuan-video-tiny", "single", None)])
 def test_fused_block_matches_the_unfused_fp8_block(preset, kind, tokens, monkeypatch):
     calls = []
     real = op.fp8_attention_prologue
@@ -121,10 +123,12 @@ def test_prologue_flag_errors_and_a_family_without_one(tmp_path, capsys):
     assert "wan has no fused prologue" in (err.out + err.err).replace("\n", " ")
 
 
-@pytest.mark.parametrize("preset,kind", [("flux-tiny", "single"), ("qwen-image-tiny", "main")])
+@pytest.mark.parametrize("preset,kind", [("flux-tiny", "single"), ("qwen-image-tiny", "main"),
+                                         ("hunyuan-video-tiny", "double")])
 def test_fused_block_compiles_fullgraph(preset, kind):
     """The op is opaque to torch.compile (its fake checks and shapes): the fused block traces fullgraph (Qwen-Image:
-    its joint RoPE table and its prompt-mask check in the graph too)."""
+    its joint RoPE table and its prompt-mask check in the graph too; HunyuanVideo: its key-padding mask turned
+    into key counts in the graph)."""
     torch.manual_seed(2)
     loaded = synthetic_block(preset, 0, kind=kind)
     inputs = make_inputs(loaded)
@@ -264,3 +268,87 @@ def test_qwen_joint_table_is_made_once_and_remade_when_a_table_changes():
     fresh = tables(img_freqs, txt_freqs)
     T = txt_freqs.shape[0]
     assert fresh[0] is not cos and torch.allclose(fresh[0][:T], -sin[:T]) and torch.equal(fresh[0][T:], cos[T:])
+
+
+def _padded_hunyuan(kind, pad=3):
+    """A HunyuanVideo block and inputs of two batch items, the second's last ``pad`` prompt rows padded (masked)."""
+    torch.manual_seed(3)
+    loaded = synthetic_block("hunyuan-video-tiny", 0, kind=kind)
+    inputs = make_inputs(loaded, batch=2)
+    inputs.kwargs["attention_mask"][1, ..., -pad:] = False
+    return loaded, inputs
+
+
+@pytest.mark.parametrize("kind", ["double", "single"])
+def test_hunyuan_padded_prompt_fused_matches_unfused_and_ignores_the_padding(kind):
+    loaded, inputs = _padded_hunyuan(kind)
+    fam = loaded.family
+    emu, sdpa = registry.get("fp8-emulated"), registry.get("sdpa")
+    ref = _outputs(loaded, inputs, [AttentionSwap(sdpa, uses_dispatcher=fam.uses_dispatcher)])
+    unfused = _outputs(loaded, inputs, [AttentionSwap(emu, uses_dispatcher=fam.uses_dispatcher)])
+    swap = PrologueSwap(emu, fam, uses_dispatcher=fam.uses_dispatcher)
+    fused = _outputs(loaded, inputs, [swap])
+    for f, u, r in zip(fused, unfused, ref):
+        assert _rel(f, u) < 1.5e-2 and _rel(f, r) < 1.5 * _rel(u, r) + 2e-3, (_rel(f, u), _rel(f, r), _rel(u, r))
+    # the padded prompt rows take no part as keys: new values there leave the video rows unchanged, bit for bit,
+    # where new values in a kept prompt row change them
+    text = inputs.kwargs["encoder_hidden_states"]
+    saved = text.clone()
+    for rows, same in ((slice(-3, None), True), (slice(0, 1), False)):
+        text[1, rows] = torch.randn_like(text[1, rows]) * 4
+        try:
+            again = _outputs(loaded, inputs, [swap])
+        finally:
+            text.copy_(saved)
+        assert torch.equal(again[0][1], fused[0][1]) == same
+
+
+def test_hunyuan_mask_that_is_not_a_prefix_is_one_line_error():
+    loaded, inputs = _padded_hunyuan("double")
+    inputs.kwargs["attention_mask"][0, ..., 5] = False  # a video key masked: no longer each item's first keys
+    fam = loaded.family
+    swap = PrologueSwap(registry.get("fp8-emulated"), fam, uses_dispatcher=fam.uses_dispatcher)
+    with pytest.raises(DitprofError, match="not each batch item's first keys") as err:
+        _outputs(loaded, inputs, [swap])
+    assert "\n" not in str(err.value)
+
+
+def test_rows_without_rope_take_the_identity_table():
+    """cos = 1, sin = 0 rows give the norm alone: n * 1 + rotate(n) * 0 = n in fp32, so the rounded result is the
+    rope-free prologue's bit for bit (a -0.0 with a positive partner would come out +0.0: equal values)."""
+    from ditprof.model_blocks.families.base import PrologueTables
+
+    torch.manual_seed(4)
+    S, T, D = 40, 9, 32
+    x = torch.randn(2, S + T, 3, D, dtype=torch.bfloat16) * 3
+    w = torch.rand(1, D) + 0.5
+    ang = torch.rand(S, D // 2) * 6
+    cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
+    tables = PrologueTables()
+    tc, ts = tables(cos, sin, T)
+    assert tc.shape == (S + T, D) and tc.dtype == torch.float32
+    assert tables(cos, sin, T)[0] is tc  # the same tensors: a stable graph-replay key
+    assert tables(cos, sin, T + 1)[0].shape == (S + T + 1, D)  # remade when the rows change
+    fused = prologue_torch(PrologueSpec("rms", 1e-6, "interleaved", 0), x, w, tc, ts)
+    plain = prologue_torch(PrologueSpec("rms", 1e-6, None, 0), x[:, S:], w)
+    assert torch.equal(fused[:, S:].view(torch.int16), plain.view(torch.int16))
+    roped = prologue_torch(PrologueSpec("rms", 1e-6, "interleaved", 0), x[:, :S], w, cos, sin)
+    assert torch.equal(fused[:, :S].view(torch.int16), roped.view(torch.int16))
+
+
+def test_op_key_lens_masks_the_last_keys_and_bad_key_lens_are_one_line():
+    torch.manual_seed(5)
+    B, S, H, D = 2, 80, 2, 32
+    q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16) for _ in range(3))
+    spec = PrologueSpec("rms", 1e-6, None, 0)
+    w = torch.ones(1, D)
+    lens = torch.tensor([S, 50], dtype=torch.int32)
+    out = op.fp8_attention_prologue(q, k, v, spec, wq=w, wk=w, key_lens=lens)
+    k2, v2 = k.clone(), v.clone()
+    k2[1, 50:], v2[1, 50:] = 7.0, -7.0  # keys past the count take no part
+    assert torch.equal(op.fp8_attention_prologue(q, k2, v2, spec, wq=w, wk=w, key_lens=lens), out)
+    full = op.fp8_attention_prologue(q, k, v, spec, wq=w, wk=w)
+    assert torch.equal(out[0], full[0]) and not torch.equal(out[1], full[1])
+    with pytest.raises(DitprofError, match=r"key_lens must be \(2,\) int32"):
+        op.fp8_attention_prologue(q, k, v, spec, wq=w, wk=w, key_lens=lens.long())
+

@@ -333,10 +333,10 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prolo
     choice = choose_launch(arch_of(q.device.index), (B, H, Sq, k.shape[1], D), DTYPE_NAMES[q.dtype], options,
                            key_lens=key_lens, write_lse=return_lse,
                            q_in_kernel_ok=prologue is None and q_in_kernel_ok(q), device_index=q.device.index)
-    if prologue is not None and (not choice.spec.qk_int8 or key_lens or return_lse):
-        raise DitprofError("the fused prologue needs the INT8 Q/K format, no key mask and no returned LSE "
-                           f"(this call: Q/K {'int8' if choice.spec.qk_int8 else 'e4m3'}, key mask {key_lens}, "
-                           f"LSE {return_lse})")
+    # key counts compose with the prologue: the prep's K statistics stop at key_lens[b] whatever its loads compute
+    if prologue is not None and (not choice.spec.qk_int8 or return_lse):
+        raise DitprofError("the fused prologue needs the INT8 Q/K format and no returned LSE "
+                           f"(this call: Q/K {'int8' if choice.spec.qk_int8 else 'e4m3'}, LSE {return_lse})")
     verdict = None
     if choice.spec.kernel == "fp8-sm120" and options.self_check:  # before any capture of this record's launches
         verdict = _self_check.checked(choice.spec, q.device.index)

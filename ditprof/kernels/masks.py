@@ -67,6 +67,21 @@ def attended_keys(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) 
     return _as_4d(m, mask, batch, heads, sq, sk)[:, 0].any(dim=1)
 
 
+def prefix_key_lens(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int, *,
+                    check: bool = True) -> torch.Tensor:
+    """(B,) int32: each batch item's attended-key count, for a mask whose attended keys are the item's first ones
+    (HunyuanVideo's padded prompt: [video, prompt, padding]). The fused prologue takes counts, not a key subset:
+    its RoPE table ties each key to its row, so it cannot move the kept keys to the front (``compact_keys``).
+    ``check``: ``key_mask``'s checks and the prefix check (host syncs); else device ops only (no sync)."""
+    if not check:
+        return attended_keys(mask, batch, heads, sq, sk).sum(dim=1, dtype=torch.int32)
+    keys = key_mask(mask, batch, heads, sq, sk)
+    lens = keys.sum(dim=1, dtype=torch.int32)
+    if not bool((keys == (torch.arange(sk, device=keys.device)[None, :] < lens[:, None])).all()):
+        raise DitprofError("the attention mask's attended keys are not each batch item's first keys: the fused "
+                           "prologue takes a key count per item (its RoPE rows pin each key to its position)")
+    return lens
+
 
 def compact_keys(k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor):
     """Any key subset as a prefix, on the device (no sync, CUDA-graph capturable): ``keep`` (B, Sk) bool ->

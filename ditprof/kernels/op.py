@@ -114,11 +114,26 @@ _LIB.impl("fp8_attention", fp8_attention_cpu_impl, "CPU")
 
 # The fused prologue (kernels.prologue): q and k are the projections' raw output, the processor's per-head RMSNorm
 # and RoPE run inside the FP8 prep (``prologue``: kernels.prologue.spec_key of the family's PrologueSpec).
+# ``key_lens`` (B,) int32: batch item b attends to its first key_lens[b] keys (a key-padding mask whose kept keys
+# are a prefix: the RoPE table ties each key to its row, so the keys cannot be moved to the front as
+# ``fp8_attention`` does with a key subset). Last in the schema, so positional callers keep their meaning.
 _LIB.define('fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor? wq, Tensor? wk, Tensor? cos, '
-            'Tensor? sin, int text_rows, float scale, str prologue, str options="") -> Tensor')
+            'Tensor? sin, int text_rows, float scale, str prologue, str options="", Tensor? key_lens=None) '
+            '-> Tensor')
 
 
-def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue):
+def check_key_lens(key_lens: Optional[torch.Tensor], q: torch.Tensor) -> None:
+    """A one-line DitprofError unless ``key_lens`` is None or (B,) int32 on q's device."""
+    if key_lens is None:
+        return
+    if key_lens.dim() != 1 or key_lens.shape[0] != q.shape[0] or key_lens.dtype != torch.int32:
+        raise DitprofError(f"key_lens must be ({q.shape[0]},) int32 (one key count per batch item), got "
+                           f"{key_lens.dtype} {tuple(key_lens.shape)}")
+    if key_lens.device != q.device:
+        raise DitprofError(f"key_lens must be on {q.device}, got {key_lens.device}")
+
+
+def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens=None):
     from ditprof.kernels.prologue import check_prologue_call, spec_from_key
 
     spec = spec_from_key(prologue)
@@ -127,32 +142,37 @@ def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue):
     else:
         check_qkv(q, k, v, who="fp8 attention (fused prologue)", same_dtype=True, pow2_head_dim=True)
     check_prologue_call(spec, q, k, wq, wk, cos, sin, text_rows)
+    check_key_lens(key_lens, q)
     return spec
 
 
 def fp8_attention_prologue_cuda_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
-                                     options: str = "") -> torch.Tensor:
+                                     options: str = "", key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """o (B, S, H, D): the prologue in the prep, then our kernel (``launch_record.fp8_call``)."""
     from ditprof.kernels.launch_record import fp8_call
     from ditprof.kernels.prologue import prologue_tensors
 
-    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
-    return fp8_call(q, k, v, scale, options=options_for(options), prologue=spec,
+    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens)
+    return fp8_call(q, k, v, scale, key_lens, options=options_for(options), prologue=spec,
                     pro=prologue_tensors(wq, wk, cos, sin, text_rows))
 
 
 def fp8_attention_prologue_cpu_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
-                                    options: str = "") -> torch.Tensor:
+                                    options: str = "", key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Any other device: the prologue's reference numerics, then the attention's emulation."""
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
     from ditprof.kernels.prologue import prologue_torch
 
-    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
+    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens)
     opts = options_for(options)
     qp = prologue_torch(spec, q, wq, cos, sin, text_rows)
     kp = prologue_torch(spec, k, wk, cos, sin, text_rows)
+    key_mask = None
+    if key_lens is not None:  # the kernels' rule: the first min(max(key_lens[b], 0), Sk) keys
+        key_mask = torch.arange(k.shape[1], device=k.device)[None, :] < key_lens.long().clamp(min=0)[:, None]
     # the GPU path quantizes Q/K in the INT8 format whatever the options say (the prologue lives in that prep)
-    return fp8_attention_emulated(qp, kp, v, scale=scale, smooth_k=opts.smooth_k, qk_format="int8")
+    return fp8_attention_emulated(qp, kp, v, scale=scale, smooth_k=opts.smooth_k, key_mask=key_mask,
+                                  qk_format="int8")
 
 
 _LIB.impl("fp8_attention_prologue", fp8_attention_prologue_cuda_impl, "CUDA")
@@ -160,8 +180,8 @@ _LIB.impl("fp8_attention_prologue", fp8_attention_prologue_cpu_impl, "CPU")
 
 
 @torch.library.register_fake("ditprof::fp8_attention_prologue")
-def _prologue_fake(q, k, v, wq, wk, cos, sin, text_rows, scale, prologue, options=""):
-    _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue)
+def _prologue_fake(q, k, v, wq, wk, cos, sin, text_rows, scale, prologue, options="", key_lens=None):
+    _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -169,9 +189,11 @@ def fp8_attention_prologue(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp
                            wq: Optional[torch.Tensor] = None, wk: Optional[torch.Tensor] = None,
                            cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None,
                            text_rows: int = 0, scale: Optional[float] = None,
-                           options: Optional[Fp8Options] = None) -> torch.Tensor:
+                           options: Optional[Fp8Options] = None,
+                           key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Python entry of the fused-prologue op: q, k RAW (B, S, H, D) projections, v (B, S, H, D); ``spec`` a
-    ``kernels.prologue.PrologueSpec``; the norm weights (G, D), the RoPE table (S, rope_dim), see kernels.prologue."""
+    ``kernels.prologue.PrologueSpec``; the norm weights (G, D), the RoPE table (S, rope_dim), see kernels.prologue;
+    ``key_lens`` (B,) int32 or None: batch item b attends to its first key_lens[b] keys."""
     from ditprof.kernels.prologue import spec_key
 
     if scale is None:
@@ -179,7 +201,7 @@ def fp8_attention_prologue(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
     return torch.ops.ditprof.fp8_attention_prologue(q, k, v, wq, wk, cos, sin, int(text_rows), float(scale),
-                                                    spec_key(spec), options_key(options))
+                                                    spec_key(spec), options_key(options), key_lens)
 
 
 @torch.library.register_fake("ditprof::fp8_attention")

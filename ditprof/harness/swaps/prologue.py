@@ -16,6 +16,7 @@ import torch
 
 from ditprof import dispatch
 from ditprof.harness.swaps.attention import AttentionInstalled, AttentionSwap
+from ditprof.kernels import masks as masks_mod
 from ditprof.kernels import op
 from ditprof.kernels.fp8_config import Fp8Options
 from ditprof.kernels.prologue import PrologueSpec
@@ -24,20 +25,38 @@ from ditprof.kernels.registry import Backend
 PROLOGUE_BACKENDS = ("fp8", "fp8-emulated")
 
 
-def prologue_attend(options: Optional[Fp8Options] = None):
+def prologue_attend(options: Optional[Fp8Options] = None, masks: Optional[dict] = None):
     """The ``attend`` a family's fused processor calls: q, k raw (B, S, H, D) projections, v; ``wq``/``wk`` the
     norm weights (G, D) or None (no norm), ``eps``, ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin``
-    (S, rope_dim), ``text_rows`` (G = 2: the first rows' own weights). Returns o (B, S, H, D)."""
+    (S, rope_dim), ``text_rows`` (G = 2: the first rows take row 0 of the weights), ``attn_mask`` the block's
+    key-padding mask or None (its kept keys must be each item's first: ``masks.prefix_key_lens``). Returns o
+    (B, S, H, D). ``masks``: the attention swap's mask counts (for the report), as ``dispatch.wrap_backend`` keeps."""
+    verified: set = set()  # mask forms checked (one host sync each), as dispatch.wrap_backend checks them
+    masks = {} if masks is None else masks
 
-    def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, rope=None, cos=None, sin=None, text_rows=0):
+    def key_lens_of(attn_mask, q, k):
+        shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])  # B, H, S_q, S_k
+        key = (tuple(attn_mask.shape), attn_mask.dtype, attn_mask.device)
+        # checked once per form, eagerly, outside a capture (a sync); compiled or captured calls reuse the check
+        check = (key not in verified and not torch.compiler.is_compiling()
+                 and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+        lens = masks_mod.prefix_key_lens(attn_mask, *shape, check=check)
+        if check:
+            verified.add(key)
+        masks["key_padding"] = masks.get("key_padding", 0) + 1
+        return lens
+
+    def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, rope=None, cos=None, sin=None, text_rows=0,
+               attn_mask=None):
         spec = PrologueSpec("rms" if wq is not None else None, float(eps), rope if cos is not None else None,
                             int(cos.shape[-1]) if (rope and cos is not None) else 0)
         if spec.rope is None:
             cos = sin = None
+        key_lens = None if attn_mask is None else key_lens_of(attn_mask, q, k)
 
         def call():
             return op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, text_rows=text_rows,
-                                             options=options)
+                                             options=options, key_lens=key_lens)
 
         if torch.compiler.is_compiling():  # dynamo drops the range; the split finds the op by name
             return call()
@@ -87,7 +106,7 @@ class PrologueSwap(AttentionSwap):
 
     def install(self, block: torch.nn.Module) -> PrologueInstalled:
         inst = super().install(block)
-        attend = prologue_attend(self.options)
+        attend = prologue_attend(self.options, inst.state.masks)
         fused, names, unfused = [], [], {}
         try:
             for name, mod in dispatch.attention_modules(block):

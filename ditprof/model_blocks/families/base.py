@@ -491,11 +491,45 @@ class PrologueWeights:
         return cat([w for w, _ in qs]), cat([w for w, _ in ks]), qs[-1][1]
 
 
+def version_of(t: torch.Tensor):
+    """A tensor's version counter; None for an inference-mode tensor, which has none (one made under
+    ``torch.inference_mode`` is taken as fixed once made: told apart by its storage or identity only)."""
+    return None if t.is_inference() else t._version
+
+
 def _weight_stamp(w: torch.Tensor) -> tuple:
-    """What says a norm weight changed: its storage and version counter. An inference-mode tensor has no version
-    counter, so it is told apart by its storage only (weights made under ``torch.inference_mode`` are taken as
-    fixed once loaded)."""
-    return (w.data_ptr(), None if w.is_inference() else w._version)
+    """What says a norm weight changed: its storage and version counter."""
+    return (w.data_ptr(), version_of(w))
+
+
+class PrologueTables:
+    """The fused prologue's RoPE table over a joint sequence whose last ``rest`` rows get no rotation: the model's
+    (cos, sin) (S, R) above ``rest`` rows of cos = 1, sin = 0, float32 (the prologue's table dtype). Those rows
+    come out as the norm alone: n * 1 + rotate(n) * 0 = n in fp32, bit for bit but for the sign of a zero. The
+    table is kept with the tensors it was made from (held, so their memory is not reused while the entry lives)
+    and remade when they, their version or ``rest`` change: the same tensor call after call (the FP8 launch's
+    graph-replay key). Under torch.compile it is built in the graph instead."""
+
+    def __init__(self):
+        self._hit: tuple | None = None  # (cos, sin, versions, rest, (table cos, table sin))
+
+    def __call__(self, cos: torch.Tensor, sin: torch.Tensor, rest: int):
+        if torch.compiler.is_compiling():
+            return self._build(cos, sin, rest)
+        hit = self._hit
+        versions = (version_of(cos), version_of(sin))
+        if hit is None or hit[0] is not cos or hit[1] is not sin or hit[2] != versions or hit[3] != rest:
+            hit = self._hit = (cos, sin, versions, rest, self._build(cos, sin, rest))
+        return hit[4]
+
+    @staticmethod
+    def _build(cos, sin, rest):
+        if cos.dim() != 2 or cos.shape != sin.shape:
+            raise DitprofError(f"the fused prologue takes a RoPE table (S, R) as cos and sin, got "
+                               f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+        R = cos.shape[1]
+        ones = torch.ones(rest, R, device=cos.device, dtype=torch.float32)
+        return torch.cat([cos.float(), ones]), torch.cat([sin.float(), torch.zeros_like(ones)])
 
 
 class PrologueProcessor:
@@ -505,6 +539,7 @@ class PrologueProcessor:
     def __init__(self, attend: Callable):
         self.attend = attend
         self.weights = PrologueWeights()
+        self.tables = PrologueTables()
 
 
 def randn(shape, gen: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:

@@ -14,7 +14,8 @@ from diffusers.models.transformers.transformer_qwenimage import (
 
 from ditprof.errors import DitprofError
 
-from .base import MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueProcessor, SeqSplit, randn
+from .base import (MODULATION, BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueProcessor, SeqSplit, randn,
+                   version_of)
 
 
 def joint_rope_table(img_freqs: torch.Tensor, txt_freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +39,8 @@ class JointRopeTables:
     def __call__(self, img_freqs: torch.Tensor, txt_freqs: torch.Tensor):
         if torch.compiler.is_compiling():
             return joint_rope_table(img_freqs, txt_freqs)
-        stamp = tuple((t.device, t.data_ptr(), tuple(t.shape), t.stride(), t._version) for t in (img_freqs, txt_freqs))
+        stamp = tuple((t.device, t.data_ptr(), tuple(t.shape), t.stride(), version_of(t)) for t in
+                      (img_freqs, txt_freqs))
         if self._hit is None or self._hit[0] != stamp:
             self._hit = (stamp, (img_freqs, txt_freqs), joint_rope_table(img_freqs, txt_freqs))
         return self._hit[2]
