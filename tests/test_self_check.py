@@ -210,11 +210,9 @@ def test_gpu_self_check_passes(qk, D):
     from ditprof.kernels import launch_record as L
     from ditprof.kernels.interface import fp8_attention
     from ditprof.kernels.launch_choice import arch_of
-    from ditprof.kernels.self_check import CHECKER
-
     L.clear_cache()
     spec = KernelSpec("fp8-sm120", arch_of(0), D, "bfloat16", False, False, qk_int8=qk == "int8")
-    got = CHECKER.outcome(spec, 0)
+    got = L.SELF_CHECK.outcome(spec, 0)
     print(f"\nfp8-sm120 {arch_of(0)} D={D} {qk}: rel-RMS vs emulation {got.error}")
     assert got.passed, got.why
     q, k, v = (t.cuda() for t in _inputs(1, 300, 300, 2, D, seed=5))
@@ -231,13 +229,12 @@ def test_gpu_forced_failure_runs_sdpa(monkeypatch):
     """A checker whose reference disagrees with everything: the record runs SDPA (the reference's output), warns
     once, and its summary says why."""
     from ditprof.kernels import launch_record as L
-    from ditprof.kernels import self_check
     from ditprof.kernels.interface import fp8_attention
     from ditprof.kernels.reference import attention_reference
 
     L.clear_cache()
-    wrong = SelfCheck(self_check.run_kernel, lambda spec, q, k, v, scale: -run_emulation(spec, q, k, v, scale))
-    monkeypatch.setattr(self_check, "CHECKER", wrong)
+    wrong = SelfCheck(L.run_for_check, lambda spec, q, k, v, scale: -run_emulation(spec, q, k, v, scale))
+    monkeypatch.setattr(L, "SELF_CHECK", wrong)
     q, k, v = (t.cuda() for t in _inputs(2, 200, 300, 2, 128, seed=6))
     before = L.call_counts()
     with pytest.warns(SelfCheckWarning, match="running torch SDPA instead"):

@@ -339,7 +339,7 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prolo
                            f"(this call: Q/K {'int8' if choice.spec.qk_int8 else 'e4m3'}, LSE {return_lse})")
     verdict = None
     if choice.spec.kernel == "fp8-sm120" and options.self_check:  # before any capture of this record's launches
-        verdict = _self_check.checked(choice.spec, q.device.index)
+        verdict = _self_check.checked(choice.spec, q.device.index, SELF_CHECK)
         if verdict.spec is None:  # neither P V form passed: torch SDPA on this configuration
             from ditprof.kernels.sdpa_fallback import SdpaLaunch
 
@@ -350,6 +350,22 @@ def _build(q, k, v, key_lens: bool, options: Fp8Options, return_lse: bool, prolo
         rec.self_check = "off" if verdict is None else verdict.status
         rec.fallback = None if verdict is None else verdict.fallback
     return rec
+
+
+# the options the self-check's own launch runs with: the shipped prep, K smoothed, no graph, no self-check of its own
+CHECK_OPTIONS = Fp8Options(kernel="fp8-sm120", graphs=False, check="sync", self_check=False)
+
+
+def run_for_check(spec, q, k, v, out, softmax_scale: float) -> None:
+    """The build ``spec`` through a launch record of its own (``Fp8Launch.launch_into``: the prep and the kernel on
+    the current stream), waiting for it: the self-check's kernel runner."""
+    rec = Fp8Launch(q, k, v, LaunchChoice(spec), CHECK_OPTIONS, return_lse=spec.write_lse)
+    key_lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device) if spec.key_lens else None
+    rec.launch_into(q, k, v, out, softmax_scale, key_lens)
+    torch.cuda.synchronize(q.device)
+
+
+SELF_CHECK = _self_check.SelfCheck(run_for_check, _self_check.run_emulation)  # the process's verdicts
 
 
 def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
@@ -376,7 +392,7 @@ def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
 def clear_cache() -> None:
     """Drop every launch record, compiled kernel and self-check verdict (tests that compile a forced schedule)."""
     clear_compiled()
-    _self_check.CHECKER.clear()
+    SELF_CHECK.clear()
     _RECORDS.clear()
 
 

@@ -10,7 +10,8 @@ else torch SDPA (``Verdict.spec`` None); one ``SelfCheckWarning`` names the conf
 what runs now.
 
 ``SelfCheck(run_kernel, run_reference, config)`` takes its runners, so a test can force a disagreement on the CPU;
-``CHECKER`` is the process's, over the launch record's own kernel path and the emulation. The check launches kernels
+the process's is ``launch_record.SELF_CHECK``, over the launch record's own kernel path (``run_for_check``) and the
+emulation (``run_emulation``); this module does not import the launch record. The check launches kernels
 and waits for them, so it never runs inside a CUDA graph capture: a record first built there keeps the chosen build
 unchecked (``Verdict.status`` "not run") and caches nothing, and the next record built outside a capture checks it.
 """
@@ -26,7 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from ditprof.kernels.compile_cache import KernelSpec
-from ditprof.kernels.fp8_config import Fp8Options, SelfCheckConfig
+from ditprof.kernels.fp8_config import SelfCheckConfig
 
 # run_kernel(spec, q, k, v, out, softmax_scale): the build ``spec`` on (B, S, H, D) q, k, v, writing into ``out``
 KernelRunner = Callable[[KernelSpec, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], None]
@@ -181,22 +182,6 @@ def _with_spec(verdict: Verdict, spec: KernelSpec) -> Verdict:
 
 # ------------------------------------------------------------------------------------------------ the process's
 
-# the options the check's own launch runs with: the shipped prep, K smoothed, no graph, no self-check of its own
-CHECK_OPTIONS = Fp8Options(kernel="fp8-sm120", graphs=False, check="sync", self_check=False)
-
-
-def run_kernel(spec: KernelSpec, q, k, v, out, softmax_scale: float) -> None:
-    """The build ``spec`` through a launch record of its own (``launch_record.Fp8Launch.launch_into``: the prep and
-    the kernel on the current stream), waiting for it."""
-    from ditprof.kernels.launch_choice import LaunchChoice
-    from ditprof.kernels.launch_record import Fp8Launch
-
-    rec = Fp8Launch(q, k, v, LaunchChoice(spec), CHECK_OPTIONS, return_lse=spec.write_lse)
-    key_lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device) if spec.key_lens else None
-    rec.launch_into(q, k, v, out, softmax_scale, key_lens)
-    torch.cuda.synchronize(q.device)
-
-
 def run_emulation(spec: KernelSpec, q, k, v, softmax_scale: float) -> torch.Tensor:
     """The emulation of the build's numerics (its Q/K format, K smoothed as the check's launch does)."""
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
@@ -205,17 +190,14 @@ def run_emulation(spec: KernelSpec, q, k, v, softmax_scale: float) -> torch.Tens
                                   qk_format="int8" if spec.qk_int8 else "e4m3")
 
 
-CHECKER = SelfCheck(run_kernel, run_emulation)
-
-
-def checked(spec: KernelSpec, device_index: int, checker: Optional[SelfCheck] = None) -> Verdict:
-    """The verdict for a launch record of ``spec`` being built (``checker``: None, the process's ``CHECKER``). Inside a
-    CUDA graph capture only a verdict made before is used; without one the build runs unchecked, "not run"."""
-    checker = checker or CHECKER
+def checked(spec: KernelSpec, device_index: int, checker: SelfCheck) -> Verdict:
+    """The verdict of ``checker`` (the process's: ``launch_record.SELF_CHECK``) for a launch record of ``spec`` being
+    built. Inside a CUDA graph capture only a verdict made before is used; without one the build runs unchecked,
+    "not run"."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return checker.cached(spec, device_index) or Verdict(spec, None, "not run")
     return checker.verdict(spec, device_index)
 
 
-__all__ = ["CHECKER", "Outcome", "SelfCheck", "SelfCheckWarning", "Verdict", "check_key", "checked", "describe",
-           "rel_rms", "run_emulation", "run_kernel"]
+__all__ = ["Outcome", "SelfCheck", "SelfCheckWarning", "Verdict", "check_key", "checked", "describe", "rel_rms",
+           "run_emulation"]
