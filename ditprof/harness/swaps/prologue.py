@@ -10,7 +10,7 @@ attention modules the family fuses. Every other attention module of the block ru
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -24,10 +24,11 @@ from ditprof.kernels.registry import Backend
 PROLOGUE_BACKENDS = ("fp8", "fp8-emulated")
 
 
-def prologue_attend(options: Optional[Fp8Options] = None):
+def prologue_attend(options: Optional[Fp8Options] = None, wrap: Optional[Callable[[Callable], Callable]] = None):
     """The ``attend`` a family's fused processor calls: q, k raw (B, S, H, D) projections, v; ``wq``/``wk`` the
     norm weights (G, D) or None (no norm), ``eps``, ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin``
-    (S, rope_dim), ``text_rows`` (G = 2: the first rows' own weights). Returns o (B, S, H, D)."""
+    (S, rope_dim), ``text_rows`` (G = 2: the first rows' own weights). Returns o (B, S, H, D). ``wrap``: the op
+    is called as ``wrap(op.fp8_attention_prologue)`` (``--attention-alone`` captures the calls through it)."""
 
     def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, rope=None, cos=None, sin=None, text_rows=0):
         spec = PrologueSpec("rms" if wq is not None else None, float(eps), rope if cos is not None else None,
@@ -36,8 +37,8 @@ def prologue_attend(options: Optional[Fp8Options] = None):
             cos = sin = None
 
         def call():
-            return op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, text_rows=text_rows,
-                                             options=options)
+            fn = op.fp8_attention_prologue if wrap is None else wrap(op.fp8_attention_prologue)
+            return fn(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, text_rows=text_rows, options=options)
 
         if torch.compiler.is_compiling():  # dynamo drops the range; the split finds the op by name
             return call()
@@ -81,13 +82,20 @@ class PrologueSwap(AttentionSwap):
         self.family = family
         self.options = options
         self.name = f"{backend.name}+prologue"
+        self.attend_wrap: Optional[Callable[[Callable], Callable]] = None
+
+    def wrapped(self, wrap: Callable[[Callable], Callable]) -> "PrologueSwap":
+        """A copy whose backend function and fused prologue op both run through ``wrap``."""
+        other = super().wrapped(wrap)
+        other.attend_wrap = wrap
+        return other
 
     def describe(self) -> str:
         return f"attention on {self.backend.name} with the {self.family.name} prologue fused into the FP8 prep"
 
     def install(self, block: torch.nn.Module) -> PrologueInstalled:
         inst = super().install(block)
-        attend = prologue_attend(self.options)
+        attend = prologue_attend(self.options, self.attend_wrap)
         fused, names, unfused = [], [], {}
         try:
             for name, mod in dispatch.attention_modules(block):
