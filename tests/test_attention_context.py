@@ -94,7 +94,7 @@ def test_verdict_points_to_the_gpu_state_after_the_gemms_with_a_lower_clock():
 def test_verdict_after_gemms_slower_at_an_unchanged_clock_is_not_the_clock():
     line = verdict(IN_BLOCK, FASTER, SLOWER, {"alone": CLOCK, "after_gemm": CLOCK * (1 - CLOCK_DROP / 2)})
     assert "about unchanged" in line and "not a lower clock" in line
-    assert "SM clock not available" in verdict(IN_BLOCK, FASTER, SLOWER, {"alone": None, "after_gemm": None})
+    assert "SM clock not read" in verdict(IN_BLOCK, FASTER, SLOWER, {"alone": None, "after_gemm": None})
 
 
 def test_verdict_when_the_gemms_explain_nothing_or_there_is_no_gap():
@@ -133,3 +133,30 @@ def test_capture_times_each_call_keeps_the_first_forwards_arguments_and_the_sign
     cap.forward(lambda: fn(x, x, x))
     with pytest.raises(DitprofError, match="different numbers of attention calls"):
         cap.in_block_ms()
+
+
+def test_after_gemms_phase_runs_the_largest_linear_with_the_runs_swaps_in():
+    """The after-GEMMs phase (CUDA's by default, forced here on the CPU) runs the block's largest linear, the module
+    the run has at its name while the swaps (here with --linears) are in, before each alone call; the section then
+    has all three times."""
+    from ditprof.harness.run.attention_context import attention_context, largest_linear
+    from ditprof.harness.swaps import backends
+    from ditprof.harness.swaps.attention import AttentionSwap
+    from ditprof.harness.swaps.linears import linears_swaps
+    from ditprof.model_blocks import load_block, make_inputs
+
+    dev = torch.device("cpu")
+    loaded = load_block("minimax-h3-tiny", 0, device=dev, progress=False)
+    inputs = make_inputs(loaded, device=dev)
+    attn = AttentionSwap(backends.resolve("sdpa", dev, None), uses_dispatcher=loaded.family.uses_dispatcher)
+    swaps = [attn, *linears_swaps("rowwise", dev, loaded.family, compile_each=False)]
+    ran = []
+    name = largest_linear(loaded.module)
+    ctx = attention_context(loaded.module, swaps, inputs.run, device=dev, iters=2, after_gemms=True,
+                            on_phase=lambda what, done, total: ran.append(what))
+    assert type(loaded.module.get_submodule(name)) is torch.nn.Linear  # the swaps undone afterwards
+    jsonschema.validate(ctx, {**SCHEMA["$defs"]["attention_context"], "$defs": SCHEMA["$defs"]})
+    assert ctx["gemm"]["module"] == name and ctx["gemm"]["calls_before"] == 4
+    assert _finite_positive(ctx["after_gemm_ms"]) and _finite_positive(ctx["after_gemm_over_alone"])
+    assert all(_finite_positive(c["after_gemm_ms"]["median"]) for c in ctx["calls"])
+    assert ran[-1] == "attention in context: after GEMMs" and "right after the block's GEMMs" in ctx["verdict"]

@@ -142,14 +142,16 @@ def time_alone(call: Callable[[], Any], clock: Clock, device: torch.device, iter
 
 
 def attention_context(block: torch.nn.Module, swaps: Sequence[Swap], call: Callable[[torch.nn.Module], Any], *,
-                      device: torch.device, iters: int, on_phase: Callable[[str, int, int], None] | None = None
-                      ) -> dict:
-    """The report's ``attention_context`` section for ``call(block)`` with ``swaps`` in the block."""
+                      device: torch.device, iters: int, on_phase: Callable[[str, int, int], None] | None = None,
+                      after_gemms: bool | None = None) -> dict:
+    """The report's ``attention_context`` section for ``call(block)`` with ``swaps`` in the block.
+    ``after_gemms``: run the after-GEMMs phase (default: on CUDA only, where a GEMM leaves a GPU state)."""
     phase = on_phase or (lambda *a: None)
     clock = Clock(device)
     cap = CallCapture(clock)
     wrapped = [s.wrapped(cap.wrap) if isinstance(s, AttentionSwap) else s for s in swaps]
-    gemm_name = largest_linear(block) if device.type == "cuda" else None
+    after_gemms = device.type == "cuda" if after_gemms is None else after_gemms
+    gemm_name = largest_linear(block) if after_gemms else None
     clocks: dict[str, float | None] = dict.fromkeys(PHASES)
     with torch.inference_mode(), swapped(block, wrapped):
         call(block)  # warm-up with the wrapped functions installed (mask checks, launch records)

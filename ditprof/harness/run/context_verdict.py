@@ -46,7 +46,7 @@ def _gemm_part(in_block: float, alone: float, after: float, clock_alone: float |
                 + (": the state the GEMMs leave does not explain the in-block gap" if gap else ""))
     part = f"right after the block's GEMMs it takes {_pct(after / alone - 1)} more time than alone"
     if clock_alone is None or clock_after is None:
-        part += " (SM clock not available: pynvml is not installed)"
+        part += " (SM clock not read: no GPU, or pynvml not installed)"
     elif clock_after < clock_alone * (1 - CLOCK_DROP):
         part += f" with the SM clock at {_mhz(clock_after)} (alone: {_mhz(clock_alone)})"
     else:
