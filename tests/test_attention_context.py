@@ -30,6 +30,10 @@ def test_flag_reaches_the_run_spec_and_its_limits():
     assert _spec("profile", *base, "--attention-alone").attention_alone is True
     assert _spec("compare", *base, "--attention-alone").attention_alone is True
     assert _spec("compare", *base).attention_alone is False
+    from ditprof.harness.run.plan import make_plan
+
+    plain, alone = (make_plan(_spec("profile", *base, "--iters", "2", *x)).calls for x in ((), ("--attention-alone",)))
+    assert alone == plain + 2 * (2 + 1)  # the estimate counts the extra forwards and alone phases
     with pytest.raises(DitprofError, match="without --compile"):
         _spec("profile", *base, "--attention-alone", "--compile")
     with pytest.raises(DitprofError, match="--sp"):
