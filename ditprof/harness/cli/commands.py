@@ -54,6 +54,15 @@ def add_prologue_flag(group) -> None:
              "family without a fused prologue says so and runs the unfused path")
 
 
+def add_attention_alone_flag(group) -> None:
+    """``--attention-alone`` (profile, compare): the report's "attention in context" section per run."""
+    group.add_argument(
+        "--attention-alone", dest="attention_alone", action="store_true",
+        help="after the measured calls, time each attention call of the block in the block, alone on the very "
+             "tensors it got, and (CUDA) alone right after the block's largest linear ran; the SM clock (pynvml) "
+             "after each phase: where the in-block attention time goes (eager blocks, one GPU)")
+
+
 def add_each_swap_flag(p: argparse.ArgumentParser) -> None:
     """``--each-swap`` (compare): every prefix of the swap list measured as its own configuration."""
     p.add_argument_group("configurations").add_argument(
@@ -83,6 +92,7 @@ def _common(p: argparse.ArgumentParser, compare: bool) -> None:
     else:
         att.add_argument("--attention", metavar="BACKEND", help="attention backend (default: sdpa)")
     add_prologue_flag(att)
+    add_attention_alone_flag(att)
     add_linears_flag(p, compare)
     if compare:
         add_each_swap_flag(p)

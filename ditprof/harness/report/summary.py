@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 from rich.console import Console
 from rich.table import Table
 
+from ditprof.harness.report.context_lines import context_lines, print_context
 from ditprof.harness.report.document import configurations_of, sections_of
 from ditprof.harness.run.memory import fmt_bytes
 from ditprof.harness.trace.categories import REPORTED_CATEGORIES
@@ -435,6 +436,7 @@ def print_summary(report: dict, out_dir: str, console: Console | None = None) ->
         for row in rows:
             lim.add_row(*row)
         console.print(lim)
+    print_context(report, console)
     if report.get("swap_skipped"):
         console.print(f"swap not run: {report['swap_skipped']}")
     for sec in sections_of(report):
@@ -538,6 +540,7 @@ def markdown(report: dict) -> str:
     lines += linears_lines(report)
     lines += fp8_launch_lines(report)
     lines += limit_lines(report)
+    lines += context_lines(report)
     for sec in sections_of(report):
         if not sec:
             continue

@@ -157,6 +157,10 @@ def make_plan(spec, *, rates: tuple[float, float] | None = None) -> RunPlan:
     per_backend = max(spec.warmup, 1) + spec.iters + (spec.iters + 1) * PROFILER_FACTOR
     if spec.device.type == "cuda" and spec.cuda_graph:
         per_backend += spec.iters + 1
+    if getattr(spec, "attention_alone", False):
+        # run.attention_context: iters + 1 forwards, then the alone and after-GEMMs phases, counted as iters + 1
+        # block calls (each phase re-runs the attention calls alone, plus the GEMM loads: at most a block call)
+        per_backend += 2 * (spec.iters + 1)
     # swapped measurements: one, or one per swap added (--each-swap: the attention, then the linears too)
     swapped_runs = (2 if getattr(spec, "each_swap", False) else 1) if spec.swap else 0
     calls = round(per_backend * (1 + swapped_runs))

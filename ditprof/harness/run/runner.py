@@ -89,6 +89,9 @@ class RunSpec:
     # --prologue: the swapped attention with the family's norm_q/norm_k and RoPE fused into the FP8 prep
     # (harness.swaps.prologue)
     prologue: bool = False
+    # --attention-alone: each run's attention calls timed in the block, alone and after the block's GEMMs
+    # (harness.run.attention_context), the report's attention_context section
+    attention_alone: bool = False
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -157,6 +160,7 @@ def spec_from_args(args: Any, command: str) -> RunSpec:
         fp8_options=fp8_options_of(args),
         each_swap=bool(getattr(args, "each_swap", False)),
         prologue=check_prologue(args, command, swap_name, baseline),
+        attention_alone=_check_attention_alone(args, compile_as),
     )
 
 
@@ -181,6 +185,17 @@ def check_prologue(args: Any, command: str, swap_name: str | None, baseline: str
                            f"attention backend {' or '.join(PROLOGUE_BACKENDS)}, not {name}")
     if getattr(args, "sp", None) is not None:
         raise DitprofError("--prologue with --sp is not supported yet: measure the fused prologue on one GPU")
+    return True
+
+
+def _check_attention_alone(args: Any, compile_as: str | None) -> bool:
+    """``--attention-alone`` times the eager block's attention calls on one device: not with --compile or --sp."""
+    if not getattr(args, "attention_alone", False):
+        return False
+    if compile_as:
+        raise DitprofError("--attention-alone times the eager block's attention calls: run it without --compile")
+    if getattr(args, "sp", None) is not None:
+        raise DitprofError("--attention-alone with --sp is not supported yet: measure it on one GPU")
     return True
 
 
@@ -285,6 +300,12 @@ def _measure(spec: RunSpec, loaded: Any, inputs: Any, label: str, swaps: Sequenc
         on_phase=Phases(progress, f"{label} ({name})"), cuda_graph=spec.cuda_graph)
     if stats:
         run.extra["compile"] = stats
+    if spec.attention_alone:
+        from ditprof.harness.run.attention_context import attention_context
+
+        run.extra["attention_context"] = attention_context(
+            loaded.module, swaps, inputs.run, device=spec.device, iters=spec.iters,
+            on_phase=Phases(progress, f"{label} ({name})"))
     return run
 
 

@@ -4,6 +4,8 @@ diffusers' dispatcher where the processors use it, else the processor with SDPA 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Callable
 
 import torch
@@ -52,6 +54,13 @@ class AttentionSwap(Swap):
     def describe(self) -> str:
         return f"attention on {self.backend.name}" + (f" ({self.backend.description})"
                                                        if self.backend.description else "")
+
+    def wrapped(self, wrap: Callable[[Callable], Callable]) -> "AttentionSwap":
+        """A copy of this swap whose backend function is ``wrap(fn)`` (``--attention-alone`` captures each call's
+        arguments through it); this swap is left as it is."""
+        other = copy.copy(self)
+        other.backend = dataclasses.replace(self.backend, fn=wrap(self.backend.fn))
+        return other
 
     def per_module(self) -> dispatch.PerModule | None:
         """Another (name, function) for some attention modules (None: the backend on every one)."""

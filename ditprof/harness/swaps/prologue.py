@@ -10,7 +10,7 @@ attention modules the family fuses. Every other attention module of the block ru
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -25,12 +25,15 @@ from ditprof.kernels.registry import Backend
 PROLOGUE_BACKENDS = ("fp8", "fp8-emulated")
 
 
-def prologue_attend(options: Optional[Fp8Options] = None, masks: Optional[dict] = None):
+def prologue_attend(options: Optional[Fp8Options] = None, masks: Optional[dict] = None,
+                    wrap: Optional[Callable[[Callable], Callable]] = None):
     """The ``attend`` a family's fused processor calls: q, k raw (B, S, H, D) projections, v; ``wq``/``wk`` the
     norm weights (G, D) or None (no norm), ``eps``, ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin``
     (S, rope_dim), ``text_rows`` (G = 2: the first rows take row 0 of the weights), ``attn_mask`` the block's
     key-padding mask or None (its kept keys must be each item's first: ``masks.prefix_key_lens``). Returns o
-    (B, S, H, D). ``masks``: the attention swap's mask counts (for the report), as ``dispatch.wrap_backend`` keeps."""
+    (B, S, H, D). ``masks``: the attention swap's mask counts (for the report), as ``dispatch.wrap_backend`` keeps.
+    ``wrap``: the op is called as ``wrap(op.fp8_attention_prologue)`` (``--attention-alone`` captures the calls
+    through it)."""
     verified: set = set()  # mask forms checked (one host sync each), as dispatch.wrap_backend checks them
     masks = {} if masks is None else masks
 
@@ -55,8 +58,9 @@ def prologue_attend(options: Optional[Fp8Options] = None, masks: Optional[dict] 
         key_lens = None if attn_mask is None else key_lens_of(attn_mask, q, k)
 
         def call():
-            return op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, text_rows=text_rows,
-                                             options=options, key_lens=key_lens)
+            fn = op.fp8_attention_prologue if wrap is None else wrap(op.fp8_attention_prologue)
+            return fn(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, text_rows=text_rows, options=options,
+                      key_lens=key_lens)
 
         if torch.compiler.is_compiling():  # dynamo drops the range; the split finds the op by name
             return call()
@@ -100,13 +104,20 @@ class PrologueSwap(AttentionSwap):
         self.family = family
         self.options = options
         self.name = f"{backend.name}+prologue"
+        self.attend_wrap: Optional[Callable[[Callable], Callable]] = None
+
+    def wrapped(self, wrap: Callable[[Callable], Callable]) -> "PrologueSwap":
+        """A copy whose backend function and fused prologue op both run through ``wrap``."""
+        other = super().wrapped(wrap)
+        other.attend_wrap = wrap
+        return other
 
     def describe(self) -> str:
         return f"attention on {self.backend.name} with the {self.family.name} prologue fused into the FP8 prep"
 
     def install(self, block: torch.nn.Module) -> PrologueInstalled:
         inst = super().install(block)
-        attend = prologue_attend(self.options, inst.state.masks)
+        attend = prologue_attend(self.options, inst.state.masks, self.attend_wrap)
         fused, names, unfused = [], [], {}
         try:
             for name, mod in dispatch.attention_modules(block):
