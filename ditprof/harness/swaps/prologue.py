@@ -26,11 +26,12 @@ PROLOGUE_BACKENDS = ("fp8", "fp8-emulated")
 
 def prologue_attend(options: Optional[Fp8Options] = None):
     """The ``attend`` a family's fused processor calls: q, k raw (B, S, H, D) projections, v; ``wq``/``wk`` the
-    norm weights (G, D) or None (no norm), ``eps``, ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin``
-    (S, rope_dim), ``text_rows`` (G = 2: the first rows' own weights). Returns o (B, S, H, D)."""
+    norm weights (G, D) or None (no norm), ``eps``, ``norm`` ("rms" per head; "rms_across": over all heads, weights
+    (H, D)), ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin`` (S, rope_dim), ``text_rows`` (G = 2: the first
+    rows' own weights). Returns o (B, S, H, D)."""
 
-    def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, rope=None, cos=None, sin=None, text_rows=0):
-        spec = PrologueSpec("rms" if wq is not None else None, float(eps), rope if cos is not None else None,
+    def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, norm="rms", rope=None, cos=None, sin=None, text_rows=0):
+        spec = PrologueSpec(norm if wq is not None else None, float(eps), rope if cos is not None else None,
                             int(cos.shape[-1]) if (rope and cos is not None) else 0)
         if spec.rope is None:
             cos = sin = None
@@ -66,7 +67,8 @@ class PrologueInstalled(AttentionInstalled):
     def record(self) -> dict:
         out = super().record()
         out["prologue"] = {"fused_modules": list(self.names), "unfused_modules": dict(self.unfused),
-                           "spec": "the family's norm_q/norm_k (RMSNorm per head) and RoPE in the FP8 prep"}
+                           "spec": "the family's norm_q/norm_k (RMSNorm per head or across heads) and RoPE in "
+                                   "the FP8 prep"}
         out["attention_backend"] = f"{self.swap.backend.name}+prologue"
         return out
 
