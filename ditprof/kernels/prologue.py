@@ -1,5 +1,6 @@
-"""The fused attention prologue: a block processor's ``norm_q``/``norm_k`` (RMSNorm per head, with its weight) and
-RoPE, folded into the FP8 prep, so Q and K go from the projections' output straight to the kernel's operands.
+"""The fused attention prologue: a block processor's ``norm_q``/``norm_k`` (RMSNorm per head or across all heads,
+with its weight) and RoPE, folded into the FP8 prep, so Q and K go from the projections' output straight to the
+kernel's operands.
 
 ``PrologueSpec`` (frozen, declared by a family adapter) says what the processor does between its projections and
 the attention: the norm, its epsilon, the RoPE form and how many leading channels of each head it rotates. The call
