@@ -194,17 +194,17 @@ def test_accuracy_table_configs_bad_input(tmp_path, capsys):
 
 def test_accuracy_table_with_fused_prologue(tmp_path, capsys):
     """--prologue: per attention configuration a '+ fused prologue' row where the family declares one (flux,
-    minimax-h3), with the same metrics, finite and within the others' bounds; wan has none: one line, its
+    minimax-h3), with the same metrics, finite and within the others' bounds; ltx-video has none: one line, its
     unfused rows only, the reason in the JSON."""
     from ditprof.model_blocks import get_family
 
     out = tmp_path / "acc"
-    assert main(["accuracy-table", "--presets", "flux-tiny,wan-tiny,minimax-h3-tiny", "--tokens", "48",
+    assert main(["accuracy-table", "--presets", "flux-tiny,ltx-video-tiny,minimax-h3-tiny", "--tokens", "48",
                  "--device", "cpu", "--prologue", "--linears", "rowwise", "--out", str(out), "--json"]) == 0
     cap = capsys.readouterr()
     rep = json.loads(cap.out)
     notes = [ln for ln in " ".join(cap.err.split()).split("--prologue: ")[1:]]
-    assert len(notes) == 1 and notes[0].startswith("wan has no fused prologue")
+    assert len(notes) == 1 and notes[0].startswith("ltx-video has no fused prologue")
     rows = {(r["preset"], r["config"], r["prologue"]): r for r in rep["rows"]}
     assert len(rows) == len(rep["rows"]) and all(r["status"] == "ok" for r in rep["rows"])
     for preset in ("flux-tiny", "minimax-h3-tiny"):
@@ -217,11 +217,11 @@ def test_accuracy_table_with_fused_prologue(tmp_path, capsys):
             assert fused["rel_rms"] < 1.5 * plain["rel_rms"] + 2e-3, (fused["rel_rms"], plain["rel_rms"])
         assert rows[preset, "attention", True]["rel_rms"] != rows[preset, "attention", False]["rel_rms"]
         assert rep["prologue"]["presets"][preset]["fused_modules"] == ["attn"]
-    assert not any(p == "wan-tiny" and f for p, _, f in rows)
-    assert rep["prologue"]["presets"]["wan-tiny"] == {"missing": get_family("wan").prologue_missing}
+    assert not any(p == "ltx-video-tiny" and f for p, _, f in rows)
+    assert rep["prologue"]["presets"]["ltx-video-tiny"] == {"missing": get_family("ltx-video").prologue_missing}
     assert rep["prologue"]["backends"] == ["fp8-emulated"] and not rows["flux-tiny", "linears", False]["prologue"]
     md = (out / "accuracy-table.md").read_text()
-    assert "| fp8-emulated + fused prologue | bf16 |" in md and "No fused prologue, unfused rows only: wan-tiny" in md
+    assert "| fp8-emulated + fused prologue | bf16 |" in md and "No fused prologue, unfused rows only: ltx-video-tiny" in md
     assert "--prologue" in _help_of("accuracy-table")
 
 

@@ -21,6 +21,9 @@ from ditprof.errors import DitprofError
 from ditprof.kernels.fp8_config import Fa3PrologueConfig
 from ditprof.kernels.prologue import PrologueSpec, prologue_torch
 
+# the prep's forms but rms_across (Wan's norm across heads): the FA3 peer normalizes per head only
+FA3_FORMS = [f for f, (kw, _, _) in FORMS.items() if kw.get("norm") != "rms_across"]
+
 CODE_OFF_MAX = 1e-4  # fraction of q / k codes that may be one code off
 POISON_CODE = 0x7F  # e4m3fn NaN
 SMALL = Fa3PrologueConfig(stats_chunk=48, quant_rows=64)  # several chunks and tiles, ragged ends, at tiny S
@@ -174,7 +177,7 @@ def test_triton_interpreter_fa3_prologue_matches_torch():
 
 
 @inner_only()
-@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("form", FA3_FORMS)
 def test_interpreter_fa3_prologue_inner(form):
     from ditprof.kernels import fa3_prologue
 
@@ -193,7 +196,7 @@ GPU_SHAPE = (1, 4096 + 512, 24, 128)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("form", FA3_FORMS)
 def test_gpu_fa3_prologue_matches_torch(form):
     run_checks(form, GPU_SHAPE, "cuda", config=Fa3PrologueConfig())
     run_checks(form, (2, 200, 2, 64), "cuda", dtype=torch.float16)

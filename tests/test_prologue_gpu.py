@@ -57,6 +57,37 @@ def test_op_vs_float64_and_the_unfused_kernel(S, H, D, form, R, g2):
 
 
 @cuda
+def test_op_rms_across_vs_float64_the_unfused_kernel_and_a_graph_replay():
+    """Wan's norm across heads: the row factors (computed by the op's entry) loaded by the prep, then our kernel;
+    a CUDA graph replays it bit for bit (the row factors' addresses are part of the replay key)."""
+    from ditprof.kernels.interface import fp8_attention
+
+    S, H, D = 4608, 4, 128
+    q, k, v, _, _, cos, sin, _ = _case(S, H, D, "interleaved", D, False, 11)
+    q = q * torch.tensor([0.5, 1.0, 2.0, 4.0], device="cuda")[:, None].bfloat16()  # unlike head scales
+    g = torch.Generator(device="cuda").manual_seed(12)
+    wq, wk = (torch.rand((H, D), device="cuda", generator=g).bfloat16() + 0.5 for _ in range(2))
+    spec = PrologueSpec("rms_across", 1e-6, "interleaved", 0)
+    scale = 1 / math.sqrt(D)
+
+    def f(q, k):
+        return op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin)
+
+    out = f(q, k).clone()
+    qp, kp = (prologue_torch(spec, x, w, cos, sin) for x, w in ((q, wq), (k, wk)))
+    assert torch.isfinite(out).all()
+    assert _rel(out, _f64_attention(qp, kp, v, scale)) < 0.055
+    assert _rel(out, fp8_attention(qp, kp, v, layout="BSHD", scale=scale)) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = f(q, k)
+    replayed.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed, out, rtol=0, atol=0)
+
+
+@cuda
 def test_op_replays_in_a_cuda_graph_and_compiles():
     q, k, v, wq, wk, cos, sin, _ = _case(1024, 2, 128, "interleaved", 128, False, 5)
     spec = PrologueSpec("rms", 1e-6, "interleaved", 128)

@@ -15,6 +15,8 @@ bit for bit; pad rows zero (codes) and 1.0 (q_scales).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_prep_int8 import assert_close_int8, poisoned_like
@@ -30,6 +32,7 @@ SCALE_RTOL_ROWS = 5e-3  # fraction of rows (q_scales) whose descale may be off b
 SCALE_RTOL_MAX = 1e-3
 
 # name -> (PrologueSpec keywords, weight rows G, RoPE over D / 2 channels only): the forms the fused prep must match
+# ("across": Wan's norm over all heads, weights (H, D), G unused)
 FORMS = {
     "half": (dict(rope="half"), 1, False),
     "half-R/2": (dict(rope="half"), 1, True),
@@ -38,6 +41,7 @@ FORMS = {
     "norm-only": (dict(rope=None), 1, False),
     "rope-only": (dict(norm=None, rope="half"), 1, False),
     "G2": (dict(rope="half", eps=1e-5), 2, False),
+    "across": (dict(norm="rms_across", rope="interleaved"), 1, False),
 }
 
 
@@ -62,7 +66,10 @@ def make_case(form: str, B, S, H, D, dtype=torch.bfloat16, seed=0, device="cpu",
     q = torch.randn(B, S, H, D, generator=g) * 3.0 + 0.5
     k = torch.randn(B, S, H, D, generator=g) + torch.randn(1, 1, H, D, generator=g) * 4.0
     v = torch.randn(B, S, H, D, generator=g) * 0.7
-    wq, wk = ((1.0 + 0.3 * torch.randn(G, D, generator=g)).to(w_dtype) for _ in range(2))
+    if spec.across:  # heads of unlike scales: a row's factor is not any one head's
+        q = q * torch.linspace(0.5, 2.0, H)[:, None]
+    rows = H if spec.across else G
+    wq, wk = ((1.0 + 0.3 * torch.randn(rows, D, generator=g)).to(w_dtype) for _ in range(2))
     R = spec.rotated(D)
     cos, sin = rope_table(S, R, spec.rope) if R else (None, None)
     if spec.norm is None:
@@ -76,7 +83,9 @@ def float64_prologue(spec: PrologueSpec, x, w, cos, sin, text_rows):
     """norm + RoPE written out in float64 from the formulas (prologue.py's module docstring), no rounding."""
     n = x.double()
     D = x.shape[-1]
-    if spec.norm is not None:
+    if spec.across:  # over all heads of the row; head h takes weight row h
+        n = n / torch.sqrt((n * n).mean(dim=(-2, -1), keepdim=True) + spec.eps) * w.double()
+    elif spec.norm is not None:
         n = n / torch.sqrt((n * n).sum(-1, keepdim=True) / D + spec.eps)
         rows = torch.arange(x.shape[1]) < text_rows
         wr = w.double()[torch.where(rows, 0, w.shape[0] - 1)]  # (S, D): row 0 for text rows when G == 2
@@ -111,7 +120,7 @@ def test_prologue_torch_matches_float64(form):
         assert float((got != ref.to(got.dtype)).float().mean()) <= 1e-3, form
 
 
-@pytest.mark.parametrize("form", ["half", "interleaved-R/2", "G2", "rope-only"])
+@pytest.mark.parametrize("form", ["half", "interleaved-R/2", "G2", "rope-only", "across"])
 def test_torch_backend_is_prologue_then_the_int8_chain(form):
     spec, (q, k, v, wq, wk, cos, sin, text_rows) = make_case(form, 2, 70, 2, 64, seed=2)
     ref = fp8_prepare_torch(prologue_torch(spec, q, wq, cos, sin, text_rows),
@@ -149,6 +158,40 @@ def test_bad_inputs_are_one_line_errors():
         fp8_prepare_prologue(q, k, v, spec, wq, wk, cos, sin, backend="cuda")
 
 
+def test_across_bad_inputs_are_one_line_errors():
+    """rms_across: weights (H, D), row factors float32 (B, S) and only with that norm; the FA3 peer has none."""
+    from ditprof.kernels.fa3_prologue import fa3_prologue_inputs
+    from ditprof.kernels.prologue import check_prologue_call, row_factors
+
+    spec, (q, k, v, wq, wk, cos, sin, _) = make_case("across", 1, 40, 2, 64)
+    rs = row_factors(q, spec.eps)
+    cases = [
+        (lambda: fp8_prepare_prologue(q, k, v, spec, wq[:1], wk, cos, sin, backend="torch"),
+         r"norm weight of q must be \(2, 64\)"),
+        (lambda: check_prologue_call(spec, q, k, wq, wk, cos, sin, 0, rs[:, :20], rs), "row factors of q"),
+        (lambda: check_prologue_call(spec, q, k, wq, wk, cos, sin, 0, rs, rs.double()), "row factors of k"),
+        (lambda: check_prologue_call(PrologueSpec(rope="interleaved"), q, k, wq[:1], wk[:1], cos, sin, 0, rs, rs),
+         "rms_across' only"),
+        (lambda: fa3_prologue_inputs(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin), "rms_across"),
+    ]
+    for call, word in cases:
+        with pytest.raises(DitprofError, match=word) as err:
+            call()
+        assert "\n" not in str(err.value)
+
+
+def test_row_factors_are_the_float64_ones():
+    """rs = 1/sqrt(mean over (H, D) of x^2 + eps) to a few fp32 ulps (the norm's square)."""
+    from ditprof.kernels.prologue import row_factors
+
+    x = (torch.randn(2, 30, 3, 64, generator=torch.Generator().manual_seed(4)) * 5).to(torch.bfloat16)
+    x[0, 3] = 0  # an all-zero row: 1 / sqrt(eps)
+    got = row_factors(x, 1e-6)
+    ref = 1 / torch.sqrt(x.double().pow(2).mean(dim=(-2, -1)) + 1e-6)
+    assert got.dtype == torch.float32 and got.shape == (2, 30)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=0)
+
+
 def test_plan_rejects_prologue_misuse():
     """PrepPlan: a prologue needs INT8 Q/K, the prep's Q and one sequence length; pro is required iff there is a
     prologue (GPU-free: meta tensors)."""
@@ -177,6 +220,18 @@ def test_plan_rejects_prologue_misuse():
     cos = torch.ones((256, 64), device="meta")
     with pytest.raises(ValueError, match=r"wq must be a contiguous float \(1, 64\)"):
         plan._arguments(q, q, q, bufs, None, pro=(w, w, cos, cos, 0))
+    # rms_across: one plan group, the row factors after text_rows (their slots last), (H, D) weights
+    across = PrologueSpec("rms_across", rope="interleaved")
+    with pytest.raises(ValueError, match="pro_groups"):
+        P.PrepPlan(q, q, q, True, qk_int8=True, prologue=across, pro_groups=2)
+    plan = P.PrepPlan(q, q, q, True, qk_int8=True, prologue=across)
+    assert plan.stats.slots[-7:] == tuple(plan.stats.names.index(n) for n in P._PRO_ARGS + P._PRO_RS_ARGS)
+    bufs, rs = plan.buffers("meta"), torch.ones((1, 256), device="meta")
+    with pytest.raises(ValueError, match="rsq, rsk"):
+        plan._arguments(q, q, q, bufs, None, pro=(w, w, cos, cos, 0))
+    with pytest.raises(ValueError, match=r"rsk must be a contiguous float32 \(1, 256\)"):
+        plan._arguments(q, q, q, bufs, None, pro=(w, w, cos, cos, 0, rs, rs[:, :100]))
+    assert len(plan._arguments(q, q, q, bufs, None, pro=(w, w, cos, cos, 0, rs, rs))[0]) == len(P._STATS_ARGS) + 7
 
 
 def test_prologue_kernels_compile_offline():
@@ -193,6 +248,14 @@ def test_prologue_kernels_compile_offline():
             assert ".local" not in ptx and "sqrt.rn.f32" in ptx and "mma" in ptx, name
             assert ptx.count(".param") > plain[name].asm["ptx"].count(".param"), name
         assert "sqrt.rn.f32" not in plain["stats"].asm["ptx"]
+    # rms_across loads its row factors (two more pointers) instead of reducing each head's row
+    per_head = P.compile_offline(90, head_dim=128, qk_int8=True, prologue=PrologueSpec(rope="interleaved"))
+    across = P.compile_offline(90, head_dim=128, qk_int8=True, prologue=PrologueSpec("rms_across", rope="interleaved"))
+    for name in ("stats", "quant"):
+        ptx = across[name].asm["ptx"]
+        assert ".local" not in ptx and "sqrt.rn.f32" not in ptx and "mma" in ptx, name
+        params = (len(set(re.findall(r"\w+_param_\d+", k[name].asm["ptx"]))) for k in (across, per_head))
+        assert next(params) == next(params) + 2, name
 
 
 # ------------------------------------------------------------------ Triton vs the torch backend

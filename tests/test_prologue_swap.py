@@ -2,6 +2,7 @@
 fused block computes what the unfused FP8 block computes, to the rounding steps the fusion removes; undo restores
 the processors; bad input and families without a prologue say so in one line."""
 
+import dataclasses
 import math
 
 import pytest
@@ -9,12 +10,19 @@ import torch
 
 from ditprof import cli
 from ditprof.errors import DitprofError
+from ditprof.harness.run.compile_backends import for_compile
 from ditprof.harness.swaps.attention import AttentionSwap
 from ditprof.harness.swaps.prologue import PrologueSwap
 from ditprof.kernels import op, registry
 from ditprof.kernels.prologue import PrologueSpec, prologue_torch, spec_from_key, spec_key
-from ditprof.model_blocks import make_inputs
+from ditprof.model_blocks import get_preset, make_inputs
 from ditprof.model_blocks.synthetic import synthetic_block
+
+# wan-tiny with a power-of-two head_dim (16; wan-tiny's 12 has no INT8 Q/K format, which the fused prologue needs)
+WAN_D16 = dataclasses.replace(get_preset("wan-tiny"), name="wan-tiny-d16",
+                              config=dict(get_preset("wan-tiny").config, attention_head_dim=16))
+# modules each family keeps unfused (Wan: the cross-attention reads the prompt, another length than q)
+UNFUSED = {"wan": {"attn2"}}
 
 
 def _rel(a, b):
@@ -41,7 +49,9 @@ def _outputs(loaded, inputs, swaps):
                                                 ("flux2-tiny", "double", None), ("flux2-tiny", "single", None),
                                                 ("qwen-image-tiny", "main", None),
                                                 ("hunyuan-video-tiny", "double", None),
-                                                ("hunyuan-video-tiny", "single", None)])
+                                                ("hunyuan-video-tiny", "single", None),
+                                                (WAN_D16, "main", None)],
+                         ids=lambda p: getattr(p, "name", p))
 def test_fused_block_matches_the_unfused_fp8_block(preset, kind, tokens, monkeypatch):
     calls = []
     real = op.fp8_attention_prologue
@@ -58,7 +68,8 @@ def test_fused_block_matches_the_unfused_fp8_block(preset, kind, tokens, monkeyp
     inst = swap.install(loaded.module)
     rec = inst.record()
     inst.undo()
-    assert rec["prologue"]["fused_modules"] and not rec["prologue"]["unfused_modules"]
+    assert rec["prologue"]["fused_modules"]
+    assert set(rec["prologue"]["unfused_modules"]) == UNFUSED.get(fam.name, set())
     assert rec["attention_backend"] == "fp8-emulated+prologue"
     fused = _outputs(loaded, inputs, [swap])
     # undo put every processor back
@@ -96,6 +107,56 @@ def test_op_against_float64_attention():
     assert _rel(out, ref) < 0.055
 
 
+def test_op_rms_across_against_float64_attention():
+    """Wan's norm across heads through the op on CPU (row factors computed by the entry, then the prologue's
+    numerics and the INT8 Q/K emulation) vs float64 norm over (H, D) + interleaved RoPE + attention; the op itself
+    takes no rms_across call without the row factors."""
+    torch.manual_seed(3)
+    B, S, H, D = 1, 200, 3, 64
+    q, k, v = (torch.randn(B, S, H, D) * 2 for _ in range(3))
+    q = q * torch.tensor([0.5, 1.0, 3.0])[:, None]  # heads of unlike scales: no head's own factor is the row's
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k + 1.5, v))
+    wq, wk = (torch.rand(H, D) + 0.5 for _ in range(2))
+    ang = torch.rand(S, D // 2) * 6
+    cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+    spec = PrologueSpec("rms_across", 1e-6, "interleaved", 0)
+    out = op.fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin)
+
+    def f64(x, w):
+        x = x.double()
+        n = x * torch.rsqrt(x.pow(2).mean((-2, -1), keepdim=True) + 1e-6) * w.double()
+        rot = torch.stack((-n[..., 1::2], n[..., 0::2]), -1).flatten(-2)
+        return n * cos.double()[:, None] + rot * sin.double()[:, None]
+
+    p = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", f64(q, wq), f64(k, wk)) / math.sqrt(D), -1)
+    ref = torch.einsum("bhqk,bkhd->bqhd", p, v.double())
+    assert _rel(out, ref) < 0.055
+    with pytest.raises(DitprofError, match="needs the row factors"):
+        torch.ops.ditprof.fp8_attention_prologue(q, k, v, wq, wk, cos, sin, 0, D ** -0.5, spec_key(spec))
+
+
+def test_wan_rope_table_is_the_processors_rotation():
+    """Wan's rotary (cos, sin) as the interleaved table: pair i turned by cos[2i] and sin[2i + 1], as
+    WanAttnProcessor does, for any table; made once for the same tensors, again when one changes in place."""
+    from ditprof.model_blocks.families.wan import rope_table
+
+    S, D = 10, 16
+    fc, fs = torch.randn(1, S, 1, D), torch.randn(1, S, 1, D)  # not repeat-interleaved: both slots matter
+    x = torch.randn(1, S, 2, D)
+    cos, sin = rope_table((fc, fs))
+    got = prologue_torch(PrologueSpec(None, rope="interleaved"), x, cos=cos, sin=sin)
+    x1, x2 = x.double().unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = fc.double()[..., 0::2], fs.double()[..., 1::2]
+    ref = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
+    assert rope_table((fc, fs))[0] is cos
+    fc.mul_(2)
+    again = rope_table((fc, fs))[0]
+    assert again is not cos and torch.equal(again, 2 * cos)
+    with pytest.raises(DitprofError, match=r"\(1, S, 1, D\)"):
+        rope_table((fc[0], fs[0]))
+
+
 def test_spec_key_round_trip_and_bad_input():
     spec = PrologueSpec("rms", 1e-5, "interleaved", 0)
     assert spec_from_key(spec_key(spec)) == spec
@@ -116,24 +177,26 @@ def test_prologue_flag_errors_and_a_family_without_one(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "--prologue fuses" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
-    rc = cli.main(["compare", "--preset", "wan-tiny", "--device", "cpu", "--prologue", "--iters", "1",
+    rc = cli.main(["compare", "--preset", "ltx-video-tiny", "--device", "cpu", "--prologue", "--iters", "1",
                    "--warmup", "0", "--out", str(tmp_path / "w")])
     err = capsys.readouterr()
     assert rc in (0, None)
-    assert "wan has no fused prologue" in (err.out + err.err).replace("\n", " ")
+    assert "ltx-video has no fused prologue" in (err.out + err.err).replace("\n", " ")
 
 
 @pytest.mark.parametrize("preset,kind", [("flux-tiny", "single"), ("qwen-image-tiny", "main"),
-                                         ("hunyuan-video-tiny", "double")])
+                                         ("hunyuan-video-tiny", "double"), (WAN_D16, "main")],
+                         ids=lambda p: getattr(p, "name", p))
 def test_fused_block_compiles_fullgraph(preset, kind):
     """The op is opaque to torch.compile (its fake checks and shapes): the fused block traces fullgraph (Qwen-Image:
     its joint RoPE table and its prompt-mask check in the graph too; HunyuanVideo: its key-padding mask turned
-    into key counts in the graph)."""
+    into key counts in the graph; Wan: its row factors and rotary table computed in the graph)."""
     torch.manual_seed(2)
     loaded = synthetic_block(preset, 0, kind=kind)
     inputs = make_inputs(loaded)
     fam = loaded.family
-    swap = PrologueSwap(registry.get("fp8-emulated"), fam, uses_dispatcher=fam.uses_dispatcher)
+    # the backend as a compiled block sees it (``for_compile``): Wan's unfused cross-attention runs it
+    swap = PrologueSwap(for_compile(registry.get("fp8-emulated")), fam, uses_dispatcher=fam.uses_dispatcher)
     eager = _outputs(loaded, inputs, [swap])
     inst = swap.install(loaded.module)
     try:

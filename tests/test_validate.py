@@ -266,17 +266,17 @@ def test_validate_prologue_against_the_unfused_chain_and_sdpa(tmp_path, capsys, 
 def test_validate_prologue_family_without_one_and_bad_input(tmp_path, capsys, one_thread):
     """A family without a fused prologue: its one line (prologue_missing), the unfused FP8 chain validated; a
     backend with no fused prologue is one line before any work; the help lists the flag."""
-    assert main(["validate", "--preset", "wan-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1",
+    assert main(["validate", "--preset", "ltx-video-tiny", "--blocks", "2", "--device", "cpu", "--iters", "1",
                  "--chain-iters", "1", "--no-whole-step", "--attention", "fp8-emulated", "--prologue",
                  "--out", str(tmp_path / "w"), "--json"]) == 0
     cap = capsys.readouterr()
     rep, err = json.loads(cap.out), " ".join(cap.err.split())
-    assert "--prologue: wan has no fused prologue (" + get_family("wan").prologue_missing + ")" in err
+    assert "--prologue: ltx-video has no fused prologue (" + get_family("ltx-video").prologue_missing + ")" in err
     assert err.count("has no fused prologue") == 1
     assert rep["configuration"] == "fp8-emulated" and "vs_unfused" not in rep["accuracy"]
-    assert rep["prologue"] == {"fused": False, "missing": get_family("wan").prologue_missing}
+    assert rep["prologue"] == {"fused": False, "missing": get_family("ltx-video").prologue_missing}
     assert rep["accuracy"]["chain"]["finite"] and 0 < rep["accuracy"]["chain"]["rel_rms"] < 0.1
-    assert "none fused: its norm_q/norm_k" in (tmp_path / "w" / "validate.md").read_text()
+    assert "none fused: its adapter declares no fused attention prologue" in (tmp_path / "w" / "validate.md").read_text()
     for attention in ([], ["--attention", "sdpa-math"]):
         assert main(["validate", "--preset", "flux-tiny", "--device", "cpu", "--prologue", *attention,
                      "--out", str(tmp_path / "x")]) == 2

@@ -272,6 +272,9 @@ def fa3_prologue_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     tensors under ``TRITON_INTERPRET=1``."""
     if not isinstance(spec, PrologueSpec):
         raise DitprofError(f"spec must be a PrologueSpec, got {type(spec).__name__}")
+    if spec.across:
+        raise DitprofError("fa3_prologue_inputs normalizes per head: norm='rms_across' (across heads) is not built "
+                           "here")
     check_config(config)
     qs, ks, vs = check_qkv(q, k, v, who="fa3_prologue_inputs", pow2_head_dim=True)
     check_prologue_call(spec, qs, ks, wq, wk, cos, sin, text_rows)

@@ -31,6 +31,7 @@ from ditprof.kernels.fp8_config import Fp8Options, default_options
 from ditprof.kernels.kernel_args import launch_kernel
 from ditprof.kernels.launch_choice import LaunchChoice, arch_of, check_options, choose_launch, q_in_kernel_ok
 from ditprof.kernels.launch_graphs import LaunchGraphs, capture_graph, side_stream
+from ditprof.kernels.prologue import norm_groups
 from ditprof.kernels import self_check as _self_check
 
 WORKSPACE_REUSE_BYTES = 64 << 20  # larger problems allocate per call: small against their kernel time
@@ -189,8 +190,8 @@ class Fp8Launch:
                        0 if key_lens is None else key_lens.data_ptr(), scale)
                 if lse is not None:
                     key += (lse.data_ptr(),)
-                if pro is not None:  # the prologue's weights and rotary table, and the text rows
-                    key += tuple(0 if t is None else t.data_ptr() for t in pro[:4]) + (pro[4],)
+                if pro is not None:  # the prologue's weights and rotary table (rms_across: row factors), text rows
+                    key += tuple(0 if t is None else t.data_ptr() for t in pro[:4] + pro[5:]) + (pro[4],)
                 # s: None for a direct call on the current stream, else the capture stream's handle
                 self.graphs.run(key, lambda s: self._launch_all(ws, q, k, v, out, lse, key_lens, scale,
                                                                 stream if s is None else s, s is not None, pro),
@@ -377,9 +378,9 @@ def fp8_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
     (``record_for`` checks each configuration once)."""
     if layout != "BSHD":  # the record reads (B, S, H, D)-indexed views; a BHSD output is made contiguous
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    # prologue / pro: the fused prologue's spec and its tensors (wq, wk, cos, sin, text_rows), q and k raw
-    # (its norm weights' rows, 1 or 2, are part of the configuration)
-    groups = pro[0].shape[0] if pro is not None and pro[0] is not None else 1
+    # prologue / pro: the fused prologue's spec and its tensors (wq, wk, cos, sin, text_rows; rms_across: then its
+    # row factors rsq, rsk), q and k raw (its norm weights' groups, 1 or 2, are part of the configuration)
+    groups = norm_groups(prologue, pro[0]) if pro is not None else 1
     res = record_for(q, k, v, key_lens is not None, options, return_lse, prologue, groups)(q, k, v, softmax_scale,
                                                                                           key_lens, pro)
     if layout == "BSHD":

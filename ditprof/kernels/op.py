@@ -112,14 +112,16 @@ _LIB.impl("fp8_attention", fp8_attention_cuda_impl, "CUDA")
 _LIB.impl("fp8_attention", fp8_attention_cpu_impl, "CPU")
 
 
-# The fused prologue (kernels.prologue): q and k are the projections' raw output, the processor's per-head RMSNorm
-# and RoPE run inside the FP8 prep (``prologue``: kernels.prologue.spec_key of the family's PrologueSpec).
+# The fused prologue (kernels.prologue): q and k are the projections' raw output, the processor's RMSNorm and RoPE
+# run inside the FP8 prep (``prologue``: kernels.prologue.spec_key of the family's PrologueSpec).
 # ``key_lens`` (B,) int32: batch item b attends to its first key_lens[b] keys (a key-padding mask whose kept keys
 # are a prefix: the RoPE table ties each key to its row, so the keys cannot be moved to the front as
-# ``fp8_attention`` does with a key subset). Last in the schema, so positional callers keep their meaning.
+# ``fp8_attention`` does with a key subset). ``rsq``/``rsk``: the row factors of a norm across heads
+# (``rms_across``, computed by the Python entry), None otherwise. The optional ones come last in the schema, so
+# positional callers keep their meaning.
 _LIB.define('fp8_attention_prologue(Tensor q, Tensor k, Tensor v, Tensor? wq, Tensor? wk, Tensor? cos, '
-            'Tensor? sin, int text_rows, float scale, str prologue, str options="", Tensor? key_lens=None) '
-            '-> Tensor')
+            'Tensor? sin, int text_rows, float scale, str prologue, str options="", Tensor? key_lens=None, '
+            'Tensor? rsq=None, Tensor? rsk=None) -> Tensor')
 
 
 def check_key_lens(key_lens: Optional[torch.Tensor], q: torch.Tensor) -> None:
@@ -133,7 +135,7 @@ def check_key_lens(key_lens: Optional[torch.Tensor], q: torch.Tensor) -> None:
         raise DitprofError(f"key_lens must be on {q.device}, got {key_lens.device}")
 
 
-def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens=None):
+def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens=None, rsq=None, rsk=None):
     from ditprof.kernels.prologue import check_prologue_call, spec_from_key
 
     spec = spec_from_key(prologue)
@@ -141,32 +143,37 @@ def _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens=Non
         check(q, k, v, None)
     else:
         check_qkv(q, k, v, who="fp8 attention (fused prologue)", same_dtype=True, pow2_head_dim=True)
-    check_prologue_call(spec, q, k, wq, wk, cos, sin, text_rows)
+    if spec.across and (rsq is None or rsk is None):
+        raise DitprofError("the fused prologue's rms_across needs the row factors rsq and rsk "
+                           "(kernels.prologue.row_factors; op.fp8_attention_prologue computes them)")
+    check_prologue_call(spec, q, k, wq, wk, cos, sin, text_rows, rsq, rsk)
     check_key_lens(key_lens, q)
     return spec
 
 
 def fp8_attention_prologue_cuda_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
-                                     options: str = "", key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                                     options: str = "", key_lens: Optional[torch.Tensor] = None, rsq=None,
+                                     rsk=None) -> torch.Tensor:
     """o (B, S, H, D): the prologue in the prep, then our kernel (``launch_record.fp8_call``)."""
     from ditprof.kernels.launch_record import fp8_call
     from ditprof.kernels.prologue import prologue_tensors
 
-    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens)
+    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens, rsq, rsk)
     return fp8_call(q, k, v, scale, key_lens, options=options_for(options), prologue=spec,
-                    pro=prologue_tensors(wq, wk, cos, sin, text_rows))
+                    pro=prologue_tensors(wq, wk, cos, sin, text_rows, rsq, rsk))
 
 
 def fp8_attention_prologue_cpu_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,
-                                    options: str = "", key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+                                    options: str = "", key_lens: Optional[torch.Tensor] = None, rsq=None,
+                                    rsk=None) -> torch.Tensor:
     """Any other device: the prologue's reference numerics, then the attention's emulation."""
     from ditprof.kernels.fp8_emulation import fp8_attention_emulated
     from ditprof.kernels.prologue import prologue_torch
 
-    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens)
+    spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens, rsq, rsk)
     opts = options_for(options)
-    qp = prologue_torch(spec, q, wq, cos, sin, text_rows)
-    kp = prologue_torch(spec, k, wk, cos, sin, text_rows)
+    qp = prologue_torch(spec, q, wq, cos, sin, text_rows, rsq)
+    kp = prologue_torch(spec, k, wk, cos, sin, text_rows, rsk)
     key_mask = None
     if key_lens is not None:  # the kernels' rule: the first min(max(key_lens[b], 0), Sk) keys
         key_mask = torch.arange(k.shape[1], device=k.device)[None, :] < key_lens.long().clamp(min=0)[:, None]
@@ -180,8 +187,9 @@ _LIB.impl("fp8_attention_prologue", fp8_attention_prologue_cpu_impl, "CPU")
 
 
 @torch.library.register_fake("ditprof::fp8_attention_prologue")
-def _prologue_fake(q, k, v, wq, wk, cos, sin, text_rows, scale, prologue, options="", key_lens=None):
-    _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens)
+def _prologue_fake(q, k, v, wq, wk, cos, sin, text_rows, scale, prologue, options="", key_lens=None, rsq=None,
+                   rsk=None):
+    _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens, rsq, rsk)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -192,16 +200,21 @@ def fp8_attention_prologue(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp
                            options: Optional[Fp8Options] = None,
                            key_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Python entry of the fused-prologue op: q, k RAW (B, S, H, D) projections, v (B, S, H, D); ``spec`` a
-    ``kernels.prologue.PrologueSpec``; the norm weights (G, D), the RoPE table (S, rope_dim), see kernels.prologue;
-    ``key_lens`` (B,) int32 or None: batch item b attends to its first key_lens[b] keys."""
-    from ditprof.kernels.prologue import spec_key
+    ``kernels.prologue.PrologueSpec``; the norm weights (G, D) ((H, D) for ``rms_across``), the RoPE table
+    (S, rope_dim), see kernels.prologue; ``key_lens`` (B,) int32 or None: batch item b attends to its first
+    key_lens[b] keys. With ``rms_across`` the row factors of q and k are computed here, before the op (one fp32
+    reduction each, outside the opaque op: under torch.compile inductor may fuse it)."""
+    from ditprof.kernels.prologue import row_factors, spec_key
 
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise DitprofError(f"scale must be a positive finite number, got {scale!r}")
+    rsq = rsk = None
+    if getattr(spec, "across", False) and q.dim() == 4 and k.dim() == 4:  # else the op's check says what is wrong
+        rsq, rsk = row_factors(q, spec.eps), row_factors(k, spec.eps)
     return torch.ops.ditprof.fp8_attention_prologue(q, k, v, wq, wk, cos, sin, int(text_rows), float(scale),
-                                                    spec_key(spec), options_key(options), key_lens)
+                                                    spec_key(spec), options_key(options), key_lens, rsq, rsk)
 
 
 @torch.library.register_fake("ditprof::fp8_attention")

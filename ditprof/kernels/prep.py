@@ -63,7 +63,7 @@ from ditprof.kernels.checks import check_qkv
 from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.key_order import key_order_for_positions
 from ditprof.kernels.prep_layout import padded_lengths
-from ditprof.kernels.prologue import PrologueSpec, check_prologue_call, prologue_tensors, prologue_torch
+from ditprof.kernels.prologue import PrologueSpec, check_prologue_call, prologue_tensors, prologue_torch, row_factors
 from ditprof.kernels.rotation import rotation_pm1
 
 FP8_MAX = 448.0
@@ -253,8 +253,9 @@ def fp8_prepare_prologue(
 ) -> Fp8Prepared:
     """The INT8 Q/K prep of RAW q and k (B, S, H, D) (the projections' output, before the processor's norm_q /
     norm_k and RoPE) with the prologue ``spec`` fused in: norm weights ``wq``/``wk`` (G, D) (G = 2: rows below
-    ``text_rows`` take row 0), rotary table ``cos``/``sin`` (S, rope_dim); q and k of one sequence length. The same
-    outputs as ``fp8_prepare(prologue_torch(q), prologue_torch(k), v, qk_int8=True)`` within the INT8 tolerance.
+    ``text_rows`` take row 0; ``rms_across``: (H, D), the row factors computed here by ``prologue.row_factors``),
+    rotary table ``cos``/``sin`` (S, rope_dim); q and k of one sequence length. The same outputs as
+    ``fp8_prepare(prologue_torch(q), prologue_torch(k), v, qk_int8=True)`` within the INT8 tolerance.
     ``backend``, ``check_finite``, ``config``, ``out``: as for ``fp8_prepare``."""
     if backend not in ("auto", "triton", "torch"):
         raise DitprofError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -264,10 +265,13 @@ def fp8_prepare_prologue(
         raise DitprofError(f"spec must be a PrologueSpec, got {type(spec).__name__}")
     qs, ks, vs = _check_inputs(q, k, v, "BSHD")
     check_prologue_call(spec, qs, ks, wq, wk, cos, sin, text_rows)
+    rsq = rsk = None
+    if spec.across:
+        rsq, rsk = row_factors(qs, spec.eps), row_factors(ks, spec.eps)
     if backend == "auto":
         backend = "triton" if triton_available(qs.device)[0] else "torch"
     if backend == "torch":
-        qn, kn = (prologue_torch(spec, x, w, cos, sin, text_rows) for x, w in ((qs, wq), (ks, wk)))
+        qn, kn = (prologue_torch(spec, x, w, cos, sin, text_rows, rs) for x, w, rs in ((qs, wq, rsq), (ks, wk, rsk)))
         return fp8_prepare(qn, kn, vs, smooth_k, backend="torch", check_finite=bool(check_finite), out=out,
                            qk_int8=True)
     ok, why = triton_available(qs.device)
@@ -275,7 +279,7 @@ def fp8_prepare_prologue(
         raise DitprofError(f"fp8_prepare_prologue(backend='triton'): {why}")
     bufs = _check_out(out, qs, ks, True) if out is not None else None
     res = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, qk_int8=True, config=config,
-                                          prologue=spec, pro=prologue_tensors(wq, wk, cos, sin, text_rows))
+                                          prologue=spec, pro=prologue_tensors(wq, wk, cos, sin, text_rows, rsq, rsk))
     return _prepared(res, qs, ks, check_finite)
 
 

@@ -49,8 +49,12 @@ sin, text_rows))``): q and k are the projections' raw rows, and every Q/K tile t
 pass and the Q/K quantize pass) first goes through ``_prologue_rows``: the processor's per-head RMSNorm with its
 weight (G = 2: rows below ``text_rows`` take row 0) and RoPE over the first R channels, in fp32, rounded once to the
 inputs' dtype, as ``prologue.prologue_torch``; the RoPE partner channels come from a second load of the same rows.
-The rest is unchanged. The constexprs PRO, PRO_NORM, PRO_ROPE (0 none, 1 half, 2 interleaved), PRO_R, PRO_G2 gate
-it; without a prologue its pointers and scalars are None (constexpr), so those builds are the code they were.
+The rest is unchanged. ``rms_across`` (PRO_NORM 2, Wan's norm over all heads): the row factors come computed
+(``prologue.row_factors``, (B, S) float32 each for q and k, ``rsq_ptr``/``rsk_ptr``) and are loaded per row in
+place of the per-head reduction, and the weight is (H, D): the kernels offset both pointers to the program's batch
+item and head. The constexprs PRO, PRO_NORM (0 none, 1 per head, 2 across heads), PRO_ROPE (0 none, 1 half, 2
+interleaved), PRO_R, PRO_G2 gate it; without a prologue its pointers and scalars are None (constexpr), and so are the
+row-factor pointers of every norm but ``rms_across``, so those builds are the code they were.
 ``text_rows`` is never specialised on (``do_not_specialize``): a plan's compiled launch serves every value.
 
 The division X / descale of Q and K (e4m3 mode; INT8 without ``qk_recip``) is the IEEE (correctly rounded) fp32
@@ -118,7 +122,7 @@ import triton.language as tl
 
 from ditprof.kernels.fp8_config import PrepConfig
 from ditprof.kernels.prep_layout import padded_lengths
-from ditprof.kernels.prologue import PrologueSpec
+from ditprof.kernels.prologue import PrologueSpec, norm_groups
 from ditprof.kernels.rotation import rotation_pm1
 from ditprof.kernels.triton_launch import FixedLaunch, sm_count
 
@@ -342,21 +346,26 @@ def _rotate_interleaved(n, ROWS: tl.constexpr, D: tl.constexpr):
 @triton.jit
 def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
                    D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr, G2: tl.constexpr,
-                   INTERP: tl.constexpr):
+                   INTERP: tl.constexpr, rs_ptr=None):
     # the fused prologue (kernels/prologue.py, ``prologue_torch``) on rows [first, first + ROWS) of one (b, h), x
     # as ``_load_rows`` gave it (zeros from ``end`` on), d the channels (int64): per row in fp32,
     # n = x * 1/sqrt(mean(x^2) + eps) * w, then on channels < R  n * cos + rotate(n) * sin, one rounding to x's
     # dtype. rotate(n): in registers for "interleaved" (``_rotate_interleaved``), from two shifted loads of the
     # same rows for "half" (``_rotate_half_partner``); either way normed with the same per-row factor, the same
-    # arithmetic. Rows >= end stay exact zeros. INTERP: the interpreter (triton 3.9) truncates fp32 -> bf16, so
+    # arithmetic. NORM 2 (``rms_across``): the factor of each row is loaded from rs_ptr (this batch item's (S,)
+    # row factors) instead, and w_ptr is this head's weight row (the caller offsets both). Rows >= end stay exact
+    # zeros. INTERP: the interpreter (triton 3.9) truncates fp32 -> bf16, so
     # there the bits are rounded to nearest even first.
     rows = first + tl.arange(0, ROWS)
     ok = (rows < end)[:, None]
     n = x.to(tl.float32)
     rs = tl.full([ROWS, 1], 1.0, tl.float32)
     if NORM:
-        ms = tl.sum(n * n, axis=1) * (1.0 / D)  # 1 / D: a power of two
-        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
+        if NORM == 2:
+            rs = tl.load(rs_ptr + rows, mask=rows < end, other=0.0)[:, None]
+        else:
+            ms = tl.sum(n * n, axis=1) * (1.0 / D)  # 1 / D: a power of two
+            rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
         n = n * rs * _prologue_weight(w_ptr, d, rows, text_rows, D, G2)
     if ROPE != 0:
         if ROPE == 1:
@@ -382,12 +391,12 @@ def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, 
 @triton.jit
 def _load_rows_pro(base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
                    D: tl.constexpr, PRO: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
-                   G2: tl.constexpr, INTERP: tl.constexpr):
-    # ``_load_rows``, then (PRO) the fused prologue on the rows
+                   G2: tl.constexpr, INTERP: tl.constexpr, rs_ptr=None):
+    # ``_load_rows``, then (PRO) the fused prologue on the rows (rs_ptr: NORM 2's row factors)
     x = _load_rows(base, s_s, s_d, first, end, d, ROWS)
     if PRO:
         x = _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D, NORM,
-                           ROPE, R, G2, INTERP)
+                           ROPE, R, G2, INTERP, rs_ptr)
     return x
 
 
@@ -413,7 +422,7 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
                  w_ptr, cos_ptr, sin_ptr, text_rows, eps,
                  D: tl.constexpr, CHUNK: tl.constexpr, RT: tl.constexpr, F32DOT: tl.constexpr,
                  PREFETCH: tl.constexpr, TAIL: tl.constexpr, PRO: tl.constexpr, PRO_NORM: tl.constexpr,
-                 PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr):
+                 PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr, rs_ptr=None):
     # INT8 Q/K mode: the same per-channel partials of K' = K @ Rpm1 (``tl.dot`` of RT-row tiles with the +-1
     # matrix, fp32 accumulation), the rotated tiles folded elementwise into [RT, D] accumulators and reduced over
     # rows once, after the loop, so the loop carries no cross-thread reduction (faster than reducing each tile in
@@ -423,7 +432,8 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     # otherwise every tile is masked. The sum runs in fp32 across the chunk's tiles (CHUNK / RT terms per
     # accumulator, at most 32 at the shipped sizes) and in float64 from the row reduction on; the mean may differ
     # from a float64 sum's in its last bits (the K descale is exact: max and min are).
-    # PRO: the fused prologue (``_prologue_rows``) on each tile as it is loaded, before the rotation.
+    # PRO: the fused prologue (``_prologue_rows``; rs_ptr: PRO_NORM 2's row factors) on each tile as it is loaded,
+    # before the rotation.
     base = src + b * s_b + h * s_h
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, S)
@@ -439,15 +449,15 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
         n_main = n - n % RT  # whole tiles: every row < end
     if PREFETCH:
         x_next = _load_rows_pro(base, s_s, s_d, start, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D, PRO,
-                                PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                                PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
     for i in range(0, n_main, RT):
         if PREFETCH:
             x = x_next
             x_next = _load_rows_pro(base, s_s, s_d, start + i + RT, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows,
-                                    eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                                    eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
         else:
             x = _load_rows_pro(base, s_s, s_d, start + i, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
-                               PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                               PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
         acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + i, end, RT, F32DOT,
                                                    not TAIL)
     if TAIL:
@@ -456,7 +466,7 @@ def _stats_k_rot(src, s_b, s_s, s_h, s_d, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
                 x = x_next
             else:
                 x = _load_rows_pro(base, s_s, s_d, start + n_main, end, d, RT, w_ptr, cos_ptr, sin_ptr, text_rows,
-                                   eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                                   eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
             acc_sum, acc_max, acc_min = _fold_rot_tile(x, rot, acc_sum, acc_max, acc_min, start + n_main, end, RT,
                                                        F32DOT, True)
     off = (bh64 * NC + c) * D + dd
@@ -474,7 +484,7 @@ def _stats_kernel(
     qpart_ptr, vpart_ptr, ksum_ptr, kmax_ptr, kmin_ptr,
     mean_ptr, scales_ptr, flags_ptr, count_ptr, klens_ptr, rot_ptr, kmr_ptr,
     H, Sq, Sk, NCQ, NCK, NCV,
-    wq_ptr, wk_ptr, cos_ptr, sin_ptr, text_rows, eps,
+    wq_ptr, wk_ptr, cos_ptr, sin_ptr, text_rows, eps, rsq_ptr, rsk_ptr,
     D: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
     CB: tl.constexpr, SMOOTH: tl.constexpr, KLENS: tl.constexpr, QK_INT8: tl.constexpr, RT: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, V_MULT: tl.constexpr,
@@ -496,9 +506,12 @@ def _stats_kernel(
         _stats_amax(q_ptr, sqb, sqs, sqh, sqd, qpart_ptr, b, h, bh64, t, Sq, NCQ, D, CHUNK, R, W)
     elif t < NCQ + NCK:
         if QK_INT8:
+            if PRO_NORM == 2:  # norm across heads: head h's weight row, batch item b's row factors
+                wk_ptr = wk_ptr + h * D
+                rsk_ptr = rsk_ptr + b * Sk
             _stats_k_rot(k_ptr, skb, sks, skh, skd, rot_ptr, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ,
                          n_keys, NCK, wk_ptr, cos_ptr, sin_ptr, text_rows, eps, D, CHUNK, RT, F32DOT, PREFETCH, TAIL,
-                         PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                         PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, rsk_ptr)
         else:
             _stats_k(k_ptr, skb, sks, skh, skd, ksum_ptr, kmax_ptr, kmin_ptr, b, h, bh64, t - NCQ, n_keys, NCK,
                      D, CHUNK, R, W)
@@ -699,12 +712,14 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
                      D: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
                      IS_Q: tl.constexpr, SUB_MEAN: tl.constexpr, FAST: tl.constexpr, F32DOT: tl.constexpr,
                      STAGES: tl.constexpr, PREFETCH: tl.constexpr, RECIP: tl.constexpr, PRO: tl.constexpr,
-                     PRO_NORM: tl.constexpr, PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr):
+                     PRO_NORM: tl.constexpr, PRO_ROPE: tl.constexpr, PRO_R: tl.constexpr, PRO_G2: tl.constexpr,
+                     rs_ptr=None):
     # INT8 Q/K mode: rows [t*ROWS, (t+1)*ROWS) of one (b, h) (< S_pad), BLOCK at a time, the +-1 rotation matrix
     # loaded once per program. Q: X' = (X @ Rpm1) / D, a descale per row (written to qs_ptr; 1.0 for zero and pad
     # rows), and a non-finite row sets Q's sticky flag and NaN in scales[b, h, 0]. K: X' = X @ Rpm1 - mu' with the
     # per-head descale ``ds``. Codes int8(clamp(rne(X' / descale), +-127)), rows >= S zero. PRO: the fused
-    # prologue (``_prologue_rows``, weight ``w_ptr``) on each block of rows as it is loaded, before the rotation.
+    # prologue (``_prologue_rows``, weight ``w_ptr``, PRO_NORM 2's row factors ``rs_ptr``) on each block of rows as it
+    # is loaded, before the rotation.
     d = tl.arange(0, D).to(tl.int64)
     rot = tl.load(rot_ptr + d[:, None] * D + d[None, :])
     mu = tl.zeros([D], dtype=tl.float32)
@@ -715,7 +730,7 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
     end = tl.minimum(S, t * ROWS + n)  # rows to read: this program's, below S
     if PREFETCH:
         x_next = _load_rows_pro(base, s_s, s_d, t * ROWS, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
-                                PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                                PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
     for i in tl.range(0, n, BLOCK, num_stages=STAGES):
         rows = t * ROWS + i + tl.arange(0, BLOCK)
         r64 = rows.to(tl.int64)
@@ -723,10 +738,10 @@ def _quant_rows_int8(src, s_b, s_s, s_h, s_d, dst, b, h, bh64, t, S, S_pad, rot_
         if PREFETCH:
             x = x_next
             x_next = _load_rows_pro(base, s_s, s_d, t * ROWS + i + BLOCK, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr,
-                                    text_rows, eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                                    text_rows, eps, D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
         else:
             x = _load_rows_pro(base, s_s, s_d, t * ROWS + i, end, d, BLOCK, w_ptr, cos_ptr, sin_ptr, text_rows, eps,
-                               D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT)
+                               D, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, F32DOT, rs_ptr)
         xr = _rot_dot(x, rot, F32DOT)
         if IS_Q:
             xr = xr * (1.0 / D)  # a power of two: exact
@@ -752,7 +767,7 @@ def _quant_kernel(
     svb, svs, svh, svd,
     q8_ptr, k8_ptr, v8t_ptr, mean_ptr, scales_ptr, qs_ptr, rot_ptr, flags_ptr,
     H, Sq, Sk, Sq_pad, Sk_pad, NQ, NK,
-    wq_ptr, wk_ptr, cos_ptr, sin_ptr, text_rows, eps,
+    wq_ptr, wk_ptr, cos_ptr, sin_ptr, text_rows, eps, rsq_ptr, rsk_ptr,
     D: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, MANUAL_RNE: tl.constexpr,
     FAST: tl.constexpr, QK_INT8: tl.constexpr, QK_ROWS: tl.constexpr, QK_BLOCK: tl.constexpr,
     F32DOT: tl.constexpr, QK_STAGES: tl.constexpr, PREFETCH: tl.constexpr, DO_QK: tl.constexpr,
@@ -768,19 +783,25 @@ def _quant_kernel(
     if DO_QK:
         if t < NQ:
             if QK_INT8:
+                if PRO_NORM == 2:  # as in _stats_kernel
+                    wq_ptr = wq_ptr + h * D
+                    rsq_ptr = rsq_ptr + b * Sq
                 _quant_rows_int8(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, rot_ptr, mean_ptr,
                                  1.0, qs_ptr, scales_ptr, flags_ptr, wq_ptr, cos_ptr, sin_ptr, text_rows, eps, D,
                                  QK_ROWS, QK_BLOCK, True, False, FAST, F32DOT, QK_STAGES, PREFETCH, RECIP, PRO,
-                                 PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                 PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, rsq_ptr)
             else:
                 _quant_rows(q_ptr, sqb, sqs, sqh, sqd, q8_ptr, b, h, bh64, t, Sq, Sq_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 0), D, BLOCK, False, MANUAL_RNE, FAST)
         elif t < NQ + NK:
             if QK_INT8:
+                if PRO_NORM == 2:  # as in _stats_kernel
+                    wk_ptr = wk_ptr + h * D
+                    rsk_ptr = rsk_ptr + b * Sk
                 _quant_rows_int8(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, rot_ptr,
                                  mean_ptr, tl.load(scales_ptr + bh64 * 3 + 1), qs_ptr, scales_ptr, flags_ptr, wk_ptr,
                                  cos_ptr, sin_ptr, text_rows, eps, D, QK_ROWS, QK_BLOCK, False, SMOOTH, FAST, F32DOT,
-                                 QK_STAGES, PREFETCH, RECIP, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2)
+                                 QK_STAGES, PREFETCH, RECIP, PRO, PRO_NORM, PRO_ROPE, PRO_R, PRO_G2, rsk_ptr)
             else:
                 _quant_rows(k_ptr, skb, sks, skh, skd, k8_ptr, b, h, bh64, t - NQ, Sk, Sk_pad, mean_ptr,
                             tl.load(scales_ptr + bh64 * 3 + 1), D, BLOCK, SMOOTH, MANUAL_RNE, FAST)
@@ -867,9 +888,12 @@ def quant_constants(config: PrepConfig, *, D: int, smooth_k: bool, qk_int8: bool
                 QK_STAGES=config.qk_stages, PREFETCH=config.qk_prefetch, RECIP=config.qk_recip)
 
 
-# the prologue's per-call kernel arguments (``PrepPlan.launch(pro=...)``), after each launch's own ones
+# the prologue's per-call kernel arguments (``PrepPlan.launch(pro=...)``), after each launch's own ones; with
+# ``rms_across`` also its row factors (``_PRO_RS_ARGS``, the prep's kernels only), else those are constexpr None
 _PRO_ARGS = ("wq_ptr", "wk_ptr", "cos_ptr", "sin_ptr", "text_rows")
+_PRO_RS_ARGS = ("rsq_ptr", "rsk_ptr")
 _ROPE_CODES = {None: 0, "half": 1, "interleaved": 2}
+_NORM_CODES = {None: 0, "rms": 1, "rms_across": 2}
 
 
 def prologue_constants(spec: "PrologueSpec | None", D: int, groups: int = 1) -> dict:
@@ -879,8 +903,14 @@ def prologue_constants(spec: "PrologueSpec | None", D: int, groups: int = 1) -> 
     if spec is None:
         return dict(wq_ptr=None, wk_ptr=None, cos_ptr=None, sin_ptr=None, text_rows=None, eps=None, PRO=False,
                     PRO_NORM=False, PRO_ROPE=0, PRO_R=0, PRO_G2=False)
-    return dict(eps=float(spec.eps), PRO=True, PRO_NORM=spec.norm is not None, PRO_ROPE=_ROPE_CODES[spec.rope],
+    return dict(eps=float(spec.eps), PRO=True, PRO_NORM=_NORM_CODES[spec.norm], PRO_ROPE=_ROPE_CODES[spec.rope],
                 PRO_R=spec.rotated(D), PRO_G2=groups == 2)
+
+
+def rs_constants(spec: "PrologueSpec | None") -> dict:
+    """The prep kernels' row-factor pointers where they are fixed: None (constexpr) unless the spec's norm is
+    ``rms_across`` (then they are per-call arguments, ``_PRO_RS_ARGS``)."""
+    return {} if spec is not None and spec.across else dict(rsq_ptr=None, rsk_ptr=None)
 
 
 def quant_launches(config: PrepConfig, qk_int8: bool) -> tuple[tuple[bool, bool], ...]:
@@ -975,7 +1005,7 @@ class PrepPlan:
         for pre, x in (("sq", q), ("sk", k), ("sv", v)):
             for axis, st in zip("bshd", x.stride()):
                 strides[pre + axis] = st
-        pro = prologue_constants(prologue, D, pro_groups)
+        pro = dict(prologue_constants(prologue, D, pro_groups), **rs_constants(prologue))
         stats = dict(strides, H=H, Sq=Sq, Sk=Sk, NCQ=ncq, NCK=nck, NCV=ncv, **pro,
                      **stats_constants(config, D=D, chunk=stats_chunk, smooth_k=self.smooth_k,
                                        key_lens=self.key_lens, qk_int8=self.qk_int8, interpret=INTERPRET,
@@ -983,7 +1013,7 @@ class PrepPlan:
         quant = dict(strides, H=H, Sq=Sq, Sk=Sk, Sq_pad=self.Sq_pad, Sk_pad=self.Sk_pad, **pro,
                      **quant_constants(config, D=D, smooth_k=self.smooth_k, qk_int8=self.qk_int8,
                                        interpret=INTERPRET))
-        pro_args = _PRO_ARGS if prologue is not None else ()
+        pro_args = () if prologue is None else _PRO_ARGS + (_PRO_RS_ARGS if prologue.across else ())
         self.stats = FixedLaunch(_stats_kernel, (ncq + nck + ncv, BH), {"num_warps": config.stats_warps}, stats,
                                  _STATS_ARGS + pro_args)
         warps = {"num_warps": config.quant_warps}
@@ -1081,7 +1111,8 @@ class PrepPlan:
         if self.key_lens and key_lens is None:
             raise ValueError("this plan reads per-batch key counts: pass key_lens")
         if (pro is None) != (self.prologue is None):
-            raise ValueError("this plan has a prologue: pass pro=(wq, wk, cos, sin, text_rows)" if pro is None else
+            raise ValueError("this plan has a prologue: pass pro=(wq, wk, cos, sin, text_rows[, rsq, rsk])"
+                             if pro is None else
                              "this plan has no prologue: pro must be None")
         # without them the pointer is never read (any int32 tensor does)
         if self.qk_int8:
@@ -1099,19 +1130,26 @@ class PrepPlan:
         return stats, quant
 
     def _prologue_arguments(self, pro) -> tuple:
-        # the per-call prologue tensors in _PRO_ARGS order; those the spec does not use become None (the build's
-        # constexpr). Checked here because the compiled kernel is specialised on the first call's dtypes and
-        # 16-byte alignment (as for q, k, v)
-        if not isinstance(pro, tuple) or len(pro) != 5:
-            raise ValueError("pro must be the tuple (wq, wk, cos, sin, text_rows)")
-        wq, wk, cos, sin, text_rows = pro
+        # the per-call prologue tensors in _PRO_ARGS order (then rsq, rsk with rms_across); those the spec does not
+        # use become None (the build's constexpr). Checked here because the compiled kernel is specialised on the
+        # first call's dtypes and 16-byte alignment (as for q, k, v)
         spec, G = self.prologue, self.pro_groups
+        n = 7 if spec.across else 5
+        if not isinstance(pro, tuple) or len(pro) != n:
+            raise ValueError("pro must be the tuple (wq, wk, cos, sin, text_rows" + (", rsq, rsk)" if n == 7 else ")"))
+        wq, wk, cos, sin, text_rows = pro[:5]
+        rs = pro[5:]
         if spec.norm is None:
             wq = wk = None
+        rows = self.H if spec.across else G  # rms_across: one weight row per head
         for name, w in (("wq", wq), ("wk", wk)) if spec.norm is not None else ():
-            if not (w.is_floating_point() and tuple(w.shape) == (G, self.D) and w.is_contiguous()):
-                raise ValueError(f"prologue {name} must be a contiguous float ({G}, {self.D}) tensor (the plan's "
-                                 f"pro_groups), got {w.dtype} {tuple(w.shape)}")
+            if not (w.is_floating_point() and tuple(w.shape) == (rows, self.D) and w.is_contiguous()):
+                raise ValueError(f"prologue {name} must be a contiguous float ({rows}, {self.D}) tensor (the plan's "
+                                 f"{'heads' if spec.across else 'pro_groups'}), got {w.dtype} {tuple(w.shape)}")
+        for name, t in zip(("rsq", "rsk"), rs):
+            if t.dtype != torch.float32 or tuple(t.shape) != (self.B, self.Sq) or not t.is_contiguous():
+                raise ValueError(f"prologue {name} must be a contiguous float32 ({self.B}, {self.Sq}) tensor, got "
+                                 f"{t.dtype} {tuple(t.shape)}")
         R = spec.rotated(self.D)
         if not R:
             cos = sin = None
@@ -1119,10 +1157,10 @@ class PrepPlan:
             if t.dtype != torch.float32 or tuple(t.shape) != (self.Sq, R) or not t.is_contiguous():
                 raise ValueError(f"prologue {name} must be a contiguous float32 ({self.Sq}, {R}) tensor, got "
                                  f"{t.dtype} {tuple(t.shape)}")
-        for t in (wq, wk, cos, sin):
+        for t in (wq, wk, cos, sin, *rs):
             if t is not None and t.data_ptr() % 16:
                 raise ValueError("prologue tensors must be 16-byte aligned (the kernels are specialised on it)")
-        return wq, wk, cos, sin, int(text_rows)
+        return (wq, wk, cos, sin, int(text_rows), *rs)
 
 
 def check_prologue_plan(spec: PrologueSpec | None, groups: int, q, k, qk_int8: bool, skip_q: bool) -> None:
@@ -1136,8 +1174,8 @@ def check_prologue_plan(spec: PrologueSpec | None, groups: int, q, k, qk_int8: b
     if q.shape[1] != k.shape[1]:
         raise ValueError(f"the fused prologue needs q and k of one sequence length, got {q.shape[1]} and "
                          f"{k.shape[1]}")
-    if groups not in (1, 2):
-        raise ValueError(f"pro_groups must be 1 or 2, got {groups}")
+    if groups not in (1, 2) or (spec.across and groups != 1):
+        raise ValueError(f"pro_groups must be 1 or 2 (1 with rms_across), got {groups}")
     if spec.rotated(q.shape[3]) > q.shape[3]:
         raise ValueError(f"prologue rope_dim {spec.rope_dim} exceeds head_dim {q.shape[3]}")
 
@@ -1150,9 +1188,10 @@ def prepare_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, smooth_k: 
 
     ``out``: optional (q8, k8, v8t, scales[, q_scales]) contiguous buffers to write into (checked by
     ``prep.fp8_prepare``). No input checks and no finiteness check here: ``prep.fp8_prepare`` does those.
-    ``prologue``, ``pro``: the fused prologue's spec and tensors (wq, wk, cos, sin, text_rows), q and k raw.
+    ``prologue``, ``pro``: the fused prologue's spec and tensors (wq, wk, cos, sin, text_rows; rms_across: then its row
+    factors rsq, rsk), q and k raw.
     """
-    groups = pro[0].shape[0] if prologue is not None and prologue.norm is not None else 1
+    groups = norm_groups(prologue, pro[0]) if prologue is not None else 1
     plan = PrepPlan(q, k, v, smooth_k, key_lens=key_lens is not None, qk_int8=qk_int8, config=config,
                     prologue=prologue, pro_groups=groups)
     bufs = plan.buffers(q.device, out)
@@ -1199,8 +1238,9 @@ def compile_offline(arch: int = 90, *, dtype: str = "bf16", head_dim: int = 128,
         "q8_ptr": qk, "k8_ptr": qk, "v8t_ptr": "*fp8e4nv",
         "rot_ptr": elem, "kmr_ptr": "*fp32", "qs_ptr": "*fp32",
         "wq_ptr": elem, "wk_ptr": elem, "cos_ptr": "*fp32", "sin_ptr": "*fp32", "eps": "fp32",
+        "rsq_ptr": "*fp32", "rsk_ptr": "*fp32",
     }
-    pro = prologue_constants(prologue, head_dim, pro_groups)
+    pro = dict(prologue_constants(prologue, head_dim, pro_groups), **rs_constants(prologue))
     if prologue is not None:
         del pro["eps"]  # a runtime fp32 argument, as in the plan's launches
 

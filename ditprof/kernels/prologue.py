@@ -1,5 +1,6 @@
-"""The fused attention prologue: a block processor's ``norm_q``/``norm_k`` (RMSNorm per head, with its weight) and
-RoPE, folded into the FP8 prep, so Q and K go from the projections' output straight to the kernel's operands.
+"""The fused attention prologue: a block processor's ``norm_q``/``norm_k`` (RMSNorm per head or across all heads,
+with its weight) and RoPE, folded into the FP8 prep, so Q and K go from the projections' output straight to the
+kernel's operands.
 
 ``PrologueSpec`` (frozen, declared by a family adapter) says what the processor does between its projections and
 the attention: the norm, its epsilon, the RoPE form and how many leading channels of each head it rotates. The call
@@ -14,6 +15,12 @@ n = x * rsqrt(mean_d(x^2) + eps) * w, then r = n * cos + rotate(n) * sin on the 
 once to the inputs' dtype, and that is what the prep quantizes. The unfused processor rounds after each of its
 steps (diffusers' RMSNorm after the normalization and after the weight, RoPE after its products), so the fused
 values are as accurate or more, and equal to the unfused ones to a few rounding steps of bf16.
+
+``norm="rms_across"`` (Wan: norm_q/norm_k are RMSNorms over all heads, inner_dim = H * D): a program of one head
+cannot compute its row's factor, so it is computed first, ``row_factors``: rs[b, s] = 1/sqrt(mean over (H, D) of
+x^2 + eps), one fp32 reduction per row, a (B, S) float32 tensor each for q and k (``rsq``/``rsk``; one extra read
+of q and k, no 16-bit write of normed tensors), and n = x * rs * w with the weight (H, D) (the norm's (H * D,)
+weight viewed per head: head h takes row h). G (text / rest weights) does not apply to it.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ import torch
 
 from ditprof.errors import DitprofError
 
-NORMS = ("rms",)
+NORMS = ("rms", "rms_across")
 ROPE_FORMS = ("half", "interleaved")
 
 
 @dataclass(frozen=True)
 class PrologueSpec:
-    """What a processor does to Q and K before its attention: ``norm`` ("rms" per head, or None), ``eps``,
+    """What a processor does to Q and K before its attention: ``norm`` ("rms" per head, "rms_across" over all
+    heads, or None), ``eps``,
     ``rope`` ("half", "interleaved" or None) over the first ``rope_dim`` channels of each head (0: all)."""
 
     norm: Optional[str] = "rms"
@@ -49,6 +57,11 @@ class PrologueSpec:
             raise DitprofError(f"prologue eps must be positive, got {self.eps!r}")
         if self.rope_dim < 0 or self.rope_dim % 2:
             raise DitprofError(f"prologue rope_dim must be even and >= 0, got {self.rope_dim}")
+
+    @property
+    def across(self) -> bool:
+        """The norm is over all heads of a row (its factors ``row_factors`` come with the call)."""
+        return self.norm == "rms_across"
 
     def rotated(self, head_dim: int) -> int:
         """Channels of a head the RoPE rotates (0 without RoPE)."""
@@ -77,12 +90,22 @@ def spec_from_key(key: str) -> PrologueSpec:
 
 def check_prologue_inputs(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor],
                           cos: Optional[torch.Tensor], sin: Optional[torch.Tensor], text_rows: int,
-                          who: str = "q") -> None:
-    """One-line DitprofErrors for tensors that do not fit ``spec`` and x (B, S, H, D)."""
+                          who: str = "q", rs: Optional[torch.Tensor] = None) -> None:
+    """One-line DitprofErrors for tensors that do not fit ``spec`` and x (B, S, H, D); ``rs``: the row factors
+    of ``rms_across`` (B, S) float32, or None (to be computed)."""
     if x.dim() != 4:
         raise DitprofError(f"prologue {who} must be (B, S, H, D), got shape {tuple(x.shape)}")
-    _, S, _, D = x.shape
-    if spec.norm is not None:
+    B, S, H, D = x.shape
+    if spec.across:
+        if w is None or tuple(w.shape) != (H, D):
+            raise DitprofError(f"prologue norm weight of {who} must be ({H}, {D}) (rms_across: the norm's "
+                               f"(H * D,) weight per head), got {None if w is None else tuple(w.shape)}")
+        if rs is not None and (tuple(rs.shape) != (B, S) or rs.dtype != torch.float32):
+            raise DitprofError(f"prologue row factors of {who} must be float32 ({B}, {S}), got {rs.dtype} "
+                               f"{tuple(rs.shape)}")
+    elif rs is not None:
+        raise DitprofError(f"prologue row factors ({who}) are for norm='rms_across' only, not {spec.norm!r}")
+    elif spec.norm is not None:
         if w is None or w.dim() != 2 or w.shape[1] != D or w.shape[0] not in (1, 2):
             raise DitprofError(f"prologue norm weight of {who} must be (1 or 2, {D}), got "
                                f"{None if w is None else tuple(w.shape)}")
@@ -99,16 +122,32 @@ def check_prologue_inputs(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch
 
 def check_prologue_call(spec: PrologueSpec, q: torch.Tensor, k: torch.Tensor, wq: Optional[torch.Tensor],
                         wk: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
-                        text_rows: int) -> None:
+                        text_rows: int, rsq: Optional[torch.Tensor] = None,
+                        rsk: Optional[torch.Tensor] = None) -> None:
     """One-line DitprofErrors for a fused-prologue call: q and k (B, S, H, D) of one sequence length (one RoPE
-    table), each fitting ``spec`` with its weights, and wq / wk with the same rows."""
+    table), each fitting ``spec`` with its weights (and ``rms_across``'s row factors where given), and wq / wk
+    with the same rows."""
     if q.dim() == 4 and k.dim() == 4 and q.shape[1] != k.shape[1]:
         raise DitprofError(f"the fused prologue needs q and k of one sequence length (one RoPE table), got "
                            f"{q.shape[1]} and {k.shape[1]}")
-    check_prologue_inputs(spec, q, wq, cos, sin, text_rows, who="q")
-    check_prologue_inputs(spec, k, wk, cos, sin, text_rows, who="k")
+    check_prologue_inputs(spec, q, wq, cos, sin, text_rows, who="q", rs=rsq)
+    check_prologue_inputs(spec, k, wk, cos, sin, text_rows, who="k", rs=rsk)
     if spec.norm is not None and wq.shape[0] != wk.shape[0]:
         raise DitprofError(f"prologue wq and wk must have the same rows (G), got {wq.shape[0]} and {wk.shape[0]}")
+
+
+def row_factors(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_across``'s factor of every row of x (B, S, H, D): (B, S) float32 1/sqrt(mean over (H, D) of x^2 +
+    eps). One fp32 reduction (on CUDA the norm reads the 16-bit x as it is: no fp32 copy of x); its square is the
+    sum of squares to a few fp32 ulps, far below the 16-bit rounding of the normed values."""
+    ms = torch.linalg.vector_norm(x, dim=(-2, -1), dtype=torch.float32).square() / (x.shape[-2] * x.shape[-1])
+    return torch.rsqrt(ms + eps)
+
+
+def norm_groups(spec: PrologueSpec, w: Optional[torch.Tensor]) -> int:
+    """Rows G of the norm weights as the prep's plan takes them (``pro_groups``): 2 for text / rest weights,
+    else 1 (``rms_across``'s (H, D) weight is per head, not per group)."""
+    return 2 if spec.norm == "rms" and w is not None and w.shape[0] == 2 else 1
 
 
 def aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> Optional[torch.Tensor]:
@@ -120,9 +159,11 @@ def aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> O
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def prologue_tensors(wq, wk, cos, sin, text_rows: int) -> tuple:
-    """(wq, wk, cos, sin, text_rows) as the prep's plan takes them (``aligned``; the table in float32)."""
-    return aligned(wq), aligned(wk), aligned(cos, torch.float32), aligned(sin, torch.float32), int(text_rows)
+def prologue_tensors(wq, wk, cos, sin, text_rows: int, rsq=None, rsk=None) -> tuple:
+    """(wq, wk, cos, sin, text_rows) as the prep's plan takes them (``aligned``; the table in float32), with
+    ``rms_across``'s row factors (rsq, rsk) after them where given."""
+    pro = (aligned(wq), aligned(wk), aligned(cos, torch.float32), aligned(sin, torch.float32), int(text_rows))
+    return pro if rsq is None else pro + (aligned(rsq), aligned(rsk))
 
 
 def _rotate(n: torch.Tensor, form: str) -> torch.Tensor:
@@ -135,12 +176,16 @@ def _rotate(n: torch.Tensor, form: str) -> torch.Tensor:
 
 def prologue_torch(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor] = None,
                    cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None,
-                   text_rows: int = 0) -> torch.Tensor:
+                   text_rows: int = 0, rs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The processor's norm + RoPE on x (B, S, H, D) as the fused prologue computes them (module docstring):
-    fp32 throughout, one rounding to x's dtype at the end."""
-    check_prologue_inputs(spec, x, w, cos, sin, text_rows)
+    fp32 throughout, one rounding to x's dtype at the end. ``rs``: ``rms_across``'s row factors (None: computed
+    here by ``row_factors``)."""
+    check_prologue_inputs(spec, x, w, cos, sin, text_rows, rs=rs)
     n = x.float()
-    if spec.norm is not None:
+    if spec.across:
+        rs = row_factors(x, spec.eps) if rs is None else rs
+        n = n * rs[:, :, None, None] * w.float()
+    elif spec.norm is not None:
         n = n * torch.rsqrt(n.pow(2).mean(-1, keepdim=True) + spec.eps)
         wf = w.float()
         if wf.shape[0] == 2:
@@ -158,4 +203,4 @@ def prologue_torch(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor
 
 
 __all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "aligned", "check_prologue_call", "check_prologue_inputs",
-           "prologue_tensors", "prologue_torch", "spec_from_key", "spec_key"]
+           "norm_groups", "prologue_tensors", "prologue_torch", "row_factors", "spec_from_key", "spec_key"]

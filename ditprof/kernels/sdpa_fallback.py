@@ -38,9 +38,10 @@ class SdpaLaunch:
         if self.prologue is not None:  # q and k are the raw projections: the processor's norm and RoPE first
             from ditprof.kernels.prologue import prologue_torch
 
-            wq, wk, cos, sin, text_rows = pro
-            q = prologue_torch(self.prologue, q, wq, cos, sin, text_rows)
-            k = prologue_torch(self.prologue, k, wk, cos, sin, text_rows)
+            wq, wk, cos, sin, text_rows = pro[:5]
+            rsq, rsk = pro[5:] or (None, None)  # rms_across's row factors
+            q = prologue_torch(self.prologue, q, wq, cos, sin, text_rows, rsq)
+            k = prologue_torch(self.prologue, k, wk, cos, sin, text_rows, rsk)
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
         mask = None
         if key_lens is not None:  # (B, 1, 1, Sk): True where the key is attended

@@ -49,9 +49,9 @@ def add_prologue_flag(group) -> None:
     """``--prologue`` (profile, compare, validate): the FP8 attention with the family's norm and RoPE fused into its prep."""
     group.add_argument(
         "--prologue", action="store_true",
-        help="fuse the attention processor's norm_q/norm_k (RMSNorm per head) and RoPE into the FP8 prep, which "
-             "then reads the raw projections (the fp8 backend, or fp8-emulated on the CPU: numerics only); a "
-             "family without a fused prologue says so and runs the unfused path")
+        help="fuse the attention processor's norm_q/norm_k (RMSNorm per head or across heads) and RoPE into the "
+             "FP8 prep, which then reads the raw projections (the fp8 backend, or fp8-emulated on the CPU: numerics "
+             "only); a family without a fused prologue says so and runs the unfused path")
 
 
 def add_attention_alone_flag(group) -> None:

@@ -243,20 +243,21 @@ def attention_swap(spec: RunSpec, loaded: Any, b: Backend, *, fuse: bool = False
     path after one line saying so."""
     family = getattr(loaded, "family", None)
     uses, head_dim = getattr(family, "uses_dispatcher", None), getattr(loaded, "head_dim", None)
+    if spec.compile:
+        from ditprof.harness.run.compile_backends import for_compile
+
+        # the fused prologue's op is opaque to torch.compile already; the modules a family leaves unfused (Wan's
+        # cross-attention) run the backend, as the compiled block should see it
+        b = for_compile(b)
     if fuse and spec.prologue:
         from ditprof.harness.swaps.prologue import PrologueSwap
 
         missing = getattr(family, "prologue_missing", "no model family")
         if not missing:
-            # the op is opaque to torch.compile already: no compile variant of the backend needed
             return PrologueSwap(b, family, options=spec.fp8_options, uses_dispatcher=uses, head_dim=head_dim)
         if console is not None:
             console.print(f"[yellow]--prologue[/]: {getattr(family, 'name', 'this block')} has no fused prologue "
                           f"({missing}); its attention runs the unfused FP8 path", highlight=False)
-    if spec.compile:
-        from ditprof.harness.run.compile_backends import for_compile
-
-        b = for_compile(b)
     return AttentionSwap(b, uses_dispatcher=uses, head_dim=head_dim)
 
 

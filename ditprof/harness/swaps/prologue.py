@@ -28,8 +28,8 @@ PROLOGUE_BACKENDS = ("fp8", "fp8-emulated")
 def prologue_attend(options: Optional[Fp8Options] = None, masks: Optional[dict] = None,
                     wrap: Optional[Callable[[Callable], Callable]] = None):
     """The ``attend`` a family's fused processor calls: q, k raw (B, S, H, D) projections, v; ``wq``/``wk`` the
-    norm weights (G, D) or None (no norm), ``eps``, ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin``
-    (S, rope_dim), ``text_rows`` (G = 2: the first rows take row 0 of the weights), ``attn_mask`` the block's
+    norm weights (G, D) or None (no norm), ``eps``, ``norm`` ("rms" per head; "rms_across": over all heads, weights
+    (H, D)), ``rope`` ("half"/"interleaved"/None) with ``cos``/``sin`` (S, rope_dim), ``text_rows`` (G = 2: the first rows take row 0 of the weights), ``attn_mask`` the block's
     key-padding mask or None (its kept keys must be each item's first: ``masks.prefix_key_lens``). Returns o
     (B, S, H, D). ``masks``: the attention swap's mask counts (for the report), as ``dispatch.wrap_backend`` keeps.
     ``wrap``: the op is called as ``wrap(op.fp8_attention_prologue)`` (``--attention-alone`` captures the calls
@@ -49,9 +49,9 @@ def prologue_attend(options: Optional[Fp8Options] = None, masks: Optional[dict] 
         masks["key_padding"] = masks.get("key_padding", 0) + 1
         return lens
 
-    def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, rope=None, cos=None, sin=None, text_rows=0,
+    def attend(q, k, v, *, wq=None, wk=None, eps=1e-6, norm="rms", rope=None, cos=None, sin=None, text_rows=0,
                attn_mask=None):
-        spec = PrologueSpec("rms" if wq is not None else None, float(eps), rope if cos is not None else None,
+        spec = PrologueSpec(norm if wq is not None else None, float(eps), rope if cos is not None else None,
                             int(cos.shape[-1]) if (rope and cos is not None) else 0)
         if spec.rope is None:
             cos = sin = None
@@ -89,7 +89,8 @@ class PrologueInstalled(AttentionInstalled):
     def record(self) -> dict:
         out = super().record()
         out["prologue"] = {"fused_modules": list(self.names), "unfused_modules": dict(self.unfused),
-                           "spec": "the family's norm_q/norm_k (RMSNorm per head) and RoPE in the FP8 prep"}
+                           "spec": "the family's norm_q/norm_k (RMSNorm per head or across heads) and RoPE in "
+                                   "the FP8 prep"}
         out["attention_backend"] = f"{self.swap.backend.name}+prologue"
         return out
 

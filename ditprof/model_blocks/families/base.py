@@ -446,9 +446,11 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def rms_weight(norm: torch.nn.Module | None, head_dim: int, like: torch.Tensor) -> tuple[torch.Tensor, float]:
+def rms_weight(norm: torch.nn.Module | None, head_dim: int, like: torch.Tensor,
+               heads: int = 1) -> tuple[torch.Tensor, float]:
     """(weight (1, D), eps) of a per-head RMSNorm (torch's ``nn.RMSNorm`` or diffusers' ``RMSNorm``), ones where it
-    has no weight; a one-line error for any other norm (the fused prologue computes an RMSNorm only)."""
+    has no weight; a one-line error for any other norm (the fused prologue computes an RMSNorm only). ``heads`` > 1:
+    a norm across all heads (weight (heads * D,)), its weight viewed (heads, D)."""
     from diffusers.models.normalization import RMSNorm
 
     if not isinstance(norm, (torch.nn.RMSNorm, RMSNorm)):
@@ -456,37 +458,39 @@ def rms_weight(norm: torch.nn.Module | None, head_dim: int, like: torch.Tensor) 
                            f"{type(norm).__name__}")
     w = getattr(norm, "weight", None)
     if w is None:
-        w = torch.ones(head_dim, device=like.device, dtype=like.dtype)
-    if w.shape != (head_dim,):
-        raise DitprofError(f"the fused prologue's RMSNorm is per head ({head_dim}); this one normalizes "
+        w = torch.ones(heads * head_dim, device=like.device, dtype=like.dtype)
+    if w.shape != (heads * head_dim,):
+        what = "per head" if heads == 1 else f"across {heads} heads"
+        raise DitprofError(f"the fused prologue's RMSNorm is {what} ({heads * head_dim}); this one normalizes "
                            f"{tuple(w.shape)}")
     eps = norm.eps if norm.eps is not None else torch.finfo(like.dtype).eps
-    return w[None], float(eps)
+    return w.view(heads, head_dim), float(eps)
 
 
 class PrologueWeights:
     """The fused prologue's norm weights of each attention module -- (G, D) for q and k, rows in the order of the
     norms given (a joint sequence: the text stream's first) -- and the eps, made once and remade only when a weight
     changes: the same tensors call after call (the FP8 launch's graph-replay key; no per-call ``torch.cat``). Under
-    torch.compile they are built in the graph instead (dynamo does not trace pointers)."""
+    torch.compile they are built in the graph instead (dynamo does not trace pointers). ``heads`` > 1: one norm
+    each for q and k across all heads, its weight (heads, D) (``rms_weight``)."""
 
     def __init__(self):
         self._cache: dict = {}
 
-    def __call__(self, attn, norms_q, norms_k, head_dim: int, like: torch.Tensor):
+    def __call__(self, attn, norms_q, norms_k, head_dim: int, like: torch.Tensor, heads: int = 1):
         if torch.compiler.is_compiling():
-            return self._build(norms_q, norms_k, head_dim, like)
+            return self._build(norms_q, norms_k, head_dim, like, heads)
         stamp = tuple((id(n), None if getattr(n, "weight", None) is None else _weight_stamp(n.weight))
                       for n in (*norms_q, *norms_k))
         hit = self._cache.get(id(attn))
         if hit is None or hit[0] != stamp:
-            hit = self._cache[id(attn)] = (stamp, self._build(norms_q, norms_k, head_dim, like))
+            hit = self._cache[id(attn)] = (stamp, self._build(norms_q, norms_k, head_dim, like, heads))
         return hit[1]
 
     @staticmethod
-    def _build(norms_q, norms_k, head_dim, like):
-        qs = [rms_weight(n, head_dim, like) for n in norms_q]
-        ks = [rms_weight(n, head_dim, like) for n in norms_k]
+    def _build(norms_q, norms_k, head_dim, like, heads=1):
+        qs = [rms_weight(n, head_dim, like, heads) for n in norms_q]
+        ks = [rms_weight(n, head_dim, like, heads) for n in norms_k]
         cat = (lambda ws: ws[0] if len(ws) == 1 else torch.cat(ws))  # noqa: E731
         return cat([w for w, _ in qs]), cat([w for w, _ in ks]), qs[-1][1]
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import torch
 from diffusers.models.transformers.transformer_wan import (
+    WanAttention,
     WanRotaryPosEmbed,
     WanTransformer3DModel,
     WanTransformerBlock,
+    _get_qkv_projections,
 )
 
 from ditprof.errors import DitprofError
 
-from .base import BlockFamily, BlockKind, BlockPlan, LatentGrid, SeqSplit, randn, shape_only
+from .base import (BlockFamily, BlockKind, BlockPlan, LatentGrid, PrologueProcessor, SeqSplit, randn, shape_only,
+                   version_of)
 
 # diffusers' Wan attention processor splits the prompt at this many text rows (hardcoded there): everything before
 # them is the image context of I2V / FLF2V models.
@@ -20,12 +23,63 @@ CLIP_IMAGE_TOKENS = 257  # CLIP ViT-H/14 image embedding rows the I2V pipeline h
 WAN22_LATENT_CHANNELS = 48  # Wan 2.2's VAE (16x spatial) latents; every Wan 2.1 model has 16 (36 for I2V)
 
 
+# the last rotary input's fused-prologue table: (freqs_cos, freqs_sin, their versions, table); every block of a
+# forward gets the same rotary tensors, so the table is made once per forward, not once per block
+_ROPE_TABLE: list = [None]
+
+
+def rope_table(rotary_emb) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wan's rotary (freqs_cos, freqs_sin), each (1, S, 1, D), as the fused prologue's "interleaved" table (cos,
+    sin), each (S, D) float32. ``WanAttnProcessor`` turns pair i by cos[2i] and sin[2i + 1] (out[2i] = x[2i] cos[2i]
+    - x[2i+1] sin[2i+1], out[2i+1] = x[2i] sin[2i+1] + x[2i+1] cos[2i]), so both slots of pair i take those: exact
+    for any table, not only the repeat-interleaved one ``WanRotaryPosEmbed`` makes."""
+    fc, fs = rotary_emb
+    if fc.dim() != 4 or fc.shape[0] != 1 or fc.shape[2] != 1 or fs.shape != fc.shape:
+        raise DitprofError(f"the fused Wan prologue takes rotary (cos, sin) of shape (1, S, 1, D) each, got "
+                           f"{tuple(fc.shape)} and {tuple(fs.shape)}")
+    if torch.compiler.is_compiling():  # built in the graph (dynamo does not trace the cache)
+        return _interleaved(fc, fs)
+    versions = (version_of(fc), version_of(fs))
+    hit = _ROPE_TABLE[0]
+    if hit is None or hit[0] is not fc or hit[1] is not fs or hit[2] != versions:
+        hit = _ROPE_TABLE[0] = (fc, fs, versions, _interleaved(fc, fs))  # holds fc, fs: their identity stays theirs
+    return hit[3]
+
+
+def _interleaved(fc: torch.Tensor, fs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(t[0, :, 0, first::2].float().repeat_interleave(2, dim=-1).contiguous()
+                 for t, first in ((fc, 0), (fs, 1)))
+
+
+class FusedPrologueProcessor(PrologueProcessor):
+    """``WanAttnProcessor`` of the self-attention (attn1) with its norm_q/norm_k (RMSNorms across all heads, over
+    inner_dim: ``rms_across``, weights (H, D)) and its RoPE (interleaved pairs, ``rope_table``) handed to ``attend``
+    with the raw projections (the fused prologue)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        if encoder_hidden_states is not None or attention_mask is not None:
+            raise DitprofError("the fused Wan prologue is for the self-attention: no context, no attention mask")
+        q, k, v = _get_qkv_projections(attn, hidden_states, None)
+        q, k, v = (x.unflatten(2, (attn.heads, -1)) for x in (q, k, v))
+        wq, wk, eps = self.weights(attn, (attn.norm_q,), (attn.norm_k,), q.shape[-1], q, heads=attn.heads)
+        cos, sin = rope_table(rotary_emb) if rotary_emb is not None else (None, None)
+        out = self.attend(q, k, v, wq=wq, wk=wk, eps=eps, norm="rms_across", rope="interleaved", cos=cos, sin=sin)
+        out = out.flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
 class WanFamily(BlockFamily):
     name = "wan"
     class_names = ("WanTransformer3DModel",)
     kinds = (BlockKind("main", "blocks", "num_layers"),)
-    prologue_missing = ("its norm_q/norm_k are RMSNorms across all heads (inner_dim), and the fused prologue "
-                        "normalizes per head")
+    prologue_missing = ""
+
+    def prologue_processor(self, module, attend):
+        # the self-attention only: the cross-attention (attn2) reads the prompt, of another length than q (and an
+        # I2V block's image context), so it keeps its processor
+        if isinstance(module, WanAttention) and not module.is_cross_attention and module.add_k_proj is None:
+            return FusedPrologueProcessor(attend)
+        return None
     default_text_tokens = 512  # umT5 prompt length the pipeline pads to
     vae_stride = (4, 8, 8)
     default_size = (480, 832, 81)  # (height, width, frames) of the pipeline default
