@@ -215,10 +215,12 @@ def test_prologue_weights_are_made_once_and_remade_when_a_weight_changes():
 
     from ditprof.model_blocks.families.base import PrologueWeights
 
-    a, b = RMSNorm(32, eps=1e-6), torch.nn.RMSNorm(32, eps=1e-5, elementwise_affine=False)
+    a, b = RMSNorm(32, eps=1e-6), torch.nn.RMSNorm(32, eps=1e-6, elementwise_affine=False)
     torch.nn.init.normal_(a.weight)
     attn, x = torch.nn.Module(), torch.randn(1, 4, 2, 32)
     pw = PrologueWeights()
+    with pytest.raises(DitprofError, match="one RMSNorm eps"):  # one eps for every row: 1e-5 beside 1e-6 refused
+        pw(torch.nn.Module(), (torch.nn.RMSNorm(32, eps=1e-5), a), (a,), 32, x)
     wq, wk, eps = pw(attn, (b, a), (a,), 32, x)
     assert wq.shape == (2, 32) and wk.shape == (1, 32) and eps == 1e-6
     assert torch.equal(wq[0], torch.ones(32)) and torch.equal(wq[1], a.weight)

@@ -491,8 +491,11 @@ class PrologueWeights:
     def _build(norms_q, norms_k, head_dim, like, heads=1):
         qs = [rms_weight(n, head_dim, like, heads) for n in norms_q]
         ks = [rms_weight(n, head_dim, like, heads) for n in norms_k]
+        eps = sorted({e for _, e in qs + ks})
+        if len(eps) != 1:  # the prologue has one eps for every row of q and k
+            raise DitprofError(f"the fused prologue takes one RMSNorm eps; this attention's q/k norms have {eps}")
         cat = (lambda ws: ws[0] if len(ws) == 1 else torch.cat(ws))  # noqa: E731
-        return cat([w for w, _ in qs]), cat([w for w, _ in ks]), qs[-1][1]
+        return cat([w for w, _ in qs]), cat([w for w, _ in ks]), eps[0]
 
 
 def version_of(t: torch.Tensor):
