@@ -25,37 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import environment, fmt, print_table, results_path, time_cuda, write_json  # noqa: E402
 
 from ditprof.kernels.prep_triton import (  # noqa: E402
-    _codes_k, _codes_q, _abs_bits, _load_rows, _prologue_weight, _rot_dot, _rotate_half_partner,
-    _rotate_interleaved, _to_int8,
+    _abs_bits, _codes_k, _codes_q, _load_rows, _prologue_combine, _prologue_norm, _prologue_rotate, _rope_rows,
+    _rot_dot, _to_int8,
 )
-
-
-@triton.jit
-def _prologue_with_tables(x, c, sn, base, s_s, s_d, rows, ok, d, w_ptr, text_rows, eps, ROWS: tl.constexpr,
-                          D: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
-                          G2: tl.constexpr, INTERP: tl.constexpr):
-    # ``prep_triton._prologue_rows`` with the cos/sin rows passed in (loaded once for all heads of the program)
-    n = x.to(tl.float32)
-    rs = tl.full([ROWS, 1], 1.0, tl.float32)
-    if NORM:
-        ms = tl.sum(n * n, axis=1) * (1.0 / D)
-        rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
-        n = n * rs * _prologue_weight(w_ptr, d, rows, text_rows, D, G2)
-    if ROPE != 0:
-        if ROPE == 1:
-            rot = _rotate_half_partner(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, D, NORM, R, G2)
-        else:
-            rot = _rotate_interleaved(n, ROWS, D)
-        r = n * c + rot * sn
-        if R < D:
-            r = tl.where((d < R)[None, :], r, n)
-        n = r
-    n = tl.where(ok, n, 0.0)
-    if INTERP:
-        if x.dtype == tl.bfloat16:
-            bits = n.to(tl.int32, bitcast=True)
-            n = ((bits + (0x7FFF + ((bits >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
-    return n.to(x.dtype)
 
 
 @triton.jit
@@ -80,18 +52,20 @@ def _quant_heads_kernel(src, s_b, s_s, s_h, s_d, dst, H, S, S_pad, rot_ptr, mean
         ok = (rows < end)[:, None]
         c = tl.zeros([BLOCK, D], tl.float32)
         sn = tl.zeros([BLOCK, D], tl.float32)
-        if ROPE != 0:
-            cs = r64[:, None] * R + d[None, :]
-            m = ok & (d < R)[None, :]
-            c = tl.load(cos_ptr + cs, mask=m, other=0.0)
-            sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
+        if ROPE != 0:  # once for all the program's heads
+            c, sn = _rope_rows(cos_ptr, sin_ptr, rows, ok, d, R)
         for hh in range(HEADS):
             h = (h0 + hh).to(tl.int64)
             bh64 = b * H + h
             base = src + b * s_b + h * s_h
             x = _load_rows(base, s_s, s_d, t * ROWS + i, end, d, BLOCK)
-            x = _prologue_with_tables(x, c, sn, base, s_s, s_d, rows, ok, d, w_ptr, text_rows, eps, BLOCK, D, NORM,
-                                      ROPE, R, G2, F32DOT)
+            # ``prep_triton._prologue_rows`` with the table rows loaded above
+            n, rs = _prologue_norm(x, rows, end, d, w_ptr, text_rows, eps, BLOCK, D, NORM, G2, None)
+            partner = n
+            if ROPE != 0:
+                partner = _prologue_rotate(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, BLOCK, D, NORM,
+                                           ROPE, R, G2)
+            x = _prologue_combine(x, n, partner, c, sn, ok, d, D, ROPE, R, F32DOT)
             xr = _rot_dot(x, rot, F32DOT)
             if IS_Q:
                 xr = xr * (1.0 / D)

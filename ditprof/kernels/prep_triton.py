@@ -358,6 +358,18 @@ def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, 
     # there the bits are rounded to nearest even first.
     rows = first + tl.arange(0, ROWS)
     ok = (rows < end)[:, None]
+    n, rs = _prologue_norm(x, rows, end, d, w_ptr, text_rows, eps, ROWS, D, NORM, G2, rs_ptr)
+    rot, c, sn = n, n, n  # placeholders: without RoPE none of them is read
+    if ROPE != 0:
+        rot = _prologue_rotate(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, ROWS, D, NORM, ROPE, R, G2)
+        c, sn = _rope_rows(cos_ptr, sin_ptr, rows, ok, d, R)
+    return _prologue_combine(x, n, rot, c, sn, ok, d, D, ROPE, R, INTERP)
+
+
+@triton.jit
+def _prologue_norm(x, rows, end, d, w_ptr, text_rows, eps, ROWS: tl.constexpr, D: tl.constexpr,
+                   NORM: tl.constexpr, G2: tl.constexpr, rs_ptr):
+    # the prologue's RMSNorm of x's rows in fp32: (n, the per-row factor rs [ROWS, 1]; 1 without a norm)
     n = x.to(tl.float32)
     rs = tl.full([ROWS, 1], 1.0, tl.float32)
     if NORM:
@@ -367,15 +379,33 @@ def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, 
             ms = tl.sum(n * n, axis=1) * (1.0 / D)  # 1 / D: a power of two
             rs = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))[:, None]
         n = n * rs * _prologue_weight(w_ptr, d, rows, text_rows, D, G2)
+    return n, rs
+
+
+@triton.jit
+def _prologue_rotate(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, ROWS: tl.constexpr, D: tl.constexpr,
+                     NORM: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr, G2: tl.constexpr):
+    # rotate(n) of the RoPE form ROPE (1 "half", 2 "interleaved")
+    if ROPE == 1:
+        rot = _rotate_half_partner(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, D, NORM, R, G2)
+    else:
+        rot = _rotate_interleaved(n, ROWS, D)
+    return rot
+
+
+@triton.jit
+def _rope_rows(cos_ptr, sin_ptr, rows, ok, d, R: tl.constexpr):
+    # the fp32 (cos, sin) table rows of ``rows`` on channels < R (zeros elsewhere)
+    cs = rows.to(tl.int64)[:, None] * R + d[None, :]
+    m = ok & (d < R)[None, :]
+    return tl.load(cos_ptr + cs, mask=m, other=0.0), tl.load(sin_ptr + cs, mask=m, other=0.0)
+
+
+@triton.jit
+def _prologue_combine(x, n, rot, c, sn, ok, d, D: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
+                      INTERP: tl.constexpr):
+    # n * cos + rotate(n) * sin on channels < R (ROPE), rows past the end zero, one rounding to x's dtype
     if ROPE != 0:
-        if ROPE == 1:
-            rot = _rotate_half_partner(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, D, NORM, R, G2)
-        else:
-            rot = _rotate_interleaved(n, ROWS, D)
-        cs = rows.to(tl.int64)[:, None] * R + d[None, :]
-        m = ok & (d < R)[None, :]
-        c = tl.load(cos_ptr + cs, mask=m, other=0.0)
-        sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
         r = n * c + rot * sn
         if R < D:
             r = tl.where((d < R)[None, :], r, n)
