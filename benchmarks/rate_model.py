@@ -31,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, results_path, write_json  # noqa: E402  (benchmarks/, the script's own folder)
 
+from ditprof.kernels.inspect_sass import loop_bodies  # noqa: E402
+
 H3 = (1, 56, 30272, 128)  # MiniMax-H3 attention: B, H, S (packed rows), D; non-causal self-attention
 
 
@@ -154,27 +156,6 @@ def mma_ops(instr: str) -> tuple[str, int] | None:
     if form == "qmma_f32" and ".F16." in instr.split("QMMA", 1)[1][:12]:
         form = "qmma_f16"
     return form, 2 * mm * nn * kk
-
-
-def loop_bodies(sass: str) -> list[list[str]]:
-    """Every backward-branch range of the nvdisasm text (label .. the branch to it), as instruction strings."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line.strip())
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            labels.update({name: len(ins) for name in pending})
-            pending = []
-            ins.append(m.group(2).strip())
-    loops = []
-    for i, txt in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
-        if m and labels.get(m.group(1), i) < i:
-            loops.append(ins[labels[m.group(1)]:i + 1])
-    return loops
 
 
 def key_loop(sass: str) -> list[str]:

@@ -108,16 +108,12 @@ def test_op_replays_in_a_cuda_graph_and_compiles():
     torch.testing.assert_close(compiled(q, k), eager, rtol=0, atol=0)
 
 
-@cuda
-def test_swap_in_the_h3_mini_block_matches_the_unfused_fp8_block():
+def _assert_fused_block_matches_the_unfused(loaded, inputs):
+    """The block with the fused prologue vs the unfused FP8 block (rel-RMS < 1.5e-2) and no further from SDPA."""
     from ditprof.harness.swaps.attention import AttentionSwap
     from ditprof.harness.swaps.prologue import PrologueSwap
     from ditprof.kernels import registry
-    from ditprof.model_blocks import make_inputs
-    from ditprof.model_blocks.synthetic import synthetic_block
 
-    loaded = synthetic_block("h3-mini", 0, device="cuda")
-    inputs = make_inputs(loaded, tokens=2048)
     fam, fp8 = loaded.family, registry.get("fp8")
     outs = {}
     for name, swap in (("unfused", AttentionSwap(fp8, uses_dispatcher=fam.uses_dispatcher)),
@@ -128,6 +124,16 @@ def test_swap_in_the_h3_mini_block_matches_the_unfused_fp8_block():
     assert torch.isfinite(outs["fused"]).all()
     assert _rel(outs["fused"], outs["unfused"]) < 1.5e-2
     assert _rel(outs["fused"], outs["sdpa"]) < 1.5 * _rel(outs["unfused"], outs["sdpa"]) + 2e-3
+
+
+@cuda
+def test_swap_in_the_h3_mini_block_matches_the_unfused_fp8_block():
+    from ditprof.model_blocks import make_inputs
+    from ditprof.model_blocks.synthetic import synthetic_block
+
+    loaded = synthetic_block("h3-mini", 0, device="cuda")
+    inputs = make_inputs(loaded, tokens=2048)
+    _assert_fused_block_matches_the_unfused(loaded, inputs)
 
 
 @cuda
@@ -160,22 +166,10 @@ def test_op_with_key_lens_and_identity_rows_vs_float64_and_the_unfused_kernel():
 @cuda
 @pytest.mark.parametrize("kind", ["double", "single"])
 def test_swap_in_a_padded_hunyuan_video_block_matches_the_unfused_fp8_block(kind):
-    from ditprof.harness.swaps.attention import AttentionSwap
-    from ditprof.harness.swaps.prologue import PrologueSwap
-    from ditprof.kernels import registry
     from ditprof.model_blocks import make_inputs
     from ditprof.model_blocks.synthetic import synthetic_block
 
     loaded = synthetic_block("hunyuan-video", 0, kind=kind, device="cuda")
     inputs = make_inputs(loaded, tokens=1536, batch=2, text_tokens=128)
     inputs.kwargs["attention_mask"][1, ..., -40:] = False
-    fam, fp8 = loaded.family, registry.get("fp8")
-    outs = {}
-    for name, swap in (("unfused", AttentionSwap(fp8, uses_dispatcher=fam.uses_dispatcher)),
-                       ("fused", PrologueSwap(fp8, fam, uses_dispatcher=fam.uses_dispatcher)),
-                       ("sdpa", AttentionSwap(registry.get("sdpa"), uses_dispatcher=fam.uses_dispatcher))):
-        with torch.no_grad(), swap.applied(loaded.module):
-            outs[name] = inputs.run(loaded.module).clone()
-    assert torch.isfinite(outs["fused"]).all()
-    assert _rel(outs["fused"], outs["unfused"]) < 1.5e-2
-    assert _rel(outs["fused"], outs["sdpa"]) < 1.5 * _rel(outs["unfused"], outs["sdpa"]) + 2e-3
+    _assert_fused_block_matches_the_unfused(loaded, inputs)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ditprof.errors import DitprofError
-from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, sass_opcodes
+from ditprof.kernels.inspect_sass import cubin_resources, find_nvdisasm, loop_bodies, sass_opcodes
 
 
 def nvdisasm_or_skip() -> str:
@@ -46,26 +46,9 @@ def key_tile_loops(sass: str, qk_wgmma: str = r"[QI]GMMA\.64x160") -> list[list[
     """Every key-tile loop: a backward-branch range holding a Q K^T wgmma (an instruction matching the regex
     ``qk_wgmma``), >= 80 exps (one 160-key tile's) and no global store (the work-tile loop and the mbarrier retry
     branches hold more)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line.strip())
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            labels.update({name: len(ins) for name in pending})
-            pending = []
-            ins.append(m.group(2).strip())
-    loops = []
-    for i, txt in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
-        if m and labels.get(m.group(1), i) < i:
-            body = ins[labels[m.group(1)]:i + 1]
-            if (any(re.search(qk_wgmma, x) for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
-                    and not any("STG" in x for x in body)):
-                loops.append(body)
-    return loops
+    return [body for body in loop_bodies(sass)
+            if any(re.search(qk_wgmma, x) for x in body) and sum("MUFU.EX2" in x for x in body) >= 80
+            and not any("STG" in x for x in body)]
 
 
 def key_tile_loop(sass: str, qk_wgmma: str = r"[QI]GMMA\.64x160") -> list[str]:

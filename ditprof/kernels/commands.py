@@ -113,22 +113,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             summary.add_row(key, str(value))
     console = Console()
     console.print(summary)
-    instructions = report.get("instructions") or {}
-    if instructions:
-        ops = Table(title="SASS opcodes")
-        ops.add_column("opcode")
-        ops.add_column("count", justify="right")
-        for op, count in instructions.items():
-            ops.add_row(op, str(count))
-        console.print(ops)
-    variants = report.get("mma_variants") or {}
-    if variants:  # the full instruction forms: which accumulator, block-scaled or not, per MMA
-        forms = Table(title="MMA instruction forms")
-        forms.add_column("instruction")
-        forms.add_column("count", justify="right")
-        for form, count in variants.items():
-            forms.add_row(form, str(count))
-        console.print(forms)
+    # SASS opcodes, then the full instruction forms of the MMAs (accumulator, block-scaled or not)
+    for title, column, counts in (("SASS opcodes", "opcode", report.get("instructions")),
+                                  ("MMA instruction forms", "instruction", report.get("mma_variants"))):
+        if counts:
+            table = Table(title=title)
+            table.add_column(column)
+            table.add_column("count", justify="right")
+            for name, count in counts.items():
+                table.add_row(name, str(count))
+            console.print(table)
     return 0
 
 

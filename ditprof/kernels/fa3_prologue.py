@@ -43,9 +43,10 @@ from ditprof.errors import DitprofError
 from ditprof.kernels.checks import check_qkv
 from ditprof.kernels.fp8_config import Fa3PrologueConfig, PrepConfig
 from ditprof.kernels.prep_triton import (INTERPRET, _abs_bits, _div_by_descale, _load_rows_pro, _PRO_ARGS,
-                                         _stats_amax, _to_e4m3, prologue_constants, stats_rows_per_warp)
+                                         _stats_amax, _to_e4m3, chunk_for_grid, prologue_constants,
+                                         stats_rows_per_warp)
 from ditprof.kernels.prologue import PrologueSpec, check_prologue_call, prologue_tensors
-from ditprof.kernels.triton_launch import FixedLaunch, sm_count
+from ditprof.kernels.triton_launch import FixedLaunch
 
 E4M3_MAX = 448.0
 
@@ -155,10 +156,6 @@ def _quant_kernel(
                   INTERP)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def tile_rows(D: int) -> int:
     """Rows of one [ROWS, D] tile (4096 elements: 32 fp32 registers per thread of 4 warps per tile value)."""
     return max(16, min(64, 4096 // D))
@@ -171,10 +168,7 @@ def stats_chunk_for(BH: int, S: int, device, config: Fa3PrologueConfig) -> int:
     chunk = config.stats_chunk
     if torch.device(device).type != "cuda" or not config.stats_programs_per_sm:
         return chunk
-    target = config.stats_programs_per_sm * sm_count(torch.device(device).index)
-    while chunk > 128 and 3 * _cdiv(S, chunk) * BH < target:
-        chunk //= 2
-    return chunk
+    return chunk_for_grid(chunk, S, BH * 3, config.stats_programs_per_sm, device)
 
 
 def check_config(config: Fa3PrologueConfig) -> None:
@@ -200,8 +194,8 @@ class Fa3ProloguePlan:
         BH = B * H
         self.shape, self.device = (B, S, H, D), q.device
         chunk = stats_chunk_for(BH, S, q.device, config)
-        self.nc = _cdiv(S, chunk)
-        nt = _cdiv(S, config.quant_rows)
+        self.nc = triton.cdiv(S, chunk)
+        nt = triton.cdiv(S, config.quant_rows)
         strides = {}
         for pre, x in (("sq", q), ("sk", k), ("sv", v)):
             for axis, st in zip("bshd", x.stride()):

@@ -178,6 +178,27 @@ class _CaptureFds:
 
 # ---------------------------------------------------------------------------------------------- main
 
+def loop_bodies(sass: str) -> list[list[str]]:
+    """Every backward-branch range of the nvdisasm text (label .. the branch to it), as instruction strings."""
+    ins, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = re.match(r"^(\.L_x_\d+):", line.strip())
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            labels.update({name: len(ins) for name in pending})
+            pending = []
+            ins.append(m.group(2).strip())
+    loops = []
+    for i, txt in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", txt)
+        if m and labels.get(m.group(1), i) < i:
+            loops.append(ins[labels[m.group(1)]:i + 1])
+    return loops
+
+
 def _compile_fp8_sm120(arch: str, dump_dir: str, head_dim: int, out_dtype: str, key_lens: bool = False,
                        qk_int8: bool = False, streamk: bool = False, q_rot: bool = False, pv_mma: str | None = None):
     from ditprof.kernels import fp8_fwd_sm120 as K
@@ -338,4 +359,4 @@ def mma_is_native(base_opcodes: dict) -> bool:
     return base_opcodes.get("QMMA", 0) > 0 or base_opcodes.get("QGMMA", 0) > 0
 
 
-__all__ = ["KNOWN_KERNELS", "inspect_kernel", "cubin_resources", "sass_opcodes", "find_nvdisasm"]
+__all__ = ["KNOWN_KERNELS", "inspect_kernel", "cubin_resources", "sass_opcodes", "loop_bodies", "find_nvdisasm"]

@@ -878,8 +878,15 @@ def stats_chunk_for(BH: int, Sk: int, qk_int8: bool, device, config: PrepConfig 
     device = torch.device(device)
     if not (qk_int8 and config.stats_programs_per_sm and device.type == "cuda"):
         return chunk
-    target = config.stats_programs_per_sm * sm_count(device.index)
-    while chunk > 128 and 2 * _cdiv(Sk, chunk) * BH < target:
+    return chunk_for_grid(chunk, Sk, BH * 2, config.stats_programs_per_sm, device)
+
+
+def chunk_for_grid(chunk: int, S: int, streams: int, programs_per_sm: int, device) -> int:
+    """``chunk`` halved (down to 128 rows) while ``streams`` row streams (operands x B*H) of ceil(S / chunk)
+    programs each give fewer than ``programs_per_sm`` programs per SM of ``device`` (a grid of a few waves is bound
+    by each program's serial loop). Shared by the INT8 prep's stats pass and FA3's prologue prep."""
+    target = programs_per_sm * sm_count(torch.device(device).index)
+    while chunk > 128 and streams * _cdiv(S, chunk) < target:
         chunk //= 2
     return chunk
 
