@@ -67,6 +67,12 @@ def attended_keys(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int) 
     return _as_4d(m, mask, batch, heads, sq, sk)[:, 0].any(dim=1)
 
 
+def keys_of_lens(key_lens: torch.Tensor, sk: int) -> torch.Tensor:
+    """(B, sk) bool: True for the keys batch item b attends with key counts ``key_lens`` (B,): its first
+    ``min(max(key_lens[b], 0), sk)`` keys, the kernels' rule."""
+    return torch.arange(sk, device=key_lens.device)[None, :] < key_lens.long()[:, None]
+
+
 def prefix_key_lens(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int, *,
                     check: bool = True) -> torch.Tensor:
     """(B,) int32: each batch item's attended-key count, for a mask whose attended keys are the item's first ones
@@ -77,7 +83,7 @@ def prefix_key_lens(mask: torch.Tensor, batch: int, heads: int, sq: int, sk: int
         return attended_keys(mask, batch, heads, sq, sk).sum(dim=1, dtype=torch.int32)
     keys = key_mask(mask, batch, heads, sq, sk)
     lens = keys.sum(dim=1, dtype=torch.int32)
-    if not bool((keys == (torch.arange(sk, device=keys.device)[None, :] < lens[:, None])).all()):
+    if not bool((keys == keys_of_lens(lens, sk)).all()):
         raise DitprofError("the attention mask's attended keys are not each batch item's first keys: the fused "
                            "prologue takes a key count per item (its RoPE rows pin each key to its position)")
     return lens

@@ -25,6 +25,7 @@ import torch
 from ditprof.errors import DitprofError
 from ditprof.kernels.checks import SUPPORTED_HEAD_DIMS, check_key_mask, check_qkv
 from ditprof.kernels.fp8_config import Fp8Options, default_options
+from ditprof.kernels.masks import keys_of_lens
 
 
 def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]) -> None:
@@ -176,7 +177,7 @@ def fp8_attention_prologue_cpu_impl(q, k, v, wq, wk, cos, sin, text_rows: int, s
     kp = prologue_torch(spec, k, wk, cos, sin, text_rows, rsk)
     key_mask = None
     if key_lens is not None:  # the kernels' rule: the first min(max(key_lens[b], 0), Sk) keys
-        key_mask = torch.arange(k.shape[1], device=k.device)[None, :] < key_lens.long().clamp(min=0)[:, None]
+        key_mask = keys_of_lens(key_lens, k.shape[1])
     # the GPU path quantizes Q/K in the INT8 format whatever the options say (the prologue lives in that prep)
     return fp8_attention_emulated(qp, kp, v, scale=scale, smooth_k=opts.smooth_k, key_mask=key_mask,
                                   qk_format="int8")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ditprof.kernels.compile_cache import DTYPE_NAMES
+from ditprof.kernels.masks import keys_of_lens
 
 LSE_CHUNK_BYTES = 256 << 20  # the LSE's fp32 score blocks are computed a few query rows at a time
 
@@ -45,8 +46,7 @@ class SdpaLaunch:
         qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
         mask = None
         if key_lens is not None:  # (B, 1, 1, Sk): True where the key is attended
-            keys = torch.arange(kh.shape[2], device=kh.device)
-            mask = (keys[None, :] < key_lens.to(device=kh.device, dtype=torch.long)[:, None])[:, None, None, :]
+            mask = keys_of_lens(key_lens.to(kh.device), kh.shape[2])[:, None, None, :]
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=float(softmax_scale))
         out = o.transpose(1, 2).contiguous()
         if not self.return_lse:
