@@ -61,11 +61,10 @@ ALL_ENTRIES = [
 ]
 
 
-def make_prologue_entries(q, k, v, scale, form):
-    """The ``+norm-rope`` / ``+prologue`` entries: q and k are the raw projections; per-head RMSNorm weights and
-    a RoPE table of random angles (fresh, not zeros) as the processor would have them."""
+def prologue_inputs(q, form):
+    """Per-head RMSNorm weights (1, D) of q's dtype and an (S, D) fp32 RoPE table of random angles in ``form``
+    ("interleaved" or "half"), fresh and seeded, as a processor would hand them to the fused prologue."""
     import torch
-    import torch.nn.functional as F
 
     B, S, H, D = q.shape
     g = torch.Generator(device=q.device).manual_seed(1)
@@ -75,6 +74,17 @@ def make_prologue_entries(q, k, v, scale, form):
         cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
     else:
         cos, sin = torch.cos(ang).repeat(1, 2), torch.sin(ang).repeat(1, 2)
+    return wq, wk, cos, sin
+
+
+def make_prologue_entries(q, k, v, scale, form):
+    """The ``+norm-rope`` / ``+prologue`` entries: q and k are the raw projections; per-head RMSNorm weights and
+    a RoPE table of random angles (fresh, not zeros) as the processor would have them."""
+    import torch
+    import torch.nn.functional as F
+
+    B, S, H, D = q.shape
+    wq, wk, cos, sin = prologue_inputs(q, form)
 
     def norm_rope(x, w):
         from diffusers.models.embeddings import apply_rotary_emb

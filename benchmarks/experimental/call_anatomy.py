@@ -7,6 +7,7 @@ kernel time, prep time or the gaps between the launches?
 
     python benchmarks/experimental/call_anatomy.py                        # flux, ltx; int8 and e4m3
     python benchmarks/experimental/call_anatomy.py --shapes flux --formats int8 --calls 40
+    python benchmarks/experimental/call_anatomy.py --formats int8+prologue   # the fused prologue vs FA3 fed by it
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+PROLOGUE = "int8+prologue"  # the fused prologue's op (raw projections in), beside the plain formats
 SHAPES = {"flux": (1, 24, 4608, 128), "ltx": (1, 32, 7392, 64), "cogvideox": (1, 48, 17776, 64),
           "h3": (1, 56, 30272, 128)}
 
@@ -128,6 +130,8 @@ def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
     B, H, S, D = shape
     q, k, v = gaussian_qkv(B, S, H, D)
     rows = []
+    if fmt == PROLOGUE:
+        return rows + measure_prologue(name, q, k, v, calls)
     options = Fp8Options(qk_format=fmt)
 
     def ours():
@@ -155,6 +159,47 @@ def measure_shape(name: str, shape: tuple, fmt: str, calls: int) -> list[dict]:
     return rows
 
 
+def measure_prologue(name: str, q, k, v, calls: int) -> list[dict]:
+    """The fused prologue's call (``op.fp8_attention_prologue`` from the raw projections, INT8 Q/K; a repeated call
+    replays its launches as one CUDA graph) and, with ``fa3-fwd``, FA3 FP8 fed by the same fused prologue
+    (``fa3_prologue.fa3_prologue_inputs`` + the kernel): issue 43's fair pair, kernel by kernel."""
+    import torch
+    from attention import ROPE_FORMS, prologue_inputs
+
+    from ditprof.kernels.fa3_prologue import fa3_prologue_inputs
+    from ditprof.kernels.op import fp8_attention_prologue
+    from ditprof.kernels.prologue import PrologueSpec
+
+    D = q.shape[-1]
+    form = ROPE_FORMS.get(name, "half")
+    wq, wk, cos, sin = prologue_inputs(q, form)
+    spec = PrologueSpec("rms", 1e-6, form, D)
+    scale = D ** -0.5
+
+    def ours():
+        return fp8_attention_prologue(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin, scale=scale)
+
+    fns = {"ours (prologue op call)": ours}
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except ImportError:
+        flash_attn_func = None
+    if flash_attn_func is not None:
+        def fa3():
+            q8, k8, v8, dq, dk, dv = fa3_prologue_inputs(q, k, v, spec, wq=wq, wk=wk, cos=cos, sin=sin)
+            return flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=dq, k_descale=dk,
+                                   v_descale=dv)
+
+        fns["FA3 FP8 + the same fused prologue"] = fa3
+    rows = []
+    for who, fn in fns.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        rows.append({"shape": name, "format": PROLOGUE, "who": who, **anatomy_of(fn, calls)})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="flux,ltx")
@@ -164,8 +209,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     names = [s for s in args.shapes.split(",") if s]
     formats = [f for f in args.formats.split(",") if f]
-    if [n for n in names if n not in SHAPES] or [f for f in formats if f not in ("int8", "e4m3")]:
-        ap.error(f"shapes from {list(SHAPES)}, formats from int8, e4m3")
+    if [n for n in names if n not in SHAPES] or [f for f in formats if f not in ("int8", "e4m3", PROLOGUE)]:
+        ap.error(f"shapes from {list(SHAPES)}, formats from int8, e4m3, {PROLOGUE}")
     import torch
 
     if not torch.cuda.is_available():

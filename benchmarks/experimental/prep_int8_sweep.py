@@ -40,7 +40,9 @@ TILING_KNOBS = {"qk_rows": (128, 256, 512, 1024), "qk_block": (32, 64, 128), "qk
                 "stats_rot_rows": (0, 16, 32, 64), "stats_chunk": (128, 256, 512),
                 "stats_programs_per_sm": (0, 6), "quant_warps": (4, 8), "stats_warps": (4, 8),
                 "stats_v_mult": (1, 2, 4), "stats_v_first": (False, True)}
-KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS, "stats_rot_tail": (False, True)}
+# with --prologue the plan builds with these in place of qk_block / stats_rot_rows (``prep_triton.build_config``)
+PROLOGUE_KNOBS = {"prologue_qk_block": (16, 32, 64), "prologue_stats_rot_rows": (16, 32, 64)}
+KNOBS = {**LAYOUT_KNOBS, **TILING_KNOBS, **PROLOGUE_KNOBS, "stats_rot_tail": (False, True)}
 
 
 def defaults() -> dict:
@@ -64,19 +66,25 @@ def layout_settings() -> list[dict]:
     return [base] + [s for s in combos if s != base]
 
 
-def tiling_settings(best: dict) -> list[dict]:
-    """``best`` with one tiling knob changed at a time."""
-    return [{**best, k: v} for k, vals in TILING_KNOBS.items() for v in vals if v != best[k]]
+def tiling_settings(best: dict, prologue: bool = False) -> list[dict]:
+    """``best`` with one tiling knob changed at a time (``prologue``: the prologue's block sizes in place of the
+    two they replace)."""
+    knobs = dict(TILING_KNOBS)
+    if prologue:
+        del knobs["qk_block"], knobs["stats_rot_rows"]
+        knobs.update(PROLOGUE_KNOBS)
+    return [{**best, k: v} for k, vals in knobs.items() for v in vals if v != best[k]]
 
 
-def time_passes(plan, q, k, v, iters: int) -> tuple[dict, dict]:
+def time_passes(plan, q, k, v, iters: int, pro=None) -> tuple[dict, dict]:
     """Median ms of the stats launch and of the quantize launch, each timed on its own (the quantize pass reads
-    what the first stats launch wrote, which stays valid), and the buffers."""
+    what the first stats launch wrote, which stays valid), and the buffers. ``pro``: the fused prologue's tensors
+    (``PrepPlan.launch``'s ``pro``) for a plan built with one."""
     import torch
 
     bufs = plan.buffers(q.device)
     stream = torch.cuda.current_stream().cuda_stream
-    plan.launch(q, k, v, bufs, stream)  # compiles both
+    plan.launch(q, k, v, bufs, stream, pro=pro)  # compiles both
     torch.cuda.synchronize()
     out = {}
     for name, fn in (("stats", plan.launch_stats), ("quant", plan.launch_quant)):
@@ -84,7 +92,7 @@ def time_passes(plan, q, k, v, iters: int) -> tuple[dict, dict]:
         for _ in range(iters):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn(q, k, v, bufs, stream)
+            fn(q, k, v, bufs, stream, pro=pro)
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
@@ -120,11 +128,14 @@ def parse_setting(text: str) -> tuple[str, object]:
     return name, words[value] if value in words else int(value)
 
 
-def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None) -> tuple[dict, dict | None]:
-    """One sweep row (and the outputs, for the next rows' check)."""
+def time_setting(P, s: dict, q, k, v, iters: int, reference: dict | None,
+                 prologue=None) -> tuple[dict, dict | None]:
+    """One sweep row (and the outputs, for the next rows' check). ``prologue``: (PrologueSpec, pro tensors) to
+    sweep the prep with the fused prologue."""
+    spec, pro = prologue or (None, None)
     try:
-        plan = P.PrepPlan(q, k, v, True, qk_int8=True, config=config_of(s))
-        t, bufs = time_passes(plan, q, k, v, iters)
+        plan = P.PrepPlan(q, k, v, True, qk_int8=True, config=config_of(s), prologue=spec)
+        t, bufs = time_passes(plan, q, k, v, iters, pro)
     except Exception as exc:  # noqa: BLE001 -- a setting Triton cannot compile is a result here
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         return {"setting": s, "error": first}, None
@@ -224,6 +235,23 @@ def steady_blocks(fns: dict, seconds: float, blocks: int = 3) -> dict:
     return kept
 
 
+def prologue_of(q, form: str, rope_dim: int):
+    """(PrologueSpec, the ``pro`` tensors) of a per-head RMSNorm + RoPE prologue: seeded random weights (one group)
+    and a table of random angles in ``form`` over ``rope_dim`` channels (0: all)."""
+    import torch
+
+    from ditprof.kernels.prologue import PrologueSpec
+
+    B, S, H, D = q.shape
+    R = rope_dim or D
+    g = torch.Generator(device=q.device).manual_seed(2)
+    ang = torch.rand((S, R // 2), device=q.device, generator=g) * 6
+    rep = (lambda t: t.repeat_interleave(2, -1)) if form == "interleaved" else (lambda t: t.repeat(1, 2))
+    cos, sin = rep(torch.cos(ang)).contiguous(), rep(torch.sin(ang)).contiguous()
+    wq, wk = ((torch.rand((1, D), device=q.device, generator=g) + 0.5).to(q.dtype) for _ in range(2))
+    return PrologueSpec("rms", 1e-6, form, rope_dim), (wq, wk, cos, sin, 0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="1,30272,56,128", help="B,S,H,D (self-attention)")
@@ -238,6 +266,9 @@ def main() -> int:
     ap.add_argument("--setting", action="append", default=[],
                     help="knob=VALUE (a PrepConfig field): skip stages 1-2 and take this (with the defaults) as "
                          "the fastest")
+    ap.add_argument("--prologue", choices=("interleaved", "half"), default=None,
+                    help="sweep the prep with the fused prologue (per-head RMSNorm + RoPE of this form)")
+    ap.add_argument("--rope-dim", type=int, default=0, help="--prologue: rotated channels (0: all)")
     ap.add_argument("--list", action="store_true", help="print the stage-1 settings and exit")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -259,21 +290,29 @@ def main() -> int:
     q, k, v = (torch.randn((B, S, H, D), generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
     e4m3, _ = time_passes(P.PrepPlan(q, k, v, True), q, k, v, args.iters)
     rows = [{"setting": "e4m3 prep", "stage": 0, **e4m3}]
+    prologue = None
+    if args.prologue:
+        prologue = prologue_of(q, args.prologue, args.rope_dim)
+        if args.end_to_end:
+            print("error: --end-to-end times the plain call; run it without --prologue", file=sys.stderr)
+            return 2
     reference = None
     given = {**defaults(), **dict(parse_setting(x) for x in args.setting)}
     for s in [defaults(), given] if args.setting else layout_settings():
-        row, got = time_setting(P, s, q, k, v, args.iters, reference)
+        row, got = time_setting(P, s, q, k, v, args.iters, reference, prologue)
         reference = reference or got
         rows.append({"stage": 1, **row})
     ok = [r for r in rows if r["stage"] == 1 and "error" not in r and r["matches_default"]]
     best = min(ok, key=lambda r: r["total"])["setting"]
     if not args.no_tiling and not args.setting:
-        for s in tiling_settings(best):
-            row, _ = time_setting(P, s, q, k, v, args.iters, reference)
+        for s in tiling_settings(best, prologue is not None):
+            row, _ = time_setting(P, s, q, k, v, args.iters, reference, prologue)
             rows.append({"stage": 2, **row})
         ok = [r for r in rows if r["stage"] in (1, 2) and "error" not in r and r["matches_default"]]
         best = min(ok, key=lambda r: r["total"])["setting"]
-    table = Table(title=f"INT8 prep at {args.shape} ({torch.cuda.get_device_name()}), ms, median of {args.iters}")
+    what = f" with the fused prologue ({args.prologue}, {args.rope_dim or D} channels)" if prologue else ""
+    table = Table(title=f"INT8 prep{what} at {args.shape} ({torch.cuda.get_device_name()}), ms, median of "
+                        f"{args.iters}")
     for col in ("stage", "setting (changed from the default)", "launches", "stats", "quant", "total", "vs e4m3",
                 "check"):
         table.add_column(col)
@@ -310,7 +349,7 @@ def main() -> int:
     if args.json:
         from bench_helpers import run_meta
 
-        meta = run_meta(shape=args.shape)
+        meta = run_meta(shape=args.shape, prologue=args.prologue, rope_dim=args.rope_dim)
         Path(args.json).write_text(json.dumps({"meta": meta, **result}, indent=1, default=str))
     return 0
 
