@@ -24,7 +24,7 @@ from triton_interpreter import inner_only, run_under_interpreter
 
 from ditprof.errors import DitprofError
 from ditprof.kernels.prep import Fp8Prepared, fp8_prepare_prologue, fp8_prepare_torch
-from ditprof.kernels.prologue import PrologueSpec, prologue_torch
+from ditprof.kernels.prologue import PrologueSpec, pair_tables, prologue_tensors, prologue_torch
 
 CODE_OFF_BY_ONE_MAX = 5e-3
 SCALE_RTOL = 1e-5
@@ -192,6 +192,30 @@ def test_row_factors_are_the_float64_ones():
     torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("form", ["half", "interleaved"])
+def test_pair_tables(form):
+    """The kernels' rotary tables: one (cos, sin) per rotated pair, taken from the processor's table (interleaved:
+    even channels; half: the first half), the same tensor again for the same table object (the launch graphs'
+    keys), rebuilt after the table changes in place, and a table whose pair channels differ is refused."""
+    spec = PrologueSpec(rope=form)
+    cos, sin = rope_table(40, 16, form)
+    pc, ps = pair_tables(spec, cos, sin)
+    ang = torch.arange(40, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)[None, :]
+    assert pc.shape == (40, 8) and pc.dtype == torch.float32 and pc.is_contiguous()
+    torch.testing.assert_close(pc, ang.cos().float(), rtol=0, atol=0)
+    torch.testing.assert_close(ps, ang.sin().float(), rtol=0, atol=0)
+    assert pc.data_ptr() != cos.data_ptr()
+    assert pair_tables(spec, cos, sin)[0] is pc
+    cos.mul_(0.5)
+    again = pair_tables(spec, cos, sin)[0]
+    assert again is not pc and torch.equal(again, pc * 0.5)
+    bad = cos.clone()
+    bad[3, 1] += 1.0  # channel 1 of a row: its partner is channel 0 (interleaved) or 9 (half)
+    with pytest.raises(DitprofError, match="one angle per pair"):
+        pair_tables(spec, bad, sin)
+    assert pair_tables(PrologueSpec(rope=None), None, None) == (None, None)
+
+
 def test_plan_rejects_prologue_misuse():
     """PrepPlan: a prologue needs INT8 Q/K, the prep's Q and one sequence length; pro is required iff there is a
     prologue (GPU-free: meta tensors)."""
@@ -217,9 +241,13 @@ def test_plan_rejects_prologue_misuse():
     # without a prologue the kernels take no prologue tensor: the per-call tuples are what they were
     assert len(plain._arguments(q, q, q, plain.buffers("meta"), None)[0]) == len(P._STATS_ARGS)
     w = torch.ones((2, 64), device="meta")
-    cos = torch.ones((256, 64), device="meta")
+    cos = torch.ones((256, 32), device="meta")  # a pair table: (S, R/2)
     with pytest.raises(ValueError, match=r"wq must be a contiguous float \(1, 64\)"):
         plan._arguments(q, q, q, bufs, None, pro=(w, w, cos, cos, 0))
+    w1, full = w[:1], torch.ones((256, 64), device="meta")
+    with pytest.raises(ValueError, match=r"cos must be a contiguous float32 \(256, 32\) pair table"):
+        plan._arguments(q, q, q, bufs, None, pro=(w1, w1, full, full, 0))
+    assert len(plan._arguments(q, q, q, bufs, None, pro=(w1, w1, cos, cos, 0))[0]) == len(P._STATS_ARGS) + 5
     # rms_across: one plan group, the row factors after text_rows (their slots last), (H, D) weights
     across = PrologueSpec("rms_across", rope="interleaved")
     with pytest.raises(ValueError, match="pro_groups"):
@@ -307,7 +335,7 @@ def run_plan_reuse_checks(shape, device: str, stream=None):
     plan = P.PrepPlan(q, k, v, True, qk_int8=True, prologue=spec, pro_groups=2)
     bufs = plan.buffers(q.device)
     for text_rows in (1, S // 2 + 3, 0):
-        plan.launch(q, k, v, bufs, stream, pro=(wq, wk, cos, sin, text_rows))
+        plan.launch(q, k, v, bufs, stream, pro=prologue_tensors(spec, wq, wk, cos, sin, text_rows))
         got = Fp8Prepared(bufs["q8"], bufs["k8"], bufs["v8t"], bufs["scales"], S, S, bufs["k_mean"],
                           q_scales=bufs["q_scales"])
         ref = fp8_prepare_prologue(q, k, v, spec, wq, wk, cos, sin, text_rows, backend="torch")

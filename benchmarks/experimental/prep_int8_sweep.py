@@ -246,8 +246,7 @@ def prologue_of(q, form: str, rope_dim: int):
     R = rope_dim or D
     g = torch.Generator(device=q.device).manual_seed(2)
     ang = torch.rand((S, R // 2), device=q.device, generator=g) * 6
-    rep = (lambda t: t.repeat_interleave(2, -1)) if form == "interleaved" else (lambda t: t.repeat(1, 2))
-    cos, sin = rep(torch.cos(ang)).contiguous(), rep(torch.sin(ang)).contiguous()
+    cos, sin = torch.cos(ang), torch.sin(ang)  # the pair tables (prologue.pair_tables) the plan takes
     wq, wk = ((torch.rand((1, D), device=q.device, generator=g) + 0.5).to(q.dtype) for _ in range(2))
     return PrologueSpec("rms", 1e-6, form, rope_dim), (wq, wk, cos, sin, 0)
 

@@ -50,8 +50,7 @@ def main(argv=None) -> int:
     q, k, v = (torch.randn((B, S, H, D), device="cuda", generator=g).bfloat16() for _ in range(3))
     R = args.rope_dim or D
     ang = torch.rand((S, R // 2), device="cuda", generator=g) * 6
-    rep = (lambda t: t.repeat_interleave(2, -1)) if args.form == "interleaved" else (lambda t: t.repeat(1, 2))
-    cos, sin = rep(torch.cos(ang)).contiguous(), rep(torch.sin(ang)).contiguous()
+    cos, sin = torch.cos(ang), torch.sin(ang)  # the pair tables (prologue.pair_tables) the plan takes
     old = dataclasses.replace(PrepConfig(), prologue_qk_block=64, prologue_stats_rot_rows=32)
     full = PrologueSpec("rms", 1e-6, args.form, args.rope_dim)
     variants = {"plain": (None, 1, PrepConfig()), "norm": (PrologueSpec("rms", 1e-6, None), 1, PrepConfig()),

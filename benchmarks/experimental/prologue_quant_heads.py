@@ -53,7 +53,7 @@ def _quant_heads_kernel(src, s_b, s_s, s_h, s_d, dst, H, S, S_pad, rot_ptr, mean
         c = tl.zeros([BLOCK, D], tl.float32)
         sn = tl.zeros([BLOCK, D], tl.float32)
         if ROPE != 0:  # once for all the program's heads
-            c, sn = _rope_rows(cos_ptr, sin_ptr, rows, ok, d, R)
+            c, sn = _rope_rows(cos_ptr, sin_ptr, rows, ok, d, BLOCK, D, ROPE, R)
         for hh in range(HEADS):
             h = (h0 + hh).to(tl.int64)
             bh64 = b * H + h
@@ -126,8 +126,7 @@ def main(argv=None) -> int:
     q, k, v = (torch.randn((B, S, H, D), device=dev, generator=g).bfloat16() for _ in range(3))
     R = args.rope_dim or D
     ang = torch.rand((S, R // 2), device=dev, generator=g) * 6
-    rep = (lambda t: t.repeat_interleave(2, -1)) if args.form == "interleaved" else (lambda t: t.repeat(1, 2))
-    cos, sin = rep(torch.cos(ang)).contiguous(), rep(torch.sin(ang)).contiguous()
+    cos, sin = torch.cos(ang), torch.sin(ang)  # the pair tables (prologue.pair_tables) the plan takes
     spec = PrologueSpec("rms", 1e-6, args.form, args.rope_dim)
     w = (torch.rand((1, D), device=dev, generator=g) + 0.5).bfloat16()
     pro = (w, w.clone(), cos, sin, 0)

@@ -272,7 +272,7 @@ def fa3_prologue_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     check_config(config)
     qs, ks, vs = check_qkv(q, k, v, who="fa3_prologue_inputs", pow2_head_dim=True)
     check_prologue_call(spec, qs, ks, wq, wk, cos, sin, text_rows)
-    wq, wk, cos, sin, text_rows = prologue_tensors(wq, wk, cos, sin, text_rows)
+    wq, wk, cos, sin, text_rows = prologue_tensors(spec, wq, wk, cos, sin, text_rows)
     if spec.norm is None:
         wq = wk = None
     if not spec.rotated(qs.shape[3]):

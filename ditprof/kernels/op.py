@@ -161,7 +161,7 @@ def fp8_attention_prologue_cuda_impl(q, k, v, wq, wk, cos, sin, text_rows: int, 
 
     spec = _prologue_check(q, k, v, wq, wk, cos, sin, text_rows, prologue, key_lens, rsq, rsk)
     return fp8_call(q, k, v, scale, key_lens, options=options_for(options), prologue=spec,
-                    pro=prologue_tensors(wq, wk, cos, sin, text_rows, rsq, rsk))
+                    pro=prologue_tensors(spec, wq, wk, cos, sin, text_rows, rsq, rsk))
 
 
 def fp8_attention_prologue_cpu_impl(q, k, v, wq, wk, cos, sin, text_rows: int, scale: float, prologue: str,

@@ -279,7 +279,7 @@ def fp8_prepare_prologue(
         raise DitprofError(f"fp8_prepare_prologue(backend='triton'): {why}")
     bufs = _check_out(out, qs, ks, True) if out is not None else None
     res = _triton_module().prepare_triton(qs, ks, vs, smooth_k, out=bufs, qk_int8=True, config=config,
-                                          prologue=spec, pro=prologue_tensors(wq, wk, cos, sin, text_rows, rsq, rsk))
+                                          prologue=spec, pro=prologue_tensors(spec, wq, wk, cos, sin, text_rows, rsq, rsk))
     return _prepared(res, qs, ks, check_finite)
 
 

@@ -48,7 +48,9 @@ Fused prologue (INT8 Q/K with the prep's Q; ``PrepPlan(prologue=spec, pro_groups
 sin, text_rows))``): q and k are the projections' raw rows, and every Q/K tile the rotating loops load (the K stats
 pass and the Q/K quantize pass) first goes through ``_prologue_rows``: the processor's per-head RMSNorm with its
 weight (G = 2: rows below ``text_rows`` take row 0) and RoPE over the first R channels, in fp32, rounded once to the
-inputs' dtype, as ``prologue.prologue_torch``; the RoPE partner channels come from a second load of the same rows.
+inputs' dtype, as ``prologue.prologue_torch``; the RoPE partner of a channel is a register swap (interleaved) or
+two shifted loads of the same rows (half), and the rotary table comes as one (cos, sin) per rotated pair
+(``prologue.pair_tables``, (S, R/2) float32 each).
 The rest is unchanged. ``rms_across`` (PRO_NORM 2, Wan's norm over all heads): the row factors come computed
 (``prologue.row_factors``, (B, S) float32 each for q and k, ``rsq_ptr``/``rsk_ptr``) and are loaded per row in
 place of the per-head reduction, and the weight is (H, D): the kernels offset both pointers to the program's batch
@@ -362,7 +364,7 @@ def _prologue_rows(x, base, s_s, s_d, first, end, d, ROWS: tl.constexpr, w_ptr, 
     rot, c, sn = n, n, n  # placeholders: without RoPE none of them is read
     if ROPE != 0:
         rot = _prologue_rotate(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, ROWS, D, NORM, ROPE, R, G2)
-        c, sn = _rope_rows(cos_ptr, sin_ptr, rows, ok, d, R)
+        c, sn = _rope_rows(cos_ptr, sin_ptr, rows, ok, d, ROWS, D, ROPE, R)
     return _prologue_combine(x, n, rot, c, sn, ok, d, D, ROPE, R, INTERP)
 
 
@@ -394,11 +396,27 @@ def _prologue_rotate(n, base, s_s, s_d, rows, ok, d, rs, w_ptr, text_rows, ROWS:
 
 
 @triton.jit
-def _rope_rows(cos_ptr, sin_ptr, rows, ok, d, R: tl.constexpr):
-    # the fp32 (cos, sin) table rows of ``rows`` on channels < R (zeros elsewhere)
-    cs = rows.to(tl.int64)[:, None] * R + d[None, :]
-    m = ok & (d < R)[None, :]
-    return tl.load(cos_ptr + cs, mask=m, other=0.0), tl.load(sin_ptr + cs, mask=m, other=0.0)
+def _rope_rows(cos_ptr, sin_ptr, rows, ok, d, ROWS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+               R: tl.constexpr):
+    # the fp32 (cos, sin) of ``rows`` on channels < R (zeros elsewhere), [ROWS, D], from the pair tables (S, R/2)
+    # of ``prologue.pair_tables`` (one angle per rotated pair: half the bytes of the processor's (S, R) tables):
+    # "interleaved" pair j is channels (2j, 2j + 1), the loaded [ROWS, D/2] tile widened in registers (as
+    # ``_rotate_interleaved``); "half" pair j is channels (j, j + R/2), two contiguous runs of the same row
+    if ROPE == 2:
+        j = tl.arange(0, D // 2).to(tl.int64)
+        cs = rows.to(tl.int64)[:, None] * (R // 2) + j[None, :]
+        m = ok & (j < R // 2)[None, :]
+        c = tl.load(cos_ptr + cs, mask=m, other=0.0)
+        sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
+        c = tl.reshape(tl.join(c, c), [ROWS, D])
+        sn = tl.reshape(tl.join(sn, sn), [ROWS, D])
+    else:
+        j = tl.where(d < R // 2, d, d - R // 2)
+        cs = rows.to(tl.int64)[:, None] * (R // 2) + j[None, :]
+        m = ok & (d < R)[None, :]
+        c = tl.load(cos_ptr + cs, mask=m, other=0.0)
+        sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
+    return c, sn
 
 
 @triton.jit
@@ -1191,9 +1209,9 @@ class PrepPlan:
         if not R:
             cos = sin = None
         for name, t in (("cos", cos), ("sin", sin)) if R else ():
-            if t.dtype != torch.float32 or tuple(t.shape) != (self.Sq, R) or not t.is_contiguous():
-                raise ValueError(f"prologue {name} must be a contiguous float32 ({self.Sq}, {R}) tensor, got "
-                                 f"{t.dtype} {tuple(t.shape)}")
+            if t.dtype != torch.float32 or tuple(t.shape) != (self.Sq, R // 2) or not t.is_contiguous():
+                raise ValueError(f"prologue {name} must be a contiguous float32 ({self.Sq}, {R // 2}) pair table "
+                                 f"(prologue.pair_tables), got {t.dtype} {tuple(t.shape)}")
         for t in (wq, wk, cos, sin, *rs):
             if t is not None and t.data_ptr() % 16:
                 raise ValueError("prologue tensors must be 16-byte aligned (the kernels are specialised on it)")

@@ -26,6 +26,7 @@ weight viewed per head: head h takes row h). G (text / rest weights) does not ap
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -159,10 +160,55 @@ def aligned(t: Optional[torch.Tensor], dtype: Optional[torch.dtype] = None) -> O
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def prologue_tensors(wq, wk, cos, sin, text_rows: int, rsq=None, rsk=None) -> tuple:
-    """(wq, wk, cos, sin, text_rows) as the prep's plan takes them (``aligned``; the table in float32), with
-    ``rms_across``'s row factors (rsq, rsk) after them where given."""
-    pro = (aligned(wq), aligned(wk), aligned(cos, torch.float32), aligned(sin, torch.float32), int(text_rows))
+def _pair_columns(form: str, t: torch.Tensor) -> tuple:
+    # (the first, the second) channel of each rotated pair of a (S, R) table in the RoPE form ``form``
+    if form == "interleaved":
+        return t[:, 0::2], t[:, 1::2]
+    return t.chunk(2, dim=-1)
+
+
+# id(processor's table) -> (weakref to it, its _version, the pair table): the same table object (a forward's one
+# rotary embedding, handed to every block) gives the same pair table, so the launch graphs keyed on the prologue
+# tensors' addresses hit
+_PAIR_CACHE: dict = {}
+_PAIR_CACHE_MAX = 16
+
+
+def _pair_table(spec: PrologueSpec, t: torch.Tensor, name: str) -> torch.Tensor:
+    key = id(t)
+    hit = _PAIR_CACHE.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    first, second = _pair_columns(spec.rope, t)
+    capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and not torch.equal(first, second):  # once per table object: not inside a graph capture
+        raise DitprofError(f"prologue {name} table has different values on the two channels of a rotated pair "
+                           f"({spec.rope!r} form): RoPE needs one angle per pair")
+    packed = aligned(first, torch.float32)
+    if packed.data_ptr() == t.data_ptr() or not packed.is_contiguous():  # never alias the processor's table
+        packed = packed.clone()
+    if len(_PAIR_CACHE) >= _PAIR_CACHE_MAX:
+        _PAIR_CACHE.pop(next(iter(_PAIR_CACHE)))
+    _PAIR_CACHE[key] = (weakref.ref(t), t._version, packed)
+    return packed
+
+
+def pair_tables(spec: PrologueSpec, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor]) -> tuple:
+    """The processor's (S, R) rotary tables as the Triton kernels read them: one (cos, sin) per rotated pair,
+    (S, R/2) float32 each ("interleaved": the even channels; "half": the first half), half the bytes every head's
+    programs re-read. A RoPE rotates each pair by one angle, so the two channels of a pair hold the same values;
+    a table that does not is a DitprofError (checked once per table object, outside graph captures). (None, None)
+    without RoPE."""
+    if spec.rope is None or cos is None:
+        return None, None
+    return _pair_table(spec, cos, "cos"), _pair_table(spec, sin, "sin")
+
+
+def prologue_tensors(spec: PrologueSpec, wq, wk, cos, sin, text_rows: int, rsq=None, rsk=None) -> tuple:
+    """(wq, wk, cos, sin, text_rows) as the prep's plan takes them (``aligned``; the tables as ``pair_tables``),
+    with ``rms_across``'s row factors (rsq, rsk) after them where given."""
+    pc, ps = pair_tables(spec, cos, sin)
+    pro = (aligned(wq), aligned(wk), pc, ps, int(text_rows))
     return pro if rsq is None else pro + (aligned(rsq), aligned(rsk))
 
 
@@ -203,4 +249,4 @@ def prologue_torch(spec: PrologueSpec, x: torch.Tensor, w: Optional[torch.Tensor
 
 
 __all__ = ["NORMS", "PrologueSpec", "ROPE_FORMS", "aligned", "check_prologue_call", "check_prologue_inputs",
-           "norm_groups", "prologue_tensors", "prologue_torch", "row_factors", "spec_from_key", "spec_key"]
+           "norm_groups", "pair_tables", "prologue_tensors", "prologue_torch", "row_factors", "spec_from_key", "spec_key"]
