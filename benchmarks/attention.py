@@ -61,15 +61,16 @@ ALL_ENTRIES = [
 ]
 
 
-def prologue_inputs(q, form):
-    """Per-head RMSNorm weights (1, D) of q's dtype and an (S, D) fp32 RoPE table of random angles in ``form``
-    ("interleaved" or "half"), fresh and seeded, as a processor would hand them to the fused prologue."""
+def prologue_inputs(q, form, rope_dim: int = 0):
+    """Per-head RMSNorm weights (1, D) of q's dtype and an (S, R) fp32 RoPE table of random angles in ``form``
+    ("interleaved" or "half") over R = ``rope_dim`` channels (0: all D), fresh and seeded, as a processor would
+    hand them to the fused prologue."""
     import torch
 
     B, S, H, D = q.shape
     g = torch.Generator(device=q.device).manual_seed(1)
     wq, wk = (torch.rand((1, D), device=q.device, generator=g).to(q.dtype) + 0.5 for _ in range(2))
-    ang = torch.rand((S, D // 2), device=q.device, generator=g) * 6.0
+    ang = torch.rand((S, (rope_dim or D) // 2), device=q.device, generator=g) * 6.0
     if form == "interleaved":
         cos, sin = torch.cos(ang).repeat_interleave(2, -1), torch.sin(ang).repeat_interleave(2, -1)
     else:

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: attention.prologue_inputs
 
 # session 10 (H200, h3) also measured Q's quantize in the stats launch, V's amax in a stats launch of its own and 8
 # warps for the rotating programs: all slower, removed from the prep (benchmarks/NOTES.md, session 10)
@@ -236,19 +237,15 @@ def steady_blocks(fns: dict, seconds: float, blocks: int = 3) -> dict:
 
 
 def prologue_of(q, form: str, rope_dim: int):
-    """(PrologueSpec, the ``pro`` tensors) of a per-head RMSNorm + RoPE prologue: seeded random weights (one group)
-    and a table of random angles in ``form`` over ``rope_dim`` channels (0: all)."""
-    import torch
+    """(PrologueSpec, the ``pro`` tensors) of a per-head RMSNorm + RoPE prologue over ``rope_dim`` channels (0:
+    all): ``attention.prologue_inputs``' weights and table, the table as the plan takes it (``pair_tables``)."""
+    from attention import prologue_inputs
 
-    from ditprof.kernels.prologue import PrologueSpec
+    from ditprof.kernels.prologue import PrologueSpec, pair_tables
 
-    B, S, H, D = q.shape
-    R = rope_dim or D
-    g = torch.Generator(device=q.device).manual_seed(2)
-    ang = torch.rand((S, R // 2), device=q.device, generator=g) * 6
-    cos, sin = torch.cos(ang), torch.sin(ang)  # the pair tables (prologue.pair_tables) the plan takes
-    wq, wk = ((torch.rand((1, D), device=q.device, generator=g) + 0.5).to(q.dtype) for _ in range(2))
-    return PrologueSpec("rms", 1e-6, form, rope_dim), (wq, wk, cos, sin, 0)
+    spec = PrologueSpec("rms", 1e-6, form, rope_dim)
+    wq, wk, cos, sin = prologue_inputs(q, form, rope_dim)
+    return spec, (wq, wk, *pair_tables(spec, cos, sin), 0)
 
 
 def main() -> int:

@@ -275,8 +275,6 @@ def fa3_prologue_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec:
     wq, wk, cos, sin, text_rows = prologue_tensors(spec, wq, wk, cos, sin, text_rows)
     if spec.norm is None:
         wq = wk = None
-    if not spec.rotated(qs.shape[3]):
-        cos = sin = None
     pro = (wq, wk, cos, sin, text_rows)
     B, S, H, D = qs.shape
     if out is not None:

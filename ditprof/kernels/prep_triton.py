@@ -404,18 +404,17 @@ def _rope_rows(cos_ptr, sin_ptr, rows, ok, d, ROWS: tl.constexpr, D: tl.constexp
     # ``_rotate_interleaved``); "half" pair j is channels (j, j + R/2), two contiguous runs of the same row
     if ROPE == 2:
         j = tl.arange(0, D // 2).to(tl.int64)
-        cs = rows.to(tl.int64)[:, None] * (R // 2) + j[None, :]
-        m = ok & (j < R // 2)[None, :]
-        c = tl.load(cos_ptr + cs, mask=m, other=0.0)
-        sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
-        c = tl.reshape(tl.join(c, c), [ROWS, D])
-        sn = tl.reshape(tl.join(sn, sn), [ROWS, D])
+        used = j < R // 2
     else:
         j = tl.where(d < R // 2, d, d - R // 2)
-        cs = rows.to(tl.int64)[:, None] * (R // 2) + j[None, :]
-        m = ok & (d < R)[None, :]
-        c = tl.load(cos_ptr + cs, mask=m, other=0.0)
-        sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
+        used = d < R
+    cs = rows.to(tl.int64)[:, None] * (R // 2) + j[None, :]
+    m = ok & used[None, :]
+    c = tl.load(cos_ptr + cs, mask=m, other=0.0)
+    sn = tl.load(sin_ptr + cs, mask=m, other=0.0)
+    if ROPE == 2:
+        c = tl.reshape(tl.join(c, c), [ROWS, D])
+        sn = tl.reshape(tl.join(sn, sn), [ROWS, D])
     return c, sn
 
 

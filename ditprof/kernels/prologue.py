@@ -185,11 +185,14 @@ def _pair_table(spec: PrologueSpec, t: torch.Tensor, name: str) -> torch.Tensor:
         raise DitprofError(f"prologue {name} table has different values on the two channels of a rotated pair "
                            f"({spec.rope!r} form): RoPE needs one angle per pair")
     packed = aligned(first, torch.float32)
-    if packed.data_ptr() == t.data_ptr() or not packed.is_contiguous():  # never alias the processor's table
-        packed = packed.clone()
     if len(_PAIR_CACHE) >= _PAIR_CACHE_MAX:
         _PAIR_CACHE.pop(next(iter(_PAIR_CACHE)))
-    _PAIR_CACHE[key] = (weakref.ref(t), t._version, packed)
+
+    def drop(ref, key=key):  # the table is gone: so is its pair table (unless the id was reused since)
+        if _PAIR_CACHE.get(key, (None,))[0] is ref:
+            del _PAIR_CACHE[key]
+
+    _PAIR_CACHE[key] = (weakref.ref(t, drop), t._version, packed)
     return packed
 
 
