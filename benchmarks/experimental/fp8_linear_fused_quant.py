@@ -105,6 +105,10 @@ class SharedInputQuant:
     (``_version``): q, k and v projections of one input quantize it once."""
 
     def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the last input: its next call quantizes again (a new forward's input)."""
         self._ref, self._version, self._out = None, None, None
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,36 +197,40 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     config = Fp8LinearConfig(granularity="rowwise")
     rows, record = [], []
-    for name, M, K, N in FLUX_LINEARS:
-        lin = torch.nn.Linear(K, N, dtype=torch.bfloat16, device=device)
-        x = torch.randn(1, M, K, dtype=torch.bfloat16, device=device)
-        ao = torchao_linear(lin, config)
-        fused = FusedQuantFp8Linear(ao, SharedInputQuant())
-        comp = CompiledAlone(ao, name.replace("/", "_").replace(".", "_"))
-        with torch.no_grad():
-            ref, got = ao(x), fused(x)
-            assert torch.equal(ref, got), f"{name}: fused output differs from torchao's"
-            times = {k: _host_and_gpu(lambda f=f: f(x)) for k, f in (("torchao", ao), ("compiled", comp),
-                                                                      ("fused", fused))}
-        rows.append([name, f"{M}x{K}x{N}"] + [f"{fmt(times[k][1])} / {times[k][0]:.0f}" for k in times])
-        record.append({"linear": name, "M": M, "K": K, "N": N,
-                       **{k: {"gpu_ms": g, "host_us": h} for k, (h, g) in times.items()}})
-    # q, k, v of one input: fused quantizes it once
-    lins = [torch.nn.Linear(3072, 3072, dtype=torch.bfloat16, device=device) for _ in range(3)]
-    aos = [torchao_linear(m, config) for m in lins]
-    shared = SharedInputQuant()
-    fused3 = [FusedQuantFp8Linear(a, shared) for a in aos]
-    comp3 = [CompiledAlone(a, f"qkv{i}") for i, a in enumerate(aos)]
-    x = torch.randn(1, 4096, 3072, dtype=torch.bfloat16, device=device)
+
+    def measure(name: str, shape: str, x, fns: dict, info: dict, quant: SharedInputQuant) -> None:
+        # each of fns runs the same linear(s) on x: timed, one table row and one JSON record. Every timed call is
+        # a new forward's: ``quant`` forgets x first, or the fused path would time its GEMMs without the quantize
+        def call(f):
+            quant.clear()
+            return f(x)
+
+        times = {k: _host_and_gpu(lambda f=f: call(f)) for k, f in fns.items()}
+        rows.append([name, shape] + [f"{fmt(times[k][1])} / {times[k][0]:.0f}" for k in times])
+        record.append({"linear": name, **info, **{k: {"gpu_ms": g, "host_us": h} for k, (h, g) in times.items()}})
+
     with torch.no_grad():
+        for name, M, K, N in FLUX_LINEARS:
+            ao = torchao_linear(torch.nn.Linear(K, N, dtype=torch.bfloat16, device=device), config)
+            quant = SharedInputQuant()
+            fused = FusedQuantFp8Linear(ao, quant)
+            comp = CompiledAlone(ao, name.replace("/", "_").replace(".", "_"))
+            x = torch.randn(1, M, K, dtype=torch.bfloat16, device=device)
+            assert torch.equal(ao(x), fused(x)), f"{name}: fused output differs from torchao's"
+            measure(name, f"{M}x{K}x{N}", x, {"torchao": ao, "compiled": comp, "fused": fused},
+                    {"M": M, "K": K, "N": N}, quant)
+        # q, k, v of one input: fused quantizes it once
+        aos = [torchao_linear(torch.nn.Linear(3072, 3072, dtype=torch.bfloat16, device=device), config)
+               for _ in range(3)]
+        shared = SharedInputQuant()
+        fused3 = [FusedQuantFp8Linear(a, shared) for a in aos]
+        comp3 = [CompiledAlone(a, f"qkv{i}") for i, a in enumerate(aos)]
+        x = torch.randn(1, 4096, 3072, dtype=torch.bfloat16, device=device)
         for a, f in zip(aos, fused3):
             assert torch.equal(a(x), f(x)), "q/k/v: fused output differs from torchao's"
-        times = {k: _host_and_gpu(lambda ms=ms: [m(x) for m in ms]) for k, ms in (("torchao", aos),
-                                                                              ("compiled", comp3),
-                                                                              ("fused", fused3))}
-    rows.append(["q+k+v, one input", "3 x 4096x3072x3072"] + [f"{fmt(times[k][1])} / {times[k][0]:.0f}"
-                                                               for k in times])
-    record.append({"linear": "q+k+v", **{k: {"gpu_ms": g, "host_us": h} for k, (h, g) in times.items()}})
+        measure("q+k+v, one input", "3 x 4096x3072x3072", x,
+                {k: (lambda x, ms=ms: [m(x) for m in ms]) for k, ms in (("torchao", aos), ("compiled", comp3),
+                                                                       ("fused", fused3))}, {}, shared)
     print_table("FP8 linears at flux, GPU ms / host us per call (back to back, 50 calls)",
                 ["linear", "M x K x N", "torchao eager", "compiled alone", "fused quantize"], rows)
     path = Path(args.json) if args.json else results_path("fp8_linear_fused_quant")
